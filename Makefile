@@ -1,0 +1,44 @@
+# Two entry points for a fresh machine (see README): `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv servers lint typecheck unit asyncio-pass clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Real servers used by the integration tests. The tests start their own
+# throw-away instances on loopback ports; this only makes the binaries exist.
+servers:
+	@if ! command -v etcd >/dev/null 2>&1 || ! command -v dnsmasq >/dev/null 2>&1; then \
+		echo "installing etcd-server and dnsmasq-base"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server dnsmasq-base >/dev/null; \
+	fi
+
+demo: venv
+	$(BIN)/python -m nadisc.demo
+
+lint: venv
+	$(BIN)/ruff check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv servers
+	$(BIN)/pytest
+
+# The balancing core is written against anyio: run its tests on asyncio too.
+asyncio-pass: venv
+	TEST_BACKEND=asyncio $(BIN)/pytest tests/poise -o trio_mode=false -m "not trio_only" -q
+
+test: lint typecheck unit asyncio-pass
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

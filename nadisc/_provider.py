@@ -1,0 +1,193 @@
+"""The provider interface: what a registry backend implements.
+
+A provider is small on purpose. It never starts tasks of its own: the owner
+calls :meth:`Provider.query` for one complete listing, starts
+:meth:`Provider.watch` in its own task group when the provider declares
+watch streams, and drives the registration calls from the registration
+lifecycle. Every failure is one of the typed :class:`~nadisc.ProviderFailure`
+outcomes, so the evidence rules can tell "incomplete" (grace may apply) from
+"revoked", "invalid" and "over capacity" (no grace).
+
+Providers are found through the ``nadisc.providers`` entry-point group: the
+entry point names a :class:`ProviderFactory`. ``static`` and ``dns`` are built
+in; ``etcd`` and ``consul`` ship in their own import packages.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Protocol
+
+from ._instance import EvidenceKind, ProviderSnapshot
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskStatus
+    from pydantic import BaseModel
+
+    from ._errors import ProviderFailure
+
+__all__ = [
+    "Capabilities",
+    "ConnectionContext",
+    "HealthCheck",
+    "HealthStatus",
+    "ObservationSink",
+    "Provider",
+    "ProviderFactory",
+    "Registered",
+    "RegistrationRecord",
+]
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a provider can do; the owner plans around these, never around its type."""
+
+    evidence: EvidenceKind
+    #: The provider implements register/renew/check/deregister.
+    registration: bool = False
+    #: Long watch streams one ``watch()`` holds (0: no watch, poll only;
+    #: Kubernetes holds two: Service and EndpointSlice).
+    watch_streams: int = 0
+    #: Repeating a renewal with the same identity and payload is harmless.
+    idempotent_renewal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionContext:
+    """What the owner tells a provider about the connection it serves."""
+
+    name: str
+    #: Seconds one operation may take, queueing included.
+    request_timeout: float
+    max_instances_per_service: int
+    #: Bytes of one response body the provider may read before decoding.
+    max_response_bytes: int
+
+
+class ObservationSink(Protocol):
+    """Where a watch reports. Both calls are synchronous and never block."""
+
+    def publish(self, snapshot: ProviderSnapshot) -> None:
+        """A complete listing was observed now."""
+
+    def fail(self, failure: ProviderFailure) -> None:
+        """The watch could not keep the listing complete (typed outcome)."""
+
+    def refresh(self) -> None:
+        """The registry confirmed, now, that nothing changed (progress notify)."""
+
+
+class HealthStatus(enum.Enum):
+    """A registration's health as the registry reports it on a check."""
+
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    MISSING = "missing"
+    DISABLED = "disabled"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheck:
+    """A health check the registry should run (or expect) for a registration."""
+
+    kind: str  # "http", "tcp" or "ttl"
+    interval: float = 10.0
+    #: HTTP path (kind "http"); the URL is built from the record's address.
+    path: str | None = None
+    #: Registry-side cleanup after this long critical (Consul: >= 60 s).
+    deregister_after: float | None = None
+    #: TTL checks: the registry marks the check critical after this long.
+    ttl: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationRecord:
+    """The frozen payload of one registration: identity and health, nothing else.
+
+    Renewals repeat exactly this record: same identity, same health payload.
+    """
+
+    registration: str  # plan name, for messages
+    service: str  # remote service name
+    instance_id: str
+    host: str
+    port: int
+    weight: float = 1.0
+    metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY, hash=False)
+    tags: tuple[str, ...] = ()
+    check: HealthCheck | None = None
+    ephemeral: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metadata, MappingProxyType):
+            object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """A registration the registry acknowledged. ``handle`` is provider-owned
+    (an etcd lease id, a Consul check id...)."""
+
+    record: RegistrationRecord
+    handle: str
+
+
+class Provider(Protocol):
+    """One registry backend serving one named connection."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    async def prepare(self, deadline: float) -> None:
+        """Check reachability and credentials once at startup (raise ProviderFailure)."""
+
+    async def query(self, service: str, deadline: float) -> ProviderSnapshot:
+        """One complete listing of ``service`` (its remote name), or a ProviderFailure."""
+
+    async def watch(
+        self, service: str, sink: ObservationSink, *, task_status: TaskStatus[None]
+    ) -> None:
+        """Report complete listings to ``sink`` until cancelled.
+
+        Only called when ``capabilities.watch_streams > 0``. Calls
+        ``task_status.started()`` once the stream is established. Failures are
+        reported through ``sink.fail`` and retried by the provider with the
+        backoff it is given; the method returns only when cancelled or when it
+        cannot go on (raise).
+        """
+
+    async def register(self, record: RegistrationRecord, deadline: float) -> Registered:
+        """Write the registration. ``OutcomeUnknown`` when the answer was lost."""
+
+    async def renew(self, registered: Registered, deadline: float) -> Registered:
+        """Renew (keepalive, heartbeat, TTL pass). ``LeaseLost`` if the registry
+        dropped it; may return an updated handle."""
+
+    async def check(self, registered: Registered, deadline: float) -> HealthStatus:
+        """Ask the registry how it sees the registration now."""
+
+    async def deregister(self, registered: Registered, deadline: float) -> None:
+        """Remove the registration. Acknowledged removal does not prove that an
+        earlier, lost write will not land later: the lifecycle keeps track."""
+
+    async def aclose(self) -> None:
+        """Release connections. Idempotent."""
+
+
+class ProviderFactory(Protocol):
+    """The object a ``nadisc.providers`` entry point names."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def settings_model(self) -> type[BaseModel]:
+        """Validates the connection's provider block (``connections.<name>.<provider>``)."""
+
+    def create(self, context: ConnectionContext, settings: BaseModel) -> Provider: ...

@@ -1,0 +1,1 @@
+"""Built-in providers: ``static`` and ``dns``."""

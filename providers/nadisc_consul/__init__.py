@@ -1,0 +1,1 @@
+"""Consul provider for nadisc: blocking-query discovery, self-registration, catalog."""

@@ -1,0 +1,1 @@
+"""etcd provider for nadisc (v3 JSON gateway over httpx)."""
