@@ -8,6 +8,28 @@ with renewal and honest shutdown, and calling through discovery::
         observation = await owner.client("primary").observe("orders", deadline)
 """
 
+from ._capacity import CapacityUse as CapacityUse
+from ._config import ConnectionConfig as ConnectionConfig
+from ._config import DiscoveryConfig as DiscoveryConfig
+from ._config import DnsConfig as DnsConfig
+from ._config import DnsServiceConfig as DnsServiceConfig
+from ._config import LimitsConfig as LimitsConfig
+from ._config import ProviderBlock as ProviderBlock
+from ._config import RegistrationConfig as RegistrationConfig
+from ._config import RestConfig as RestConfig
+from ._config import RetryConfig as RetryConfig
+from ._config import SnapshotConfig as SnapshotConfig
+from ._config import StaticConfig as StaticConfig
+from ._config import StaticInstanceConfig as StaticInstanceConfig
+from ._config import binding_names as binding_names
+from ._config import default_qualifier as default_qualifier
+from ._config import provider_block as provider_block
+from ._config import restart_required as restart_required
+from ._config import validate_provider_block as validate_provider_block
+from ._connection import DiscoveryHandle as DiscoveryHandle
+from ._eligibility import Eligibility as Eligibility
+from ._eligibility import EligibilityController as EligibilityController
+from ._eligibility import EligibilityError as EligibilityError
 from ._errors import CapacityExceeded as CapacityExceeded
 from ._errors import CapacityRejected as CapacityRejected
 from ._errors import ConfigError as ConfigError
@@ -27,11 +49,41 @@ from ._errors import QualifierError as QualifierError
 from ._errors import RegistrationError as RegistrationError
 from ._errors import RegistrationRejected as RegistrationRejected
 from ._errors import UnknownService as UnknownService
+from ._evidence import Reason as Reason
 from ._instance import EvidenceKind as EvidenceKind
 from ._instance import Instance as Instance
 from ._instance import ProviderSnapshot as ProviderSnapshot
+from ._loading import config_json_schema as config_json_schema
+from ._loading import load_config as load_config
+from ._loading import load_config_file as load_config_file
+from ._loading import load_document as load_document
+from ._loading import parse_config as parse_config
+from ._observation import Observation as Observation
+from ._observation import ObservationSnapshot as ObservationSnapshot
+from ._observer import ConnectionMetrics as ConnectionMetrics
+from ._observer import ObserverSnapshot as ObserverSnapshot
+from ._observer import RegistrationMetrics as RegistrationMetrics
+from ._observer import RuntimeObserver as RuntimeObserver
+from ._observer import ServiceMetrics as ServiceMetrics
+from ._owner import CloseReport as CloseReport
+from ._owner import ConnectionSpec as ConnectionSpec
+from ._owner import DiscoveryOwner as DiscoveryOwner
+from ._owner import OwnerBuilder as OwnerBuilder
+from ._owner import Phase as Phase
+from ._owner import RegistrationComponent as RegistrationComponent
+from ._owner import ShutdownWaiter as ShutdownWaiter
+from ._owner import open_discovery as open_discovery
+from ._probe import EligibilityProbe as EligibilityProbe
+from ._probe import eligibility_probe_app as eligibility_probe_app
+from ._probing import CandidateWithdrawn as CandidateWithdrawn
+from ._probing import FirstServing as FirstServing
+from ._probing import NoServingCandidate as NoServingCandidate
+from ._probing import NotServing as NotServing
+from ._probing import ProbeFailure as ProbeFailure
+from ._probing import first_serving as first_serving
 from ._provider import Capabilities as Capabilities
 from ._provider import ConnectionContext as ConnectionContext
+from ._provider import DiscoveryOnlyProvider as DiscoveryOnlyProvider
 from ._provider import HealthCheck as HealthCheck
 from ._provider import HealthStatus as HealthStatus
 from ._provider import ObservationSink as ObservationSink
@@ -39,39 +91,141 @@ from ._provider import Provider as Provider
 from ._provider import ProviderFactory as ProviderFactory
 from ._provider import Registered as Registered
 from ._provider import RegistrationRecord as RegistrationRecord
+from ._registration import CloseOutcome as CloseOutcome
+from ._registration import ConnectionPlan as ConnectionPlan
+from ._registration import FrozenRegistration as FrozenRegistration
+from ._registration import OwnerRegistrations as OwnerRegistrations
+from ._registration import RegistrationCloseEntry as RegistrationCloseEntry
+from ._registration import RegistrationSet as RegistrationSet
+from ._registration import RegistrationSpec as RegistrationSpec
+from ._registration import RegistrationStatus as RegistrationStatus
+from ._registration import RegistrationTiming as RegistrationTiming
+from ._registration import resolve_registrations as resolve_registrations
+from ._registration_state import HealthEvidence as HealthEvidence
+from ._registration_state import RegistrationState as RegistrationState
+from ._registration_state import WriteOutcome as WriteOutcome
+from ._registry import available_providers as available_providers
+from ._rest import InvalidRequest as InvalidRequest
+from ._rest import ResponseTooLarge as ResponseTooLarge
+from ._rest import RestClients as RestClients
+from ._rest import RestDiscoveryClient as RestDiscoveryClient
+from ._rest import rest_client as rest_client
+from ._rest import rest_clients as rest_clients
+from ._route import RestOptions as RestOptions
+from ._route import RouteStatistics as RouteStatistics
+from ._transport import DiscoveryTransport as DiscoveryTransport
+from ._transport import NotDiscoveryUrl as NotDiscoveryUrl
+from .providers._static import StaticProvider as StaticProvider
 
 # (helpers: add your re-exports above this line, one `from ._x import Y as Y` each)
 
 __all__ = [
+    "CandidateWithdrawn",
     "Capabilities",
     "CapacityExceeded",
     "CapacityRejected",
+    "CapacityUse",
+    "CloseOutcome",
+    "CloseReport",
     "ConfigError",
+    "ConnectionConfig",
     "ConnectionContext",
+    "ConnectionMetrics",
+    "ConnectionPlan",
+    "ConnectionSpec",
     "DeadlineExceeded",
+    "DiscoveryConfig",
     "DiscoveryError",
+    "DiscoveryHandle",
+    "DiscoveryOnlyProvider",
+    "DiscoveryOwner",
+    "DiscoveryTransport",
+    "DnsConfig",
+    "DnsServiceConfig",
+    "Eligibility",
+    "EligibilityController",
+    "EligibilityError",
+    "EligibilityProbe",
     "EvidenceKind",
     "EvidenceUnavailable",
+    "FirstServing",
+    "FrozenRegistration",
     "HealthCheck",
+    "HealthEvidence",
     "HealthStatus",
     "IdentityRevoked",
     "IncompleteSnapshot",
     "Instance",
+    "InvalidRequest",
     "InvalidSnapshot",
     "LeaseLost",
     "LifecycleError",
+    "LimitsConfig",
+    "NoServingCandidate",
+    "NotDiscoveryUrl",
+    "NotServing",
+    "Observation",
     "ObservationSink",
+    "ObservationSnapshot",
+    "ObserverSnapshot",
     "OutcomeUnknown",
+    "OwnerBuilder",
+    "OwnerRegistrations",
+    "Phase",
     "PrepareError",
+    "ProbeFailure",
     "Provider",
+    "ProviderBlock",
     "ProviderFactory",
     "ProviderFailure",
     "ProviderNotFound",
     "ProviderSnapshot",
     "QualifierError",
+    "Reason",
     "Registered",
+    "RegistrationCloseEntry",
+    "RegistrationComponent",
+    "RegistrationConfig",
     "RegistrationError",
+    "RegistrationMetrics",
     "RegistrationRecord",
     "RegistrationRejected",
+    "RegistrationSet",
+    "RegistrationSpec",
+    "RegistrationState",
+    "RegistrationStatus",
+    "RegistrationTiming",
+    "ResponseTooLarge",
+    "RestClients",
+    "RestConfig",
+    "RestDiscoveryClient",
+    "RestOptions",
+    "RetryConfig",
+    "RouteStatistics",
+    "RuntimeObserver",
+    "ServiceMetrics",
+    "ShutdownWaiter",
+    "SnapshotConfig",
+    "StaticConfig",
+    "StaticInstanceConfig",
+    "StaticProvider",
     "UnknownService",
+    "WriteOutcome",
+    "available_providers",
+    "binding_names",
+    "config_json_schema",
+    "default_qualifier",
+    "eligibility_probe_app",
+    "first_serving",
+    "load_config",
+    "load_config_file",
+    "load_document",
+    "open_discovery",
+    "parse_config",
+    "provider_block",
+    "resolve_registrations",
+    "rest_client",
+    "rest_clients",
+    "restart_required",
+    "validate_provider_block",
 ]

@@ -9,7 +9,8 @@
     ├── UnknownService          service alias not bound on that connection
     ├── DeadlineExceeded        the caller's own deadline passed (also for NaN/past deadlines)
     ├── LifecycleError          wrong phase (publish before freeze, use after close...)
-    ├── PrepareError            a startup-required connection could not come up
+    ├── PrepareError            a startup-required connection could not come up (also
+    │                           one a startup-required registration publishes on)
     ├── EvidenceUnavailable     the observation has no evidence usable now
     │                           (``.reason``: stale, revoked, empty, invalid, closed, capacity)
     ├── CapacityExceeded        a configured limit refused the work (``.limit``)
@@ -21,7 +22,8 @@
     │   ├── OutcomeUnknown      a write whose remote effect cannot be known
     │   ├── LeaseLost           the registry no longer holds our registration
     │   └── RegistrationRejected  the registry refused a write definitively
-    └── RegistrationError       a registration plan is invalid (``.registration``, ``.path``)
+    └── RegistrationError       a registration plan is invalid, or a startup-required
+                                registration failed for good (``.registration``, ``.path``)
 
 Errors from httpx, dnspython, json and pydantic are translated at the boundary
 and chained as ``__cause__``. Messages never contain secrets.

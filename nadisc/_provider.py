@@ -16,11 +16,13 @@ in; ``etcd`` and ``consul`` ship in their own import packages.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from ._errors import LifecycleError, RegistrationRejected
 from ._instance import EvidenceKind, ProviderSnapshot
 
 if TYPE_CHECKING:
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Capabilities",
     "ConnectionContext",
+    "DiscoveryOnlyProvider",
     "HealthCheck",
     "HealthStatus",
     "ObservationSink",
@@ -56,6 +59,20 @@ class Capabilities:
     watch_streams: int = 0
     #: Repeating a renewal with the same identity and payload is harmless.
     idempotent_renewal: bool = False
+    #: Seconds within which a registration must be renewed again to stay
+    #: alive (an etcd lease: a fraction of its TTL). The registration runner
+    #: renews at ``min(monitor_interval, renew_within)``; None: the
+    #: connection's ``monitor_interval_ms`` alone paces renewals.
+    renew_within: float | None = None
+
+    def __post_init__(self) -> None:
+        within = self.renew_within
+        if within is not None and (
+            isinstance(within, bool)
+            or not isinstance(within, int | float)
+            or not (math.isfinite(within) and within > 0)
+        ):
+            raise ValueError(f"renew_within must be a finite number of seconds > 0, not {within!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +195,38 @@ class Provider(Protocol):
 
     async def aclose(self) -> None:
         """Release connections. Idempotent."""
+
+
+class DiscoveryOnlyProvider:
+    """A base for providers that only discover (no watch stream, no registration).
+
+    Subclasses implement ``capabilities``, ``prepare``, ``query`` and
+    ``aclose``; ``watch`` and the registration calls refuse with a typed error
+    naming :attr:`provider_name`. The owner never calls them for such a
+    provider (its capabilities say so); the refusals guard direct use.
+    """
+
+    provider_name: ClassVar[str] = "this"
+
+    async def watch(
+        self, service: str, sink: ObservationSink, *, task_status: TaskStatus[None]
+    ) -> None:
+        raise LifecycleError(f"the {self.provider_name} provider holds no watch streams")
+
+    async def register(self, record: RegistrationRecord, deadline: float) -> Registered:
+        raise self._cannot_register()
+
+    async def renew(self, registered: Registered, deadline: float) -> Registered:
+        raise self._cannot_register()
+
+    async def check(self, registered: Registered, deadline: float) -> HealthStatus:
+        raise self._cannot_register()
+
+    async def deregister(self, registered: Registered, deadline: float) -> None:
+        raise self._cannot_register()
+
+    def _cannot_register(self) -> RegistrationRejected:
+        return RegistrationRejected(f"the {self.provider_name} provider cannot register instances")
 
 
 class ProviderFactory(Protocol):

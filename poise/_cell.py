@@ -11,6 +11,11 @@ newest value, and a slow reader never builds a backlog.
 After :meth:`LatestCell.close`, a subscription first returns the final value
 (if it has not seen it) and then ends with :class:`anyio.EndOfStream`.
 
+Task-free consumers use the synchronous side: ``pending``, ``ended``,
+``receive_nowait()`` and ``add_waker(wake)`` (one-shot, called at the next
+publish or close, or at once if a value is already pending); ``await
+wait()`` waits without consuming.
+
 Cost: ``publish`` is O(number of registered wakers) and allocates nothing when
 no one waits; a waiting reader costs one shared event per cell, not one per
 reader.
@@ -18,12 +23,16 @@ reader.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 __all__ = ["CellReader", "LatestCell", "Subscription"]
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -88,9 +97,12 @@ class LatestCell(Generic[T]):
         """Call ``wake()`` once at the next publish or close.
 
         Registering an equal callable twice keeps one registration, so a
-        component can pass the same bound method on every poll.
+        component can pass the same bound method on every poll. A closed
+        cell never calls it (nothing will change any more). A waker that
+        raises is logged; it never fails the publish or the other wakers.
         """
-        self._wakers[wake] = None
+        if not self._closed:
+            self._wakers[wake] = None
 
     def discard_waker(self, wake: Callable[[], None]) -> None:
         self._wakers.pop(wake, None)
@@ -109,7 +121,12 @@ class LatestCell(Generic[T]):
         if self._wakers:
             wakers, self._wakers = self._wakers, {}
             for wake in wakers:
-                wake()
+                try:
+                    wake()
+                except Exception:
+                    # The value is already published; a subscriber's broken
+                    # callback must not fail the publisher or starve others.
+                    logger.exception("a LatestCell waker raised; continuing")
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -185,7 +202,10 @@ class Subscription(Generic[T]):
         raise anyio.WouldBlock
 
     async def receive(self) -> T:
-        """Wait for a value newer than the last one returned. Always checkpoints."""
+        """Wait for a value newer than the last one returned. Always checkpoints.
+
+        Cancelling a waiting ``receive`` leaves the cursor where it was.
+        """
         await anyio.lowlevel.checkpoint_if_cancelled()
         while True:
             try:
@@ -193,8 +213,36 @@ class Subscription(Generic[T]):
             except anyio.WouldBlock:
                 await self._cell._wait_past(self._cell.revision)
                 continue
+            except anyio.EndOfStream:
+                await anyio.lowlevel.cancel_shielded_checkpoint()
+                raise
             await anyio.lowlevel.cancel_shielded_checkpoint()
             return value
+
+    async def wait(self) -> None:
+        """Wait until a value is pending or the stream ended; consumes nothing.
+
+        Returns at once (after a checkpoint) if that is already the case.
+        """
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        while not self.pending and not self._cell.closed:
+            await self._cell._wait_past(self._cell.revision)
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+
+    def add_waker(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` once when this subscription may have something new.
+
+        If a value is already pending, ``wake()`` is called at once; after
+        the cell closed it is never called. Otherwise it is called at the
+        cell's next publish or close (a cell-wide, one-shot registration).
+        """
+        if self.pending:
+            wake()
+        else:
+            self._cell.add_waker(wake)
+
+    def discard_waker(self, wake: Callable[[], None]) -> None:
+        self._cell.discard_waker(wake)
 
     def __aiter__(self) -> Subscription[T]:
         return self

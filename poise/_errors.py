@@ -7,6 +7,7 @@ Every exception poise raises on purpose derives from :class:`PoiseError`::
     ├── SelectionError          nothing to pick from, or call() without a reservation
     ├── ReadinessError          a readiness failure exhausted the usable pool
     ├── EndpointError           a dispatched call failed (carries dispatch-time index)
+    ├── CallDeclined            a service declined a selected call before sending anything
     ├── ReconcileError          a snapshot could not be applied (nothing changed)
     │   ├── StaleRevision       the snapshot is older than the applied one
     │   ├── DuplicateIdentity   two members share one key
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 __all__ = [
+    "CallDeclined",
     "DuplicateIdentity",
     "EndpointError",
     "FactoryError",
@@ -70,6 +72,20 @@ class ReadinessError(_IndexedError):
 
 class EndpointError(_IndexedError):
     """A dispatched call failed; ``__cause__`` is the service's error."""
+
+
+class CallDeclined(PoiseError):
+    """Raised by a service's ``call()`` to decline a request it did not send.
+
+    A service may find, after the balance selected it, that it cannot take
+    this request after all (for example, the instance behind it was
+    withdrawn a moment ago) and that nothing reached the wire. The balance
+    then *cancels* the load guard (no round-trip time is recorded and the
+    endpoint is not blamed) and re-raises this exception unchanged, not
+    wrapped in :class:`EndpointError`, from ``call``, ``dispatch``,
+    ``dispatch_held`` and ``open``. The caller may simply try again; chain
+    the underlying reason as ``__cause__`` if there is one.
+    """
 
 
 class ReconcileError(PoiseError):

@@ -18,13 +18,12 @@ BACKEND = os.environ.get("TEST_BACKEND", "trio")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if BACKEND != "asyncio":
-        return
-    for item in items:
-        function = getattr(item, "function", None)
-        if function is not None and inspect.iscoroutinefunction(function):
-            item.add_marker(pytest.mark.anyio)
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> None:
+    # Mark coroutine tests for anyio *before* items are generated, so that
+    # parametrized async tests get the same treatment as plain ones.
+    if BACKEND == "asyncio" and inspect.iscoroutinefunction(obj):
+        pytest.mark.anyio(obj)
 
 
 @pytest.fixture

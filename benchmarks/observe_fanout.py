@@ -1,0 +1,160 @@
+"""Single flight under fan-out: many concurrent observers, one provider query.
+
+``N`` tasks (10,000; 500 with ``--smoke``) wait at a gate, then all call
+``handle.observe("orders", deadline)`` on one cold service at once. The
+provider is an in-memory one that answers after a fixed latency (50 ms). The
+promise checked: exactly one provider query, and every caller resumes right
+after the listing arrives.
+
+The table shows the *added wait*: for each caller, the time between the
+provider returning its listing and that caller's ``observe()`` returning —
+what the shared observation adds on top of the provider's own latency. Most
+of it is waking and scheduling that many tasks, so the table also shows the
+floor: the same number of tasks waking from one ``anyio.Event`` inside an
+``anyio.move_on_at`` deadline scope (the least any deadline-bounded wait
+costs), measured in the same run. Runs on trio with the real clock.
+
+Run: ``python -m benchmarks.observe_fanout [--smoke] [--calls N] [--latency S]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass
+
+import anyio
+import trio
+
+from nadisc import ConnectionConfig, ConnectionSpec, Instance, OwnerBuilder, ProviderSnapshot
+from nadisc.testing import MemoryProvider
+
+FULL_CALLS = 10_000
+SMOKE_CALLS = 500
+LATENCY = 0.050
+
+
+@dataclass(frozen=True)
+class Result:
+    calls: int
+    queries: int
+    latency: float
+    p50: float
+    p99: float
+    max: float
+    total: float
+    floor_p50: float
+    floor_p99: float
+    floor_max: float
+
+
+class _TimedProvider(MemoryProvider):
+    """Records when the (single) query returned its listing."""
+
+    returned_at: float | None = None
+
+    async def query(self, service: str, deadline: float) -> ProviderSnapshot:
+        snapshot = await super().query(service, deadline)
+        self.returned_at = anyio.current_time()
+        return snapshot
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+async def floor(calls: int) -> list[float]:
+    """Wake-up delays of ``calls`` tasks parked on one event with a deadline."""
+    event = anyio.Event()
+    woke: list[float] = []
+
+    async def waiter() -> None:
+        with anyio.move_on_at(anyio.current_time() + 30):
+            await event.wait()
+        woke.append(anyio.current_time())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(calls):
+            tg.start_soon(waiter)
+        await anyio.sleep(0.05)
+        set_at = anyio.current_time()
+        event.set()
+    return sorted(t - set_at for t in woke)
+
+
+async def run(calls: int, latency: float) -> Result:
+    provider = _TimedProvider(services={"orders": "orders"}, latency=latency)
+    provider.set("orders", [Instance(f"i{n}", f"10.0.0.{n + 1}", 8080) for n in range(8)])
+    policy = ConnectionConfig(provider="memory")
+    builder = OwnerBuilder().connection(ConnectionSpec("primary", provider, policy))
+    finished: list[float] = []
+    gate = anyio.Event()
+    async with builder.open() as owner:
+        await owner.prepare(anyio.current_time() + 5)
+        handle = owner.client()
+
+        async def caller() -> None:
+            await gate.wait()
+            await handle.observe("orders", anyio.current_time() + 30)
+            finished.append(anyio.current_time())
+
+        started = anyio.current_time()
+        async with anyio.create_task_group() as tg:
+            for _ in range(calls):
+                tg.start_soon(caller)
+            await anyio.sleep(0.05)  # every caller is parked at the gate
+            started = anyio.current_time()
+            gate.set()
+        total = anyio.current_time() - started
+    returned = provider.returned_at
+    assert returned is not None
+    added = sorted(max(0.0, t - returned) for t in finished)
+    base = await floor(calls)
+    return Result(
+        calls=len(finished),
+        queries=sum(provider.query_counts.values()),
+        latency=latency,
+        p50=statistics.median(added),
+        p99=_quantile(added, 0.99),
+        max=added[-1],
+        total=total,
+        floor_p50=statistics.median(base),
+        floor_p99=_quantile(base, 0.99),
+        floor_max=base[-1],
+    )
+
+
+def render(result: Result) -> str:
+    ms = 1000.0
+    rows = [
+        ("observe() calls", f"{result.calls}", ""),
+        ("provider queries", f"{result.queries}", ""),
+        ("provider latency", f"{result.latency * ms:.1f} ms", ""),
+        ("added wait p50", f"{result.p50 * ms:.2f} ms", f"{result.floor_p50 * ms:.2f} ms"),
+        ("added wait p99", f"{result.p99 * ms:.2f} ms", f"{result.floor_p99 * ms:.2f} ms"),
+        ("added wait max", f"{result.max * ms:.2f} ms", f"{result.floor_max * ms:.2f} ms"),
+        ("gate to last return", f"{result.total * ms:.1f} ms", ""),
+    ]
+    width = max(len(name) for name, _, _ in rows)
+    header = f"{'':<{width}}  {'observe()':>12}  {'floor':>12}"
+    lines = ["observe fan-out on one cold service (trio, real clock)", header]
+    lines.append("-" * len(header))
+    lines += [f"{name:<{width}}  {value:>12}  {base:>12}" for name, value, base in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> Result:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_CALLS} calls")
+    parser.add_argument("--calls", type=int, default=None)
+    parser.add_argument("--latency", type=float, default=LATENCY, help="seconds")
+    args = parser.parse_args(argv)
+    calls = args.calls or (SMOKE_CALLS if args.smoke else FULL_CALLS)
+    result = trio.run(run, calls, args.latency)
+    print(render(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The ``nadisc`` command: a small host around the library.
+
+The library never expands ``${VARS}`` in a config; a host does, before any
+network resource is created. This command is such a host::
+
+    nadisc check discovery.yaml            validate (after expanding ${VARS})
+    nadisc schema                          print the JSON Schema of the config
+    nadisc observe discovery.yaml orders   observe one service once and print it
+
+Variable syntax (in string values only): ``${NAME}`` (must be set),
+``${NAME:-fallback}`` (fallback when unset or empty), and ``$${`` for a
+literal ``${``. Errors name the config path and the variable, never a value.
+Exit status: 0 on success, 2 on a config or usage error, 1 when discovery
+itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from ._config import DiscoveryConfig
+from ._errors import ConfigError, DiscoveryError
+from ._loading import config_json_schema, load_document, parse_config
+
+__all__ = ["expand_variables", "main"]
+
+_VARIABLE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_SUFFIXES = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".json": "json"}
+
+
+def expand_variables(document: Any, environ: Mapping[str, str], path: str = "") -> Any:
+    """Return a copy of ``document`` with ``${NAME}`` references expanded.
+
+    Only string values are expanded (keys are not). A reference to an unset
+    variable without a fallback raises :class:`~nadisc.ConfigError` naming the
+    path and the variable. Unterminated ``${`` is an error too, so a typo
+    cannot silently reach a registry as a literal.
+    """
+    if isinstance(document, Mapping):
+        return {
+            key: expand_variables(value, environ, f"{path}.{key}" if path else str(key))
+            for key, value in document.items()
+        }
+    if isinstance(document, list):
+        return [
+            expand_variables(value, environ, f"{path}[{i}]") for i, value in enumerate(document)
+        ]
+    if not isinstance(document, str):
+        return document
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        name, fallback = match.group(1), match.group(2)
+        value = environ.get(name)
+        if value:
+            return value
+        if fallback is not None:
+            return fallback
+        raise ConfigError(path or "<document>", f"environment variable {name} is not set")
+
+    expanded = _VARIABLE.sub(replace, document)
+    leftover = _VARIABLE.sub("", document)
+    if "${" in leftover:
+        raise ConfigError(path or "<document>", "unterminated or malformed ${...} reference")
+    return expanded
+
+
+def _load(path: str, environ: Mapping[str, str]) -> DiscoveryConfig:
+    file = Path(path)
+    fmt = _SUFFIXES.get(file.suffix.lower())
+    if fmt is None:
+        raise ConfigError("<document>", f"cannot tell the format of {file.name!r} from its suffix")
+    try:
+        text = file.read_bytes()
+    except OSError as exc:
+        raise ConfigError("<document>", f"cannot read {file.name!r}: {exc.strerror}") from exc
+    document = load_document(text, fmt)  # type: ignore[arg-type]
+    return parse_config(expand_variables(document, environ))
+
+
+def _describe(config: DiscoveryConfig, out: TextIO) -> None:
+    out.write(f"discovery: {'enabled' if config.enabled else 'disabled'}\n")
+    for name, connection in config.connections.items():
+        required = "startup-required" if connection.startup_required else "optional"
+        out.write(f"  connection {name}: provider {connection.provider} ({required})\n")
+    for name, registration in config.registrations.items():
+        out.write(
+            f"  registration {name}: {registration.service_name} on "
+            f"{registration.qualifier or 'primary'}\n"
+        )
+
+
+async def _observe(
+    config: DiscoveryConfig, service: str, qualifier: str | None, strict: bool, seconds: float
+) -> list[dict[str, object]]:
+    import anyio
+
+    from ._owner import open_discovery
+
+    async with open_discovery(config) as owner:
+        handle = owner.client(qualifier) if qualifier is not None else owner.client()
+        deadline = anyio.current_time() + seconds
+        observation = await handle.observe(service, deadline)
+        snapshot = observation.snapshot(strict=strict)
+        return [
+            {
+                "identity": i.identity,
+                "address": i.address,
+                "weight": i.weight,
+                "evidence": snapshot.evidence.value,
+            }
+            for i in snapshot.instances
+        ]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nadisc", description="nadisc discovery host")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="validate a config file (after expanding ${VARS})")
+    check.add_argument("config")
+    sub.add_parser("schema", help="print the JSON Schema of the discovery config")
+    observe = sub.add_parser("observe", help="observe one service once and print its instances")
+    observe.add_argument("config")
+    observe.add_argument("service", help="service alias bound on the connection")
+    observe.add_argument("-q", "--qualifier", help="connection name (default: primary)")
+    observe.add_argument("--strict", action="store_true", help="refuse evidence after a failure")
+    observe.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Run the command; return the exit status."""
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    env = environ if environ is not None else os.environ
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "schema":
+            json.dump(config_json_schema(), out, indent=2, sort_keys=True)
+            out.write("\n")
+            return 0
+        config = _load(args.config, env)
+        if args.command == "check":
+            _describe(config, out)
+            out.write("ok\n")
+            return 0
+        if not (math.isfinite(args.timeout) and args.timeout > 0):
+            raise ConfigError("--timeout", "must be a positive number of seconds")
+        import trio
+
+        rows = trio.run(
+            _observe, config, args.service, args.qualifier, args.strict, args.timeout
+        )
+    except ConfigError as exc:
+        err.write(f"nadisc: config error: {exc}\n")
+        return 2
+    except DiscoveryError as exc:
+        err.write(f"nadisc: {type(exc).__name__}: {exc}\n")
+        return 1
+    for row in rows:
+        out.write(json.dumps(row, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,1000 @@
+"""The ``discovery`` configuration: frozen, validated value objects.
+
+Everything under ``discovery`` is decided once, before any network resource
+exists, and stays frozen for the owner's whole life: a changed value means a
+restart (:func:`restart_required`). Validation is all or nothing: a config
+object either exists fully checked or not at all.
+
+::
+
+    DiscoveryConfig                      discovery:
+    ├── limits: LimitsConfig               limits: {...}
+    ├── connections: {name: ConnectionConfig}
+    │   ├── snapshot: SnapshotConfig       snapshot: {max_age_ms, stale_if_error_ms}
+    │   ├── retry: RetryConfig             retry: {initial_backoff_ms, max_backoff_ms}
+    │   ├── rest: RestConfig               rest: {...}
+    │   └── one provider block             static: / dns: / <provider>: {...}
+    └── registrations: {name: RegistrationConfig}
+
+What is checked here, without touching the network:
+
+* unknown fields (everywhere) and a provider block that belongs to another
+  provider than the connection's ``provider``;
+* every duration is an integer number of milliseconds, ``> 0`` (``>= 0`` where
+  0 means "off", e.g. ``stale_if_error_ms``) and at most one day;
+* the budgets fit: ``stale_if_error_ms <= max_age_ms``,
+  ``poll_interval_ms + request_timeout_ms < max_age_ms``,
+  ``monitor_interval_ms + request_timeout_ms < observation_grace_ms``,
+  ``initial_backoff_ms <= max_backoff_ms``, REST ``connect_timeout_ms <
+  request_timeout_ms``;
+* the capacity limits and their hard maxima;
+* references: a registration's ``qualifier`` names a connection, its
+  ``service_name`` is an alias bound on that connection, ``default_connection``
+  names a connection.
+
+What is *not* checked here: whether a provider named by ``provider`` is
+installed and whether its block is valid for it (the owner does that through
+the provider's ``settings_model``, see :func:`validate_provider_block`), and
+placeholders such as ``${VAR}`` (never expanded: the host resolves them before
+handing the config over).
+
+Errors raised while validating are pydantic ``ValidationError`` when a model
+is built directly; :func:`nadisc.load_config` and :func:`parse_config` turn
+them into :class:`~nadisc.ConfigError` with the full dotted path
+(``discovery.connections.business.provider``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from ._errors import ConfigError
+from ._instance import Instance
+
+__all__ = [
+    "BUILTIN_PROVIDERS",
+    "DEFAULT_QUALIFIER",
+    "MAX_DURATION_MS",
+    "ConnectionConfig",
+    "DiscoveryConfig",
+    "DnsConfig",
+    "DnsServiceConfig",
+    "LimitsConfig",
+    "ProviderBlock",
+    "RegistrationConfig",
+    "RestConfig",
+    "RetryConfig",
+    "SnapshotConfig",
+    "StaticConfig",
+    "StaticInstanceConfig",
+    "binding_names",
+    "default_qualifier",
+    "parse_nameserver",
+    "provider_block",
+    "restart_required",
+    "translate_validation_error",
+    "validate_provider_block",
+]
+
+#: The fixed name of the default connection. Never inferred from count or order.
+DEFAULT_QUALIFIER = "primary"
+#: Longest duration any ``*_ms`` setting accepts: one day.
+MAX_DURATION_MS = 86_400_000
+#: Providers whose block is validated here (the others validate their own).
+BUILTIN_PROVIDERS = frozenset({"static", "dns"})
+
+#: Error type used for our own checks; ``ctx["field"]`` is the dotted
+#: sub-path below the location pydantic reports.
+_ERROR_TYPE = "nadisc_config"
+
+StrictInt = Annotated[int, Strict()]
+StrictBool = Annotated[bool, Strict()]
+StrictStr = Annotated[str, Strict()]
+#: Milliseconds, > 0, at most one day.
+DurationMs = Annotated[int, Strict(), Field(gt=0, le=MAX_DURATION_MS)]
+#: Milliseconds, >= 0 (0 switches the behaviour off), at most one day.
+OptionalDurationMs = Annotated[int, Strict(), Field(ge=0, le=MAX_DURATION_MS)]
+Port = Annotated[int, Strict(), Field(ge=1, le=65535)]
+#: A finite weight > 0 (an integer is accepted; a string is not).
+Weight = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
+
+
+def _problem(field: str | None, message: str) -> PydanticCustomError:
+    """A validation error for ``field`` (dotted, relative to the model)."""
+    # The message travels in the context: a template would expand braces in names.
+    return PydanticCustomError(_ERROR_TYPE, "{detail}", {"detail": message, "field": field or ""})
+
+
+def _check_name(kind: str, name: str, where: str) -> None:
+    """Names are non-empty, case-sensitive, without surrounding blanks or dots
+    (a dot would make config paths ambiguous)."""
+    if not name:
+        raise _problem(where, f"{kind} names must not be empty")
+    if name != name.strip() or any(ord(c) < 32 for c in name) or "." in name:
+        raise _problem(
+            where, f"{kind} name {name!r} has surrounding whitespace, control characters or '.'"
+        )
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+#: A key is secret-looking when, in snake case, it is one of these words or
+#: ends with ``_<word>``: ``api_key``, ``private_key``, ``access_key_id``,
+#: ``client_secret``, ``auth_token``, ``Authorization``, ``X-Api-Key``,
+#: ``clientSecret``, ... Everything under such a key is masked, nested blocks
+#: and lists included.
+_SECRET_WORDS = frozenset(
+    {
+        "username",
+        "user",
+        "password",
+        "passwd",
+        "pwd",
+        "passphrase",
+        "token",
+        "secret",
+        "key",
+        "key_id",
+        "apikey",
+        "credential",
+        "credentials",
+        "auth",
+        "authorization",
+        "bearer",
+        "cookie",
+        "signature",
+    }
+)
+
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_SEPARATORS = re.compile(r"[^a-z0-9]+")
+
+
+def _is_secret_key(key: str) -> bool:
+    snake = _SEPARATORS.sub("_", _CAMEL_BOUNDARY.sub("_", key).lower()).strip("_")
+    if snake in _SECRET_WORDS:
+        return True
+    parts = snake.split("_")
+    # "_<word>" endings, including two-part words such as "key_id"
+    return parts[-1] in _SECRET_WORDS or "_".join(parts[-2:]) in _SECRET_WORDS
+
+
+class ProviderBlock(dict[str, Any]):
+    """The raw, read-only block of a provider that validates its own settings.
+
+    Values under secret-looking keys (``username``, ``password``, ``token``,
+    ``secret``, ``key``, ``authorization``, ``bearer``, ``*_token``,
+    ``*_key_id``, ``api_key``, ``client_secret``, camelCase and dashed
+    spellings too, ...) are held as :class:`pydantic.SecretStr`
+    and masked in ``repr``/``str``; :func:`validate_provider_block` hands the
+    provider's model plain values again. Nested mappings are ProviderBlocks,
+    lists are tuples.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def freeze(cls, value: Mapping[str, Any], *, secret: bool = False) -> ProviderBlock:
+        """A read-only deep copy of ``value``; with ``secret`` every string in
+        it is held as a secret (the block sits under a secret-looking key)."""
+        block = cls()
+        for key, item in value.items():
+            name = str(key)
+            dict.__setitem__(block, name, _freeze_value(item, secret or _is_secret_key(name)))
+        return block
+
+    def thaw(self) -> dict[str, Any]:
+        """A plain, mutable deep copy with secrets revealed (for a settings model)."""
+        return {k: _thaw_value(v) for k, v in self.items()}
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k!r}: {_masked_repr(k, v)}" for k, v in self.items())
+        return "{" + inner + "}"
+
+    __str__ = __repr__
+
+    def _readonly(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("provider blocks are read-only")
+
+    __setitem__ = _readonly
+    __delitem__ = _readonly
+    clear = _readonly
+    pop = _readonly
+    popitem = _readonly  # type: ignore[assignment]
+    setdefault = _readonly
+    update = _readonly
+    __ior__ = _readonly  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore_block, (dict(self),))
+
+
+def _freeze_value(value: Any, secret: bool) -> Any:
+    if isinstance(value, Mapping):
+        return ProviderBlock.freeze(value, secret=secret)
+    if isinstance(value, list | tuple):
+        return tuple(_freeze_value(v, secret) for v in value)
+    if isinstance(value, str) and secret:
+        return SecretStr(value)
+    return value
+
+
+def _restore_block(items: dict[str, Any]) -> ProviderBlock:
+    """Rebuild a block from already frozen values (copy and pickle support)."""
+    block = ProviderBlock()
+    for key, value in items.items():
+        dict.__setitem__(block, key, value)
+    return block
+
+
+def _thaw_value(value: Any) -> Any:
+    if isinstance(value, ProviderBlock):
+        return value.thaw()
+    if isinstance(value, tuple):
+        return [_thaw_value(v) for v in value]
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    return value
+
+
+def _masked_repr(key: str, value: Any) -> str:
+    if isinstance(value, ProviderBlock):
+        return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_masked_repr(key, v) for v in value) + "]"
+    if _is_secret_key(key) or isinstance(value, SecretStr):
+        return "'**********'"
+    return repr(value)
+
+
+# --------------------------------------------------------------------------- limits
+
+
+class LimitsConfig(_Frozen):
+    """Capacity limits of one owner (``discovery.limits``). All values >= 1."""
+
+    max_connections: StrictInt = Field(default=16, ge=1, le=256)
+    max_registrations: StrictInt = Field(default=64, ge=1, le=65_536)
+    max_service_watches_per_connection: StrictInt = Field(default=1024, ge=1, le=65_536)
+    max_parallel_operations: StrictInt = Field(default=4, ge=1, le=1024)
+    max_watch_streams: StrictInt = Field(default=64, ge=1, le=4096)
+    max_instances_per_service: StrictInt = Field(default=4096, ge=1, le=1_048_576)
+    max_total_instances: StrictInt = Field(default=65_536, ge=1, le=16_777_216)
+    max_snapshot_bytes: StrictInt = Field(default=67_108_864, ge=1, le=4_294_967_296)
+    max_transport_tasks: StrictInt = Field(default=4096, ge=1, le=65_536)
+
+    @model_validator(mode="after")
+    def _products(self) -> LimitsConfig:
+        product = self.max_connections * self.max_service_watches_per_connection
+        if product > 65_536:
+            raise _problem(
+                "max_service_watches_per_connection",
+                f"max_connections x max_service_watches_per_connection = {product} exceeds 65536",
+            )
+        if self.max_instances_per_service > self.max_total_instances:
+            raise _problem(
+                "max_instances_per_service",
+                "max_instances_per_service must not exceed max_total_instances",
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- connection parts
+
+
+class SnapshotConfig(_Frozen):
+    """Evidence age rules (``connections.<name>.snapshot``)."""
+
+    #: Oldest evidence an observation may serve.
+    max_age_ms: DurationMs = 15_000
+    #: Grace after a failed refresh (incomplete only); 0 = none. Capped by max_age_ms.
+    stale_if_error_ms: OptionalDurationMs = 0
+
+    @model_validator(mode="after")
+    def _grace_fits(self) -> SnapshotConfig:
+        if self.stale_if_error_ms > self.max_age_ms:
+            raise _problem(
+                "stale_if_error_ms",
+                f"stale_if_error_ms ({self.stale_if_error_ms}) must not exceed "
+                f"max_age_ms ({self.max_age_ms})",
+            )
+        return self
+
+
+class RetryConfig(_Frozen):
+    """Exponential backoff with jitter between half the current cap and the cap."""
+
+    initial_backoff_ms: DurationMs = 1000
+    max_backoff_ms: DurationMs = 30_000
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RetryConfig:
+        if self.initial_backoff_ms > self.max_backoff_ms:
+            raise _problem(
+                "initial_backoff_ms",
+                f"initial_backoff_ms ({self.initial_backoff_ms}) must not exceed "
+                f"max_backoff_ms ({self.max_backoff_ms})",
+            )
+        return self
+
+
+class RestConfig(_Frozen):
+    """The connection's REST caller (``connections.<name>.rest``)."""
+
+    #: Whole budget of one call, all attempts included.
+    request_timeout_ms: DurationMs = 10_000
+    connect_timeout_ms: DurationMs = 2000
+    lb_strategy: Literal["round_robin", "weighted", "p2c_peak_ewma"] = "round_robin"
+    instance_scheme: Literal["http", "https"] = "http"
+    #: Attempts share the one budget.
+    max_attempts: StrictInt = Field(default=1, ge=1, le=16)
+    retry_get_head_on_transport_error: StrictBool = False
+    retry_get_head_on_retryable_status: StrictBool = False
+
+    @model_validator(mode="after")
+    def _budget(self) -> RestConfig:
+        if self.connect_timeout_ms >= self.request_timeout_ms:
+            raise _problem(
+                "connect_timeout_ms",
+                f"request_timeout_ms ({self.request_timeout_ms}) is a budget that cannot fit "
+                f"a connect timeout of {self.connect_timeout_ms} ms",
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- static
+
+
+class StaticInstanceConfig(_Frozen):
+    """One configured instance. ``id`` defaults to ``host:port``."""
+
+    host: StrictStr = Field(min_length=1)
+    port: Port
+    weight: Weight = 1.0
+    id: StrictStr | None = Field(default=None, min_length=1)
+    metadata: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    tags: list[StrictStr] = Field(default_factory=list)
+
+    @property
+    def identity(self) -> str:
+        if self.id is not None:
+            return self.id
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def to_instance(self) -> Instance:
+        return Instance(
+            identity=self.identity,
+            host=self.host,
+            port=self.port,
+            weight=self.weight,
+            metadata=dict(self.metadata),
+            tags=tuple(self.tags),
+        )
+
+
+class StaticConfig(_Frozen):
+    """``static.services``: the complete instance list of each alias."""
+
+    services: dict[StrictStr, list[StaticInstanceConfig]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _unique(self) -> StaticConfig:
+        for alias, instances in self.services.items():
+            _check_name("service alias", alias, "services")
+            seen: set[str] = set()
+            for index, item in enumerate(instances):
+                if item.identity in seen:
+                    raise _problem(
+                        f"services.{alias}[{index}]",
+                        f"duplicate instance identity {item.identity!r} in service {alias!r}",
+                    )
+                seen.add(item.identity)
+        return self
+
+    def instances(self, alias: str) -> tuple[Instance, ...]:
+        """The configured instances of ``alias`` (KeyError if unbound)."""
+        return tuple(item.to_instance() for item in self.services[alias])
+
+
+# --------------------------------------------------------------------------- dns
+
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
+
+
+def _check_dns_name(name: str) -> str:
+    text = name[:-1] if name.endswith(".") else name
+    if not text or len(text) > 253 or not all(_LABEL.match(p) for p in text.split(".")):
+        raise ValueError("not a valid DNS name")
+    return name
+
+
+class DnsServiceConfig(_Frozen):
+    """One DNS-backed service alias.
+
+    Address mode (default): ``{host, port}`` queries A and AAAA (see
+    ``address_types``) and pairs every address with ``port``. SRV mode:
+    ``{host: _svc._proto.name, srv: true}``; ports, priorities and weights come
+    from the records, so ``port`` must be absent.
+    """
+
+    host: StrictStr
+    port: Port | None = None
+    srv: StrictBool = False
+    address_types: tuple[Literal["A", "AAAA"], ...] = ("A", "AAAA")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            return _check_dns_name(value)
+        raise ValueError("an IP address is not a DNS name; use the static provider for it")
+
+    @model_validator(mode="after")
+    def _mode(self) -> DnsServiceConfig:
+        if self.srv:
+            if self.port is not None:
+                raise _problem("port", "SRV records carry their own ports: remove port")
+            labels = self.host.split(".")
+            if len(labels) < 3 or not (labels[0].startswith("_") and labels[1].startswith("_")):
+                raise _problem("host", "an SRV name looks like _service._proto.name")
+        else:
+            if self.port is None:
+                raise _problem("port", "port is required unless srv: true")
+            if not self.address_types:
+                raise _problem("address_types", "at least one of A, AAAA is required")
+            if len(set(self.address_types)) != len(self.address_types):
+                raise _problem("address_types", "duplicate address type")
+        return self
+
+
+def _check_nameserver(value: str) -> str:
+    host, port = parse_nameserver(value)
+    del host, port
+    return value
+
+
+def parse_nameserver(value: str) -> tuple[str, int]:
+    """``"1.2.3.4"``, ``"1.2.3.4:5353"``, ``"::1"`` or ``"[::1]:5353"`` -> (ip, port)."""
+    text = value.strip()
+    port = 53
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0:
+            raise ValueError("unbalanced '[' in nameserver")
+        host, rest = text[1:close], text[close + 1 :]
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError("expected ':port' after ']'")
+            port = _port(rest[1:])
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+        port = _port(port_text)
+    else:
+        host = text
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError("nameservers are IP addresses with an optional :port") from None
+    return host, port
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not (1 <= int(text) <= 65535):
+        raise ValueError("nameserver port must be 1-65535")
+    return int(text)
+
+
+class DnsConfig(_Frozen):
+    """The ``dns`` block of a connection with ``provider: dns``.
+
+    DNS proves that an address exists, nothing about health. Answers are
+    refreshed every ``poll_interval_ms`` or when their TTL runs out, whichever
+    comes first, but never more often than ``min_refresh_ms``.
+    """
+
+    services: dict[StrictStr, DnsServiceConfig] = Field(default_factory=dict)
+    #: ``ip[:port]`` entries; ``None`` reads the system resolver configuration.
+    nameservers: tuple[StrictStr, ...] | None = None
+    #: Lower bound for a TTL-driven refresh (a TTL of 0 must not spin).
+    min_refresh_ms: DurationMs = 1000
+    #: Query over TCP instead of UDP.
+    tcp: StrictBool = False
+
+    @field_validator("nameservers")
+    @classmethod
+    def _nameservers(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("nameservers must not be empty (omit it to use the system's)")
+        for item in value:
+            _check_nameserver(item)
+        return value
+
+    @model_validator(mode="after")
+    def _aliases(self) -> DnsConfig:
+        for alias in self.services:
+            _check_name("service alias", alias, "services")
+        return self
+
+    def nameserver_addresses(self) -> tuple[tuple[str, int], ...] | None:
+        if self.nameservers is None:
+            return None
+        return tuple(parse_nameserver(n) for n in self.nameservers)
+
+
+# --------------------------------------------------------------------------- connection
+
+_PROVIDER_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+class ConnectionConfig(_Frozen):
+    """One named connection (``discovery.connections.<name>``).
+
+    Besides the fields below, a connection carries exactly one provider block
+    under the key equal to ``provider``: ``static`` and ``dns`` are validated
+    here; any other provider's block is kept raw (:class:`ProviderBlock`) and
+    validated by that provider's ``settings_model``.
+    """
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="allow",
+        hide_input_in_errors=True,
+        json_schema_extra={
+            "additionalProperties": {
+                "type": "object",
+                "description": "the block of a provider other than static/dns, under a key "
+                "equal to `provider`",
+            }
+        },
+    )
+
+    provider: StrictStr
+    startup_required: StrictBool = True
+    #: One operation, queueing included.
+    request_timeout_ms: DurationMs = 3000
+    poll_interval_ms: DurationMs = 5000
+    #: Reclaim an observation nobody held for this long.
+    idle_timeout_ms: DurationMs = 30_000
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    #: Registration health re-check period.
+    monitor_interval_ms: DurationMs = 5000
+    #: How long one healthy re-check keeps a registration eligible.
+    observation_grace_ms: DurationMs = 15_000
+    #: Upper bound for one registration's deregistration.
+    deregister_timeout_ms: DurationMs = 3000
+    rest: RestConfig = Field(default_factory=RestConfig)
+    static: StaticConfig | None = None
+    dns: DnsConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _provider_blocks(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        provider = data.get("provider")
+        known = cls.model_fields
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in known:
+                out[key] = value
+                continue
+            if not isinstance(key, str):
+                raise _problem(None, "field names must be strings")
+            if isinstance(provider, str) and key == provider:
+                if not isinstance(value, Mapping):
+                    raise _problem(key, f"the {provider!r} block must be a mapping")
+                out[key] = ProviderBlock.freeze(value)
+                continue
+            hint = _unknown_field(key, known)
+            if hint == "unknown field" and isinstance(provider, str) and isinstance(value, Mapping):
+                hint = (
+                    f"unknown field, or a wrong provider block: this connection's provider "
+                    f"is {provider!r}"
+                )
+            raise _problem(key, hint)
+        return out
+
+    @field_validator("provider")
+    @classmethod
+    def _provider_name(cls, value: str) -> str:
+        if not _PROVIDER_NAME.match(value):
+            raise ValueError("provider names are lowercase letters, digits, '-' and '_'")
+        if value in cls.model_fields and value not in BUILTIN_PROVIDERS:
+            raise ValueError(f"{value!r} is a connection setting, not a provider")
+        return value
+
+    @model_validator(mode="after")
+    def _rules(self) -> ConnectionConfig:
+        for builtin in sorted(BUILTIN_PROVIDERS):
+            if getattr(self, builtin) is not None and self.provider != builtin:
+                raise _problem(
+                    builtin,
+                    f"wrong provider block: {builtin!r} given, but this connection's "
+                    f"provider is {self.provider!r}",
+                )
+        if self.provider in BUILTIN_PROVIDERS and getattr(self, self.provider) is None:
+            raise _problem(self.provider, f"provider {self.provider!r} needs its block")
+        if self.poll_interval_ms + self.request_timeout_ms >= self.snapshot.max_age_ms:
+            raise _problem(
+                "snapshot.max_age_ms",
+                f"poll_interval_ms + request_timeout_ms ({self.poll_interval_ms} + "
+                f"{self.request_timeout_ms}) must be less than snapshot.max_age_ms "
+                f"({self.snapshot.max_age_ms})",
+            )
+        if self.monitor_interval_ms + self.request_timeout_ms >= self.observation_grace_ms:
+            raise _problem(
+                "observation_grace_ms",
+                f"monitor_interval_ms + request_timeout_ms ({self.monitor_interval_ms} + "
+                f"{self.request_timeout_ms}) must be less than observation_grace_ms "
+                f"({self.observation_grace_ms})",
+            )
+        if self.provider not in BUILTIN_PROVIDERS:
+            _raw_bindings(self.provider, provider_block(self))
+        return self
+
+
+def provider_block(config: ConnectionConfig) -> Mapping[str, Any]:
+    """The connection's provider block as a read-only mapping.
+
+    For ``static``/``dns`` this is the validated block dumped back to plain
+    values; for any other provider the raw block (empty if the config has
+    none, so a provider whose settings all have defaults still validates).
+    """
+    if config.provider in BUILTIN_PROVIDERS:
+        block = getattr(config, config.provider)
+        return ProviderBlock.freeze(block.model_dump(mode="python"))
+    extra = config.model_extra or {}
+    value = extra.get(config.provider)
+    return value if isinstance(value, ProviderBlock) else ProviderBlock()
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_provider_block(connection: str, config: ConnectionConfig, model: type[M]) -> M:
+    """Validate the connection's provider block with a provider's ``settings_model``.
+
+    Errors become :class:`~nadisc.ConfigError` with the path
+    ``discovery.connections.<connection>.<provider>.<field>``; input values
+    never appear in the message.
+    """
+    if config.provider in BUILTIN_PROVIDERS:
+        built = getattr(config, config.provider)
+        if isinstance(built, model):
+            return built
+    block = provider_block(config)
+    raw = block.thaw() if isinstance(block, ProviderBlock) else dict(block)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise translate_validation_error(
+            exc, prefix=f"discovery.connections.{connection}.{config.provider}", model=model
+        ) from None
+
+
+def _raw_bindings(provider: str, block: Mapping[str, Any]) -> dict[str, str]:
+    services = block.get("services", {})
+    if services is None:
+        return {}
+    if not isinstance(services, Mapping):
+        raise _problem(f"{provider}.services", "services must map aliases to {name: ...}")
+    out: dict[str, str] = {}
+    for alias, entry in services.items():
+        if not isinstance(alias, str) or not alias or alias != alias.strip():
+            raise _problem(f"{provider}.services", "service aliases must be non-empty strings")
+        if not isinstance(entry, Mapping):
+            raise _problem(f"{provider}.services.{alias}", "expected a mapping like {name: ...}")
+        name = entry.get("name", alias)
+        if not isinstance(name, str) or not name:
+            raise _problem(
+                f"{provider}.services.{alias}.name", "the remote service name must be a string"
+            )
+        out[alias] = name
+    return out
+
+
+def binding_names(config: ConnectionConfig) -> Mapping[str, str]:
+    """Service bindings of a connection: alias -> remote service name.
+
+    ``static``/``dns``: every alias maps to itself. Other providers: the
+    block's ``services: {alias: {name: remote}}`` (``name`` defaults to the alias).
+    """
+    if config.provider == "static" and config.static is not None:
+        return {alias: alias for alias in config.static.services}
+    if config.provider == "dns" and config.dns is not None:
+        return {alias: alias for alias in config.dns.services}
+    return _raw_bindings(config.provider, provider_block(config))
+
+
+# --------------------------------------------------------------------------- registration
+
+_UNSPECIFIED = {ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::")}
+
+
+class RegistrationConfig(_Frozen):
+    """One registration target (``discovery.registrations.<name>``).
+
+    ``qualifier`` names the connection (default ``primary``); ``connection_ref``
+    is the legacy spelling and may not be combined with it. ``service_name``
+    is an alias bound on that connection, not a free remote name.
+    """
+
+    qualifier: StrictStr = DEFAULT_QUALIFIER
+    #: Legacy alias of ``qualifier``; when given, ``qualifier`` holds the same value.
+    connection_ref: StrictStr | None = None
+    service_name: StrictStr = Field(min_length=1)
+    listener_ref: StrictStr | None = Field(default=None, min_length=1)
+    #: Defaults to the listener's eligibility.
+    eligibility_ref: StrictStr | None = Field(default=None, min_length=1)
+    ip: StrictStr
+    port: Port
+    startup_required: StrictBool = True
+    readiness_critical: StrictBool = False
+    weight: Weight = 1.0
+    metadata: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    tags: list[StrictStr] = Field(default_factory=list)
+    instance_id: StrictStr | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_ref(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("connection_ref") is not None:
+            if "qualifier" in data:
+                raise _problem(
+                    "connection_ref",
+                    "give either qualifier or its legacy alias connection_ref, not both",
+                )
+            return {**data, "qualifier": data["connection_ref"]}
+        return data
+
+    @field_validator("ip")
+    @classmethod
+    def _ip(cls, value: str) -> str:
+        if not value or value != value.strip() or any(c.isspace() for c in value):
+            raise ValueError("ip must be a non-empty address without whitespace")
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            return value  # a host name (resolved by the registry or the host)
+        if address in _UNSPECIFIED:
+            raise ValueError(f"{value} is not a reachable address; configure the real one")
+        return value
+
+    @property
+    def effective_eligibility_ref(self) -> str | None:
+        """``eligibility_ref``, or the listener's when not given."""
+        return self.eligibility_ref if self.eligibility_ref is not None else self.listener_ref
+
+    @property
+    def qualifier_field(self) -> str:
+        """The config key that named the connection (for error paths)."""
+        return "connection_ref" if self.connection_ref is not None else "qualifier"
+
+
+# --------------------------------------------------------------------------- root
+
+
+class DiscoveryConfig(_Frozen):
+    """The whole ``discovery`` node. Frozen for the owner's life."""
+
+    enabled: StrictBool = False
+    #: Serve /discovery/eligible/{registration} (restrict its network access).
+    eligibility_probe: StrictBool = False
+    #: Legacy: when set, the default for unqualified selection (wins over ``primary``).
+    default_connection: StrictStr | None = None
+    connections: dict[StrictStr, ConnectionConfig] = Field(default_factory=dict)
+    registrations: dict[StrictStr, RegistrationConfig] = Field(default_factory=dict)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    #: First-shutdown budget shared by quiesce and close.
+    shutdown_timeout_ms: DurationMs = 10_000
+
+    @model_validator(mode="after")
+    def _rules(self) -> DiscoveryConfig:
+        if not self.enabled:
+            for field, present in (
+                ("connections", bool(self.connections)),
+                ("registrations", bool(self.registrations)),
+                ("default_connection", self.default_connection is not None),
+                ("eligibility_probe", self.eligibility_probe),
+            ):
+                if present:
+                    raise _problem(
+                        field, f"discovery is disabled (enabled: false) but {field} is set"
+                    )
+            return self
+        for name in self.connections:
+            _check_name("connection", name, "connections")
+        for name in self.registrations:
+            _check_name("registration", name, "registrations")
+        if len(self.connections) > self.limits.max_connections:
+            raise _problem(
+                "connections",
+                f"{len(self.connections)} connections exceed limits.max_connections "
+                f"({self.limits.max_connections})",
+            )
+        if len(self.registrations) > self.limits.max_registrations:
+            raise _problem(
+                "registrations",
+                f"{len(self.registrations)} registrations exceed limits.max_registrations "
+                f"({self.limits.max_registrations})",
+            )
+        if self.default_connection is not None and self.default_connection not in self.connections:
+            raise _problem(
+                "default_connection",
+                f"unknown connection {self.default_connection!r}",
+            )
+        backend_keys: dict[tuple[str, str, str, int], str] = {}
+        for name, registration in self.registrations.items():
+            where = f"registrations.{name}"
+            qualifier = registration.qualifier
+            connection = self.connections.get(qualifier)
+            if connection is None:
+                raise _problem(
+                    f"{where}.{registration.qualifier_field}",
+                    f"unknown connection {qualifier!r}",
+                )
+            if connection.provider in BUILTIN_PROVIDERS:
+                raise _problem(
+                    f"{where}.{registration.qualifier_field}",
+                    f"connection {qualifier!r} uses provider {connection.provider!r}, "
+                    "which cannot register",
+                )
+            bindings = binding_names(connection)
+            remote = bindings.get(registration.service_name)
+            if remote is None:
+                raise _problem(
+                    f"{where}.service_name",
+                    f"service alias {registration.service_name!r} is not bound on "
+                    f"connection {qualifier!r}",
+                )
+            key = (qualifier, remote, registration.ip, registration.port)
+            if key in backend_keys:
+                raise _problem(
+                    where,
+                    f"registers the same instance as registration {backend_keys[key]!r}",
+                )
+            backend_keys[key] = name
+        return self
+
+    def connection(self, qualifier: str) -> ConnectionConfig:
+        """The named connection (KeyError if absent)."""
+        return self.connections[qualifier]
+
+
+def default_qualifier(config: DiscoveryConfig) -> str | None:
+    """The connection an unqualified selection uses, or ``None`` (then it must fail).
+
+    An explicit legacy ``default_connection`` wins; otherwise the fixed name
+    ``primary`` if such a connection exists. Never inferred from count or order.
+    """
+    if config.default_connection is not None:
+        return config.default_connection
+    if DEFAULT_QUALIFIER in config.connections:
+        return DEFAULT_QUALIFIER
+    return None
+
+
+def restart_required(old: DiscoveryConfig, new: DiscoveryConfig) -> bool:
+    """Whether moving from ``old`` to ``new`` needs a restart.
+
+    Everything under ``discovery`` is frozen for the owner's life, so any
+    difference at all means a restart (the candidate config is refused and
+    the running one kept).
+    """
+    return old != new
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _render_loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _strip(annotation: Any) -> Any:
+    """``Annotated[X, ...]`` and ``X | None`` -> ``X``."""
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, UnionType):
+            rest = [a for a in get_args(annotation) if a is not type(None)]
+            if len(rest) != 1:
+                return annotation
+            annotation = rest[0]
+        else:
+            return annotation
+
+
+def _model_at(root: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The model class found at ``loc`` below ``root`` (through dicts and lists)."""
+    current: Any = root
+    for part in loc:
+        current = _strip(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            info = current.model_fields.get(str(part))
+            if info is None:
+                return None
+            current = info.annotation
+        elif get_origin(current) in (dict, list, tuple):
+            args = get_args(current)
+            if not args:
+                return None
+            current = args[-1] if get_origin(current) is dict else args[0]
+        else:
+            return None
+    current = _strip(current)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _unknown_field(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.7)
+    return f"unknown field (did you mean {close[0]!r}?)" if close else "unknown field"
+
+
+def translate_validation_error(
+    exc: ValidationError, *, prefix: str = "discovery", model: type[BaseModel] | None = None
+) -> ConfigError:
+    """One :class:`ConfigError` for a pydantic error, with full dotted paths.
+
+    The first problem gives ``path``; further problems are appended to the
+    message. Input values never appear (they may be secrets). With ``model``
+    (the class validated at ``prefix``) unknown fields get a spelling hint.
+    """
+    problems: list[tuple[str, str]] = []
+    for error in exc.errors(include_input=False, include_url=False):
+        loc = list(error["loc"])
+        ctx = error.get("ctx") or {}
+        field = ctx.get("field") if error["type"] == _ERROR_TYPE else None
+        if field:
+            loc.extend(str(field).split("."))
+        rendered = _render_loc(tuple(loc))
+        joiner = "." if rendered and not rendered.startswith("[") else ""
+        path = prefix + joiner + rendered
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown field"
+            found = _model_at(model, error["loc"][:-1]) if model is not None else None
+            if found is not None:
+                message = _unknown_field(str(error["loc"][-1]), found.model_fields)
+        problems.append((path, message))
+    if not problems:
+        return ConfigError(prefix, "invalid configuration")
+    path, message = problems[0]
+    if len(problems) > 1:
+        message += "; also " + "; ".join(f"{p}: {m}" for p, m in problems[1:])
+    return ConfigError(path, message)

@@ -1,0 +1,681 @@
+"""Shared observations: one slot per (connection, service), one query stream.
+
+::
+
+    handle.observe("orders", deadline) ──► Slot(primary, orders) ◄── observe() again
+                                            │  Evidence (sans-IO rules)
+        owner's task group ─► Slot.run ─────┤  LatestCell[int] (generation)
+          poll every poll_interval, or      │
+          watch + confirmation queries      ▼
+                                     Observation handles (no close rights)
+                                       snapshot(strict) / changed(deadline)
+                                       submit_if_current(fn)
+
+*Single flight.* The first ``observe()`` of a service creates the slot and
+starts its refresh task in the owner's task group; every later caller only
+waits for the slot's first outcome. The task belongs to the owner, never to a
+caller: a caller whose deadline passes stops waiting, and the query goes on
+for everybody else.
+
+*Holders.* A slot is held while any :class:`Observation` handle for it is
+alive (handles are tracked weakly) or while it was accessed by ``observe()``
+within ``idle_timeout_ms``. A slot without holders for ``idle_timeout_ms`` is
+reclaimed by its own task: the moment it decides so it leaves the connection
+and its evidence is closed (synchronously, before its watch is torn down, so
+no ``observe()`` is ever handed a slot on its way out); its budgets are
+released when the task ends; a later ``observe()`` starts a new one. The
+task notices the last handle going away at its next check, at most
+``min(poll_interval_ms, idle_timeout_ms)`` later.
+
+*Refresh.* Providers without watch streams are queried every
+``poll_interval_ms``; a failed query is retried after an exponential backoff
+with jitter. Providers with watch streams get a watch (when the owner's
+``max_watch_streams`` allow; queued requests keep polling) plus one
+confirmation query every ``poll_interval_ms``. A static listing is queried
+once: it does not age.
+
+*Provider-paced polling.* A provider may pace its own polls by offering a
+synchronous ``refresh_delay(service, poll_interval) -> seconds`` (looked up
+by name, e.g. the DNS provider, whose answers carry a TTL). After a complete
+listing the slot waits what it answers, capped at ``poll_interval_ms`` so the
+evidence rules keep their budget; an answer that is not a positive finite
+number, or that raises, falls back to ``poll_interval_ms``. Failed queries
+still back off as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import math
+import types
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import TaskStatus
+
+from poise import LatestCell
+
+from ._capacity import Hold, StreamTicket
+from ._errors import (
+    CapacityExceeded,
+    CapacityRejected,
+    DeadlineExceeded,
+    EvidenceUnavailable,
+    IdentityRevoked,
+    IncompleteSnapshot,
+    InvalidSnapshot,
+    ProviderFailure,
+)
+from ._evidence import Backoff, Evidence, EvidencePolicy, FailureKind, Reason, Usable
+from ._instance import EvidenceKind, Instance, ProviderSnapshot
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+
+__all__ = ["Observation", "ObservationSnapshot", "Slot", "check_deadline", "check_deadline_value"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def check_deadline_value(deadline: object) -> None:
+    """Refuse a deadline that is not a number, or is NaN, with ``DeadlineExceeded``
+    (whatever the time: such a value is never a deadline)."""
+    if isinstance(deadline, bool) or not isinstance(deadline, int | float):
+        raise DeadlineExceeded(
+            f"deadline must be a number on the event-loop clock, not {type(deadline).__name__}"
+        )
+    if math.isnan(deadline):
+        raise DeadlineExceeded("deadline is NaN")
+
+
+def check_deadline(deadline: float, now: float) -> None:
+    """Refuse a NaN or already-passed deadline with ``DeadlineExceeded``."""
+    check_deadline_value(deadline)
+    if deadline <= now:
+        raise DeadlineExceeded(f"deadline passed {now - deadline:.6f}s ago")
+
+
+@dataclass(frozen=True, slots=True, weakref_slot=True)
+class ObservationSnapshot:
+    """An immutable view of an observation that may be used now.
+
+    Holding a snapshot keeps its listing counted against the owner's
+    ``max_total_instances`` / ``max_snapshot_bytes``. The presence of an
+    instance proves only what ``evidence`` says (a static fact proves nothing
+    about liveness).
+    """
+
+    connection: str
+    service: str
+    instances: tuple[Instance, ...]
+    evidence: EvidenceKind
+    #: The observation's generation: grows whenever what it serves changes.
+    revision: int
+    #: Event-loop time of the last complete listing (or confirmation).
+    confirmed_at: float
+    #: True while served from the grace window after a failed refresh.
+    degraded: bool
+    _hold: object = field(default=None, repr=False, compare=False)
+
+    def identities(self) -> tuple[str, ...]:
+        """Provider instance identities, in listing order."""
+        return tuple(i.identity for i in self.instances)
+
+
+_FAILURE_KINDS: tuple[tuple[type[ProviderFailure], FailureKind], ...] = (
+    (IdentityRevoked, FailureKind.REVOKED),
+    (InvalidSnapshot, FailureKind.INVALID),
+    (CapacityRejected, FailureKind.CAPACITY),
+    (IncompleteSnapshot, FailureKind.INCOMPLETE),
+)
+
+
+def failure_kind(failure: BaseException) -> FailureKind:
+    """The evidence kind of a provider outcome; anything unknown is incomplete."""
+    for cls, kind in _FAILURE_KINDS:
+        if isinstance(failure, cls):
+            return kind
+    return FailureKind.INCOMPLETE
+
+
+class Slot:
+    """The shared state of one (connection, service) observation.
+
+    Implements :class:`~nadisc.ObservationSink` for the provider's watch.
+    """
+
+    def __init__(self, connection: Connection, alias: str, remote: str) -> None:
+        self.connection = connection
+        self.alias = alias
+        self.remote = remote
+        policy = connection.policy
+        self.evidence = Evidence(
+            EvidencePolicy(
+                max_age=policy.snapshot.max_age_ms / 1000.0,
+                stale_if_error=policy.snapshot.stale_if_error_ms / 1000.0,
+            )
+        )
+        self.cell: LatestCell[int] = LatestCell(0)
+        self.first_outcome = anyio.Event()
+        self.handles: weakref.WeakSet[Observation] = weakref.WeakSet()
+        self.last_access = -math.inf
+        self.queries = 0
+        #: Records the latest complete listing held but refused as invalid
+        #: (registry key -> reason); never served, shown by the observer.
+        self.invalid: Mapping[str, str] = {}
+        #: True once the budgets were given back (the task ended).
+        self.reclaimed = False
+        #: True from the moment reclaim was decided: the slot has left its
+        #: connection and ``observe()`` starts a new one, even while this
+        #: slot's task still tears its watch down.
+        self.reclaiming = False
+        self._unheld_since: float | None = None
+        self._record: ObservationSnapshot | None = None
+        self._record_key: tuple[int, float | None, bool] | None = None
+        self._poll = policy.poll_interval_ms / 1000.0
+        self._idle = policy.idle_timeout_ms / 1000.0
+        self._timeout = policy.request_timeout_ms / 1000.0
+        hook = getattr(connection.provider, "refresh_delay", None)
+        self._refresh_hook: Callable[[str, float], object] | None = hook if callable(hook) else None
+        #: Long watch streams one watch of this provider holds (0: poll only).
+        self.watch_streams = connection.provider.capabilities.watch_streams
+        #: Transport tasks this slot may run: itself, plus its watch.
+        self.task_cost = 2 if self.watch_streams > 0 else 1
+
+    # ------------------------------------------------------------------ holders
+
+    def touch(self, now: float) -> None:
+        self.last_access = max(self.last_access, now)
+
+    def _reclaimable(self, now: float) -> bool:
+        if len(self.handles):
+            self._unheld_since = None
+            return False
+        if self._unheld_since is None:
+            self._unheld_since = now
+        idle_since = max(self.last_access, self._unheld_since)
+        return now - idle_since >= self._idle
+
+    def _begin_reclaim(self) -> None:
+        """Leave the connection and close the evidence, synchronously, the
+        moment reclaim is decided (before any teardown awaits), so no
+        ``observe()`` can be handed this slot any more. Idempotent."""
+        self.reclaiming = True
+        connection = self.connection
+        if connection.slots.get(self.alias) is self:
+            del connection.slots[self.alias]
+        self.close()
+
+    def _next_idle_check(self, now: float) -> float:
+        if not len(self.handles) and self._unheld_since is not None:
+            return max(self.last_access, self._unheld_since) + self._idle
+        return now + min(self._poll, self._idle)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def _notify(self, changed: bool) -> None:
+        if changed:
+            self._drop_record()
+            if not self.cell.closed:
+                self.cell.publish(self.evidence.generation)
+        if not self.first_outcome.is_set() and self.evidence.has_outcome:
+            self.first_outcome.set()
+
+    def publish(self, snapshot: ProviderSnapshot) -> None:
+        """A complete listing was observed now (also the watch sink)."""
+        self._accept(snapshot, anyio.current_time())
+
+    def fail(self, failure: ProviderFailure) -> None:
+        """A refresh failed (also the watch sink)."""
+        self._fail(failure, anyio.current_time())
+
+    def refresh(self) -> None:
+        """The registry confirmed nothing changed (also the watch sink)."""
+        self.evidence.on_refresh(anyio.current_time())
+
+    def _fail(self, failure: BaseException, now: float) -> None:
+        kind = failure_kind(failure)
+        if kind is not FailureKind.INCOMPLETE or not isinstance(failure, IncompleteSnapshot):
+            logger.info(
+                "connection %r service %r: refresh failed (%s)",
+                self.connection.name,
+                self.alias,
+                kind.value,
+            )
+        self.connection.stats.failures += 1
+        changed = self.evidence.on_failure(kind, now)
+        self._notify(changed)
+        if changed and kind is FailureKind.REVOKED:
+            self.connection.stats.identity_revocations += 1
+            self.connection.runtime.identity_revoked(self.connection.name)
+
+    def _accept(self, snapshot: object, now: float) -> bool:
+        if not isinstance(snapshot, ProviderSnapshot):
+            self._fail(IncompleteSnapshot("the provider returned a malformed listing"), now)
+            return False
+        stats = self.connection.stats
+        if snapshot.invalid:
+            stats.invalid_records += len(snapshot.invalid)
+        self.invalid = snapshot.invalid
+        evidence = self.evidence
+        if evidence.matches(snapshot):
+            changed = evidence.on_success(snapshot, now, evidence.hold)
+        elif not snapshot.instances:
+            changed = evidence.on_success(snapshot, now, None)
+        else:
+            try:
+                # The cached record is ours, not a consumer's: drop it so
+                # the ledger sees who else still holds the old listing.
+                self._drop_record()
+                current = evidence.hold
+                hold = self.connection.runtime.ledger.admit(
+                    snapshot, replacing=current if isinstance(current, Hold) else None
+                )
+            except CapacityExceeded as exc:
+                stats.capacity_rejections += 1
+                logger.warning(
+                    "connection %r service %r: listing withheld (%s)",
+                    self.connection.name,
+                    self.alias,
+                    exc.limit,
+                )
+                self._notify(evidence.on_withheld(frozenset(snapshot.identities()), now))
+                return False
+            changed = evidence.on_success(snapshot, now, hold)
+        self._notify(changed)
+        return True
+
+    # ------------------------------------------------------------------ records
+
+    def _drop_record(self) -> None:
+        self._record = None
+        self._record_key = None
+
+    def record(self, now: float, *, strict: bool) -> ObservationSnapshot:
+        """The snapshot record that may be used at ``now`` (cached while the
+        evidence is unchanged), or ``EvidenceUnavailable``."""
+        evidence = self.evidence
+        refusal = evidence.refusal(now, strict=strict)
+        if refusal is not None:
+            raise EvidenceUnavailable(
+                f"connection {self.connection.name!r} service {self.alias!r}: {refusal.message}",
+                reason=refusal.reason.value,
+            )
+        key = (evidence.generation, evidence.confirmed_at, evidence.failure is not None)
+        if key == self._record_key and self._record is not None:
+            return self._record
+        view = evidence.view(now)
+        assert isinstance(view, Usable)
+        record = ObservationSnapshot(
+            connection=self.connection.name,
+            service=self.alias,
+            instances=view.instances,
+            evidence=view.evidence,
+            revision=view.generation,
+            confirmed_at=view.confirmed_at,
+            degraded=view.degraded,
+            _hold=view.hold,
+        )
+        if isinstance(view.hold, Hold):
+            view.hold.consumers.add(record)
+        self._record = record
+        self._record_key = key
+        return record
+
+    def close(self) -> None:
+        """Close the evidence: every handle sees reason ``closed``. Idempotent."""
+        self._drop_record()
+        self.evidence.close()
+        if not self.cell.closed:
+            self.cell.publish(self.evidence.generation)
+            self.cell.close()
+        if not self.first_outcome.is_set():
+            self.first_outcome.set()
+
+    # ------------------------------------------------------------------ refresh task
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The slot's refresh task, run in the owner's task group."""
+        runtime = self.connection.runtime
+        runtime.live_tasks += 1
+        task_status.started()
+        try:
+            if self.watch_streams > 0:
+                await self._run_watching()
+            else:
+                await self._poll_cycle(self._backoff(), None)
+        except Exception:
+            # A defect (ours or a provider's) ends this observation only; the
+            # owner, its other observations and connections keep running.
+            logger.exception(
+                "connection %r service %r: the observation failed and is closed",
+                self.connection.name,
+                self.alias,
+            )
+        finally:
+            runtime.live_tasks -= 1
+            self._retire()
+
+    def _backoff(self) -> Backoff:
+        retry = self.connection.policy.retry
+        return Backoff(retry.initial_backoff_ms / 1000.0, retry.max_backoff_ms / 1000.0)
+
+    def _retire(self) -> None:
+        connection = self.connection
+        if connection.slots.get(self.alias) is self:
+            del connection.slots[self.alias]
+        if not self.reclaimed:
+            self.reclaimed = True
+            connection.runtime.tasks.release(self.task_cost)
+        self.close()
+
+    async def _query_once(self) -> bool:
+        connection = self.connection
+        start = anyio.current_time()
+        deadline = start + self._timeout
+        snapshot: object = None
+        failure: BaseException | None = None
+        with anyio.move_on_at(deadline) as scope:
+            try:
+                snapshot = await connection.provider.query(self.remote, deadline)
+            except ProviderFailure as exc:
+                failure = exc
+            except Exception as exc:
+                logger.warning(
+                    "connection %r service %r: provider query raised %s",
+                    connection.name,
+                    self.alias,
+                    type(exc).__name__,
+                )
+                failure = IncompleteSnapshot(f"the provider raised {type(exc).__name__}")
+        now = anyio.current_time()
+        self.queries += 1
+        connection.stats.record_query(now - start)
+        if scope.cancelled_caught:
+            failure = IncompleteSnapshot(f"the query took longer than {self._timeout}s")
+        if failure is not None:
+            self._fail(failure, now)
+            return False
+        return self._accept(snapshot, now)
+
+    def refresh_delay(self) -> float:
+        """Seconds to wait after a complete listing before the next poll:
+        the provider's ``refresh_delay`` answer capped at the poll interval,
+        or the poll interval when it has none (or answers nonsense)."""
+        hook = self._refresh_hook
+        if hook is None:
+            return self._poll
+        try:
+            delay = hook(self.remote, self._poll)
+        except Exception as exc:
+            logger.warning(
+                "connection %r service %r: refresh_delay raised %s; polling every %ss",
+                self.connection.name,
+                self.alias,
+                type(exc).__name__,
+                self._poll,
+            )
+            return self._poll
+        if isinstance(delay, bool) or not isinstance(delay, int | float):
+            return self._poll
+        if not (math.isfinite(delay) and delay > 0):
+            return self._poll
+        return min(float(delay), self._poll)
+
+    def _settled_static(self) -> bool:
+        view = self.evidence.view(anyio.current_time())
+        return isinstance(view, Usable) and view.evidence is EvidenceKind.STATIC_FACT
+
+    async def _sleep_until(self, wake_at: float, ticket: StreamTicket | None) -> str | None:
+        """Sleep until ``wake_at``; returns "reclaim" or "granted" early."""
+        while True:
+            now = anyio.current_time()
+            if self._reclaimable(now):
+                self._begin_reclaim()
+                return "reclaim"
+            if ticket is not None and ticket.granted:
+                return "granted"
+            if now >= wake_at:
+                return None
+            until = min(wake_at, self._next_idle_check(now))
+            if ticket is None:
+                await anyio.sleep_until(until)
+            else:
+                with anyio.move_on_at(until):
+                    await ticket.wait_granted()
+
+    async def _poll_cycle(self, backoff: Backoff, ticket: StreamTicket | None) -> str:
+        while True:
+            ok = await self._query_once()
+            if ok:
+                backoff.reset()
+                delay = math.inf if self._settled_static() else self.refresh_delay()
+            else:
+                delay = backoff.next_delay()
+            outcome = await self._sleep_until(anyio.current_time() + delay, ticket)
+            if outcome is not None:
+                return outcome
+
+    async def _run_watching(self) -> None:
+        streams = self.connection.runtime.streams
+        ticket = streams.request(self.watch_streams)
+        if ticket.oversized:
+            logger.warning(
+                "connection %r service %r: a watch needs %d streams, more than "
+                "max_watch_streams (%d); the observation polls instead",
+                self.connection.name,
+                self.alias,
+                self.watch_streams,
+                streams.limit,
+            )
+        backoff = self._backoff()
+        try:
+            while True:
+                if not ticket.granted and await self._poll_cycle(backoff, ticket) == "reclaim":
+                    return
+                if await self._watch_once(backoff) == "reclaim":
+                    return
+                delay = backoff.next_delay()
+                if await self._sleep_until(anyio.current_time() + delay, None) == "reclaim":
+                    return
+        finally:
+            self.connection.runtime.streams.release(ticket)
+
+    async def _watch_once(self, backoff: Backoff) -> str | None:
+        """One watch session: a query, the watch, confirmation queries."""
+        if await self._query_once():
+            backoff.reset()
+        outcome: str | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                with anyio.move_on_after(self._timeout) as start_scope:
+                    await tg.start(self._watch_task, tg.cancel_scope)
+                if start_scope.cancelled_caught:
+                    tg.cancel_scope.cancel()
+                    self._fail(
+                        IncompleteSnapshot("the watch did not start in time"), anyio.current_time()
+                    )
+                    return None
+                while True:
+                    wake_at = anyio.current_time() + self._poll
+                    if await self._sleep_until(wake_at, None) == "reclaim":
+                        outcome = "reclaim"
+                        tg.cancel_scope.cancel()
+                        break
+                    if await self._query_once():
+                        backoff.reset()
+        except Exception as exc:
+            self._fail(
+                exc
+                if isinstance(exc, ProviderFailure)
+                else IncompleteSnapshot(f"the watch could not start ({type(exc).__name__})"),
+                anyio.current_time(),
+            )
+        return outcome
+
+    async def _watch_task(
+        self, session: anyio.CancelScope, *, task_status: TaskStatus[None]
+    ) -> None:
+        runtime = self.connection.runtime
+        runtime.live_tasks += 1
+        try:
+            await self.connection.provider.watch(self.remote, self, task_status=task_status)
+            failure: ProviderFailure = IncompleteSnapshot("the watch ended")
+        except ProviderFailure as exc:
+            failure = exc
+        except Exception as exc:
+            logger.warning(
+                "connection %r service %r: watch raised %s",
+                self.connection.name,
+                self.alias,
+                type(exc).__name__,
+            )
+            failure = IncompleteSnapshot(f"the watch raised {type(exc).__name__}")
+        finally:
+            runtime.live_tasks -= 1
+        self._fail(failure, anyio.current_time())
+        # End the session; the slot backs off and starts a new one.
+        session.cancel()
+
+    def __repr__(self) -> str:
+        return (
+            f"<Slot {self.connection.name}/{self.alias} handles={len(self.handles)} "
+            f"queries={self.queries} {self.evidence!r}>"
+        )
+
+
+_PLAIN_CALLABLES = (
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    functools.partial,
+)
+
+
+def _is_async_callable(submit: object) -> bool:
+    if inspect.iscoroutinefunction(submit):
+        return True
+    if isinstance(submit, _PLAIN_CALLABLES):
+        return False
+    # An object whose class (or a base) defines ``async def __call__``.
+    for klass in type(submit).__mro__:
+        call = vars(klass).get("__call__")
+        if call is not None:
+            return inspect.iscoroutinefunction(call)
+    return False
+
+
+def _check_submit(submit: object) -> None:
+    if not callable(submit):
+        raise TypeError(f"submit must be a synchronous callable, not {type(submit).__name__}")
+    if _is_async_callable(submit):
+        raise TypeError(
+            "submit must be a short synchronous closure: an async function would "
+            "run after the evidence check, when the evidence may have changed"
+        )
+
+
+class Observation:
+    """A handle on a shared observation. Has no close rights.
+
+    Many handles share one slot; each keeps its own cursor for
+    :meth:`changed`. Dropping every handle lets the slot be reclaimed after
+    ``idle_timeout_ms``.
+    """
+
+    __slots__ = ("__weakref__", "_seen", "_slot")
+
+    def __init__(self, slot: Slot) -> None:
+        self._slot = slot
+        # Set by observe() right before it returns the handle (_look).
+        self._seen: tuple[int, Reason | None] = (-1, None)
+        slot.handles.add(self)
+
+    def _look(self, now: float) -> None:
+        self._seen = self._slot.evidence.state_key(now)
+
+    @property
+    def connection(self) -> str:
+        return self._slot.connection.name
+
+    @property
+    def service(self) -> str:
+        return self._slot.alias
+
+    def _usable(self, strict: bool) -> ObservationSnapshot:
+        return self._slot.record(anyio.current_time(), strict=strict)
+
+    def snapshot(self, *, strict: bool = False) -> ObservationSnapshot:
+        """The listing that may be used now, for diagnosis and selection.
+
+        ``strict=True`` refuses evidence once a refresh failed (no grace).
+        Raises :class:`~nadisc.EvidenceUnavailable` with ``reason`` otherwise.
+        """
+        return self._usable(strict)
+
+    def submit_if_current(self, submit: Callable[[ObservationSnapshot], T]) -> T:
+        """Re-check the evidence and run ``submit(snapshot)`` at once.
+
+        ``submit`` is a short synchronous closure (choose an instance, hand
+        the request to a transport): nothing can change between the check
+        and the call. It must not wait or re-enter the owner. Permission to
+        send is not network fencing: a submitted request may still arrive.
+
+        An ``async`` closure (``async def``, an object with ``async def
+        __call__``, a ``functools.partial`` of either) is refused with
+        ``TypeError`` before the check: its body would run later, after the
+        evidence may have changed. A synchronous closure's return value is
+        handed back as is.
+        """
+        _check_submit(submit)
+        return submit(self._usable(False))
+
+    def submit_if_current_strict(self, submit: Callable[[ObservationSnapshot], T]) -> T:
+        """As :meth:`submit_if_current`, refusing any evidence after a failure."""
+        _check_submit(submit)
+        return submit(self._usable(True))
+
+    async def changed(self, deadline: float) -> None:
+        """Wait for a real change or a real expiry of the evidence.
+
+        Returns when the observation's generation moved (new listing, failure,
+        revocation, close) or an age/grace threshold of the evidence passed
+        since this handle last looked. Raises ``DeadlineExceeded`` only when
+        ``deadline`` passes (or was NaN/past on entry), and
+        ``EvidenceUnavailable(reason="closed")`` once the close was seen.
+        Static evidence never expires, however long one waits.
+        """
+        slot = self._slot
+        check_deadline(deadline, anyio.current_time())
+        while True:
+            now = anyio.current_time()
+            key = slot.evidence.state_key(now)
+            if key != self._seen:
+                self._seen = key
+                await anyio.lowlevel.checkpoint()
+                return
+            if slot.evidence.closed:
+                await anyio.lowlevel.checkpoint()
+                raise EvidenceUnavailable(
+                    f"connection {slot.connection.name!r} service {slot.alias!r}: "
+                    "the observation is closed",
+                    reason="closed",
+                )
+            if now >= deadline:
+                raise DeadlineExceeded("the deadline passed before the observation changed")
+            subscription = slot.cell.reader().changes()
+            until = min(deadline, slot.evidence.expiry(now))
+            with anyio.move_on_at(until), contextlib.suppress(anyio.EndOfStream):
+                await subscription.receive()
+
+    def __repr__(self) -> str:
+        return f"<Observation {self.connection}/{self.service}>"

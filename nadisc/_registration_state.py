@@ -1,0 +1,700 @@
+"""The registration state machine: three records, one table, one pure view.
+
+A registration is described by three separate records that are never
+folded into one another, plus a few flags:
+
+* **write** — what we know about the registry write
+  (:class:`WriteOutcome`): nothing sent, a write in flight, acknowledged,
+  outcome unknown, lease lost, rejected, deregistering, deregistered, or a
+  deregistration whose outcome is unknown;
+* **health** — the registry's confirmation (:class:`HealthEvidence`), with
+  the deadline ``healthy_until`` a HEALTHY check granted and the identity
+  epoch under which it was obtained;
+* **eligible** — local eligibility (the host's own view);
+* **residual_risk** — a write whose answer was lost may still land. Once
+  set it is never cleared: an acknowledged deregistration then reports
+  ``RESIDUAL`` and nothing is re-created on the strength of that ack.
+
+:func:`apply` is the transition table (records x event -> records); it is
+synchronous and takes the time as an argument. :func:`derive_state` maps the
+records to the public :class:`RegistrationState`; :func:`next_action` tells
+the async shell what it may do next. No I/O happens here.
+
+::
+
+              RegisterStarted            RegisterAcked     Healthy check
+    PENDING ─────────────────► REGISTERING ────────► (acked) ──────────► ACTIVE
+       │                          │  │ Rejected                 ▲   │ lapse, unhealthy,
+       │                          │  └─────────► FAILED         │   │ revoked, lease lost
+       │                          │ Unknown                     │   ▼
+       │                          └───────► OUTCOME_UNKNOWN     DEGRADED ◄─┐
+       │                            (first write: blocked for ever)   │    │
+       │                                                              │ LeaseLost, no
+       │           RenewUnknown (idempotent renewal only)             │ unknown write:
+       │   ACTIVE ──────────────► OUTCOME_UNKNOWN ── RenewAcked ──────┘ re-register
+       │                                            + fresh check ──► ACTIVE
+       │   ACTIVE/DEGRADED ── locally ineligible ──► INELIGIBLE (no renewals sent)
+       │
+       └─ Quiesce ─► DEREGISTERING ── ack ──► DEREGISTERED   (RESIDUAL if
+                                   └─ timeout/failure ──► OUTCOME_UNKNOWN
+                                                          residual_risk)
+
+Rules the table enforces (and the exhaustive tests check):
+
+* a first registration whose outcome is unknown is never written again;
+* only a renewal (we hold an acknowledged handle) may be repeated after a
+  lost answer, and only by providers with idempotent renewal;
+* after a lost renewal answer, ``ACTIVE`` needs both a new acknowledged
+  renewal and a HEALTHY check started after it;
+* a transient check failure keeps, and never extends, the last HEALTHY
+  deadline; UNHEALTHY / MISSING / DISABLED / invalid evidence / revocation
+  drop it at once;
+* a check started under an older identity epoch changes nothing;
+* re-registration after ``LeaseLost`` starts only from ``LOST``, which is
+  reached by a definitive answer; a registration blocked in an unknown first
+  write never gets there;
+* after quiesce nothing is registered, renewed, or confirmed again (the
+  outcome of a write already in flight is still recorded, so a write that
+  landed during shutdown is removed and one that was lost is reported).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random as _random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TypeAlias
+
+from ._errors import LifecycleError
+from ._provider import HealthStatus
+
+__all__ = [
+    "Action",
+    "CheckHealthy",
+    "CheckInvalid",
+    "CheckNegative",
+    "CheckTransient",
+    "DeregisterAcked",
+    "DeregisterFailed",
+    "DeregisterStarted",
+    "EligibilityObserved",
+    "Event",
+    "HealthEvidence",
+    "IdentityRevokedEvent",
+    "QuiesceBegan",
+    "RegisterAcked",
+    "RegisterFailed",
+    "RegisterRejected",
+    "RegisterStarted",
+    "RegisterUnknown",
+    "RegistrationRecords",
+    "RegistrationState",
+    "RenewAcked",
+    "RenewFailed",
+    "RenewLeaseLost",
+    "RenewUnknown",
+    "Retired",
+    "WriteOutcome",
+    "apply",
+    "backoff_delay",
+    "derive_state",
+    "health_valid",
+    "next_action",
+]
+
+
+class WriteOutcome(enum.Enum):
+    """What we know about the registry write."""
+
+    NONE = "none"
+    PENDING = "pending"
+    ACKED = "acked"
+    UNKNOWN = "unknown"
+    LOST = "lost"
+    REJECTED = "rejected"
+    DEREGISTERING = "deregistering"
+    DEREGISTERED = "deregistered"
+    DEREGISTER_UNKNOWN = "deregister_unknown"
+
+
+class HealthEvidence(enum.Enum):
+    """The registry's confirmation of the registration's health."""
+
+    NONE = "none"
+    HEALTHY = "healthy"
+    TRANSIENT_FAILURE = "transient_failure"
+    UNHEALTHY = "unhealthy"
+    MISSING = "missing"
+    DISABLED = "disabled"
+    INVALID = "invalid"
+    REVOKED = "revoked"
+
+
+class RegistrationState(enum.Enum):
+    """The public state of one registration, derived from its records."""
+
+    PENDING = "pending"
+    REGISTERING = "registering"
+    ACTIVE = "active"
+    DEGRADED = "degraded"
+    INELIGIBLE = "ineligible"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    DEREGISTERING = "deregistering"
+    DEREGISTERED = "deregistered"
+    RESIDUAL = "residual"
+    FAILED = "failed"
+
+
+class Action(enum.Enum):
+    """What the async shell may do next (see :func:`next_action`)."""
+
+    #: Send the first registration (or re-register after a lost lease).
+    REGISTER = "register"
+    #: Renew / re-apply the acknowledged record, then check health.
+    RENEW = "renew"
+    #: Repeat a renewal whose answer was lost (idempotent providers only).
+    RETRY_RENEW = "retry_renew"
+    #: Nothing may be sent now (ineligible, or a write is in flight); check only.
+    WAIT = "wait"
+    #: Blocked: an unknown outcome (or a rejection) forbids any write.
+    BLOCKED = "blocked"
+    #: Quiescing and a handle is held: remove the registration.
+    DEREGISTER = "deregister"
+    #: Nothing (more) to send; while quiescing the shell applies ``Retired``
+    #: unless the write is already final.
+    DONE = "done"
+
+
+_NEG_INF = -math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationRecords:
+    """The three records and their flags. Immutable; :func:`apply` makes new ones."""
+
+    write: WriteOutcome = WriteOutcome.NONE
+    health: HealthEvidence = HealthEvidence.NONE
+    #: Deadline granted by the last HEALTHY check (kept, never extended, by
+    #: transient failures); ``None`` when there is no usable evidence.
+    healthy_until: float | None = None
+    #: Identity epoch the health evidence was obtained under.
+    health_epoch: int = 0
+    eligible: bool = False
+    #: Current identity epoch of the registration's connection.
+    epoch: int = 0
+    #: A write whose answer was lost may still take effect. Never cleared.
+    residual_risk: bool = False
+    #: We hold an acknowledged handle (``Registered``) for the record.
+    handle: bool = False
+    #: A write was sent at least once (something may exist remotely).
+    written: bool = False
+    #: The registry acknowledged a registration write at least once.
+    acked_once: bool = False
+    #: The registration has been Active at least once.
+    confirmed: bool = False
+    #: HEALTHY checks started before this time do not count (set when a
+    #: renewal recovers from a lost answer).
+    fresh_after: float = _NEG_INF
+    quiescing: bool = False
+    #: Consecutive attempts in the current backoff sequence.
+    attempt: int = 0
+    #: Kind (class name) of the last failure, for diagnostics; never a message.
+    last_error: str | None = None
+
+
+# --- events -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterStarted:
+    """A registration write is about to be sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterAcked:
+    """The registry acknowledged the registration write."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterUnknown:
+    """The registration write's answer was lost (timeout, cancellation)."""
+
+    error: str = "OutcomeUnknown"
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterRejected:
+    """The registry definitively refused the write."""
+
+    error: str = "RegistrationRejected"
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterFailed:
+    """The write definitely did not apply (it never reached the registry)."""
+
+    error: str = "ProviderFailure"
+
+
+@dataclass(frozen=True, slots=True)
+class RenewAcked:
+    """A renewal was acknowledged."""
+
+
+@dataclass(frozen=True, slots=True)
+class RenewUnknown:
+    """A renewal's answer was lost."""
+
+    error: str = "OutcomeUnknown"
+
+
+@dataclass(frozen=True, slots=True)
+class RenewLeaseLost:
+    """The registry no longer holds the registration."""
+
+    error: str = "LeaseLost"
+
+
+@dataclass(frozen=True, slots=True)
+class RenewFailed:
+    """A renewal definitely did not apply (not sent); retried later."""
+
+    error: str = "ProviderFailure"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckHealthy:
+    """A HEALTHY check result; it started at ``started_at`` under ``epoch``."""
+
+    epoch: int
+    started_at: float
+    grace: float
+
+
+@dataclass(frozen=True, slots=True)
+class CheckTransient:
+    """A check could not complete (incomplete, unknown, timeout)."""
+
+    epoch: int
+    error: str = "IncompleteSnapshot"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckNegative:
+    """The registry reports the registration UNHEALTHY, MISSING or DISABLED."""
+
+    epoch: int
+    status: HealthStatus
+
+
+@dataclass(frozen=True, slots=True)
+class CheckInvalid:
+    """The registry's evidence about the registration is invalid."""
+
+    epoch: int
+    error: str = "InvalidSnapshot"
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityRevokedEvent:
+    """The connection's identity was revoked: a new epoch begins."""
+
+    new_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class EligibilityObserved:
+    """Local eligibility as read now."""
+
+    eligible: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QuiesceBegan:
+    """No more registrations, renewals or confirmations."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeregisterStarted:
+    """A deregistration is about to be sent (requires a held handle)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeregisterAcked:
+    """The registry acknowledged the removal."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeregisterFailed:
+    """The removal failed or timed out: the record may remain."""
+
+    error: str = "OutcomeUnknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Retired:
+    """Quiesce finished for a registration that needs no removal call."""
+
+
+Event: TypeAlias = (
+    RegisterStarted
+    | RegisterAcked
+    | RegisterUnknown
+    | RegisterRejected
+    | RegisterFailed
+    | RenewAcked
+    | RenewUnknown
+    | RenewLeaseLost
+    | RenewFailed
+    | CheckHealthy
+    | CheckTransient
+    | CheckNegative
+    | CheckInvalid
+    | IdentityRevokedEvent
+    | EligibilityObserved
+    | QuiesceBegan
+    | DeregisterStarted
+    | DeregisterAcked
+    | DeregisterFailed
+    | Retired
+)
+
+_W = WriteOutcome
+_H = HealthEvidence
+_FINAL_WRITES = frozenset({_W.DEREGISTERED, _W.DEREGISTER_UNKNOWN})
+_CLOSING_WRITES = frozenset({_W.DEREGISTERING}) | _FINAL_WRITES
+_NEGATIVE = {
+    HealthStatus.UNHEALTHY: _H.UNHEALTHY,
+    HealthStatus.MISSING: _H.MISSING,
+    HealthStatus.DISABLED: _H.DISABLED,
+}
+
+
+def _refuse(records: RegistrationRecords, event: Event) -> LifecycleError:
+    return LifecycleError(
+        f"registration event {type(event).__name__} is not allowed with write "
+        f"{records.write.value}{' while quiescing' if records.quiescing else ''}"
+    )
+
+
+def _require(records: RegistrationRecords, event: Event, *writes: WriteOutcome) -> None:
+    if records.write not in writes:
+        raise _refuse(records, event)
+
+
+def _require_active(records: RegistrationRecords, event: Event, *writes: WriteOutcome) -> None:
+    if records.quiescing:
+        raise _refuse(records, event)
+    _require(records, event, *writes)
+
+
+def _drop_health(records: RegistrationRecords, health: HealthEvidence) -> RegistrationRecords:
+    return replace(records, health=health, healthy_until=None)
+
+
+# Each handler: (records, event, now) -> records. Write events check their
+# source outcome and raise LifecycleError when the shell asks for something
+# the rules forbid; evidence and eligibility events are always accepted.
+
+
+def _on_register_started(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    # NONE: first write. LOST: re-registration under a new lease, allowed only
+    # from a definitive loss (an unknown write leaves the record in UNKNOWN).
+    # Both require local eligibility: every submission re-checks it first.
+    _require_active(r, e, _W.NONE, _W.LOST)
+    if not r.eligible:
+        raise LifecycleError("a registration write requires local eligibility")
+    return replace(r, write=_W.PENDING, handle=False, written=True)
+
+
+def _on_register_acked(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    _require(r, e, _W.PENDING)
+    if r.quiescing:
+        # The write raced with quiesce; it landed and must be removed.
+        return replace(r, write=_W.ACKED, handle=True, acked_once=True, attempt=0)
+    return replace(r, write=_W.ACKED, handle=True, acked_once=True, attempt=0, last_error=None)
+
+
+def _on_register_unknown(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, RegisterUnknown)
+    _require(r, e, _W.PENDING)
+    return replace(r, write=_W.UNKNOWN, residual_risk=True, last_error=e.error)
+
+
+def _on_register_rejected(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, RegisterRejected)
+    _require(r, e, _W.PENDING)
+    return replace(r, write=_W.REJECTED, last_error=e.error)
+
+
+def _on_register_failed(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, RegisterFailed)
+    _require(r, e, _W.PENDING)
+    # The write never applied: back to where it came from (a re-registration
+    # after a lost lease returns to LOST and keeps its old handle unusable).
+    back = _W.LOST if r.acked_once else _W.NONE
+    return replace(r, write=back, attempt=r.attempt + 1, last_error=e.error)
+
+
+def _on_renew_acked(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    _require(r, e, _W.ACKED, _W.UNKNOWN)
+    if not r.handle:
+        raise LifecycleError("a renewal needs an acknowledged registration handle")
+    if r.write is _W.UNKNOWN:
+        # Recovery from a lost answer: the old evidence may predate it, so a
+        # HEALTHY check started from now on is needed to become Active again.
+        return replace(
+            r,
+            write=_W.ACKED,
+            attempt=0,
+            health=_H.NONE,
+            healthy_until=None,
+            fresh_after=now,
+            last_error=None,
+        )
+    return replace(r, attempt=0)
+
+
+def _on_renew_unknown(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, RenewUnknown)
+    _require(r, e, _W.ACKED, _W.UNKNOWN)
+    if not r.handle:
+        raise LifecycleError("a renewal needs an acknowledged registration handle")
+    return replace(
+        r, write=_W.UNKNOWN, residual_risk=True, attempt=r.attempt + 1, last_error=e.error
+    )
+
+
+def _on_renew_lease_lost(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, RenewLeaseLost)
+    _require(r, e, _W.ACKED, _W.UNKNOWN)
+    if not r.handle:
+        raise LifecycleError("a renewal needs an acknowledged registration handle")
+    return replace(
+        r, write=_W.LOST, health=_H.MISSING, healthy_until=None, attempt=0, last_error=e.error
+    )
+
+
+def _on_renew_failed(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, RenewFailed)
+    _require(r, e, _W.ACKED, _W.UNKNOWN)
+    return replace(r, attempt=r.attempt + 1, last_error=e.error)
+
+
+def _evidence_ignored(r: RegistrationRecords, epoch: int) -> bool:
+    # After quiesce nothing is confirmed any more; a check started under an
+    # older identity cannot change today's evidence.
+    return r.quiescing or r.write in _CLOSING_WRITES or epoch != r.epoch
+
+
+def _on_check_healthy(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, CheckHealthy)
+    if _evidence_ignored(r, e.epoch) or e.started_at < r.fresh_after:
+        return r
+    if not (math.isfinite(e.grace) and e.grace > 0):
+        raise LifecycleError("observation grace must be finite and > 0")
+    confirmed = r.confirmed or (r.write is _W.ACKED and r.eligible)
+    return replace(
+        r,
+        health=_H.HEALTHY,
+        healthy_until=now + e.grace,
+        health_epoch=r.epoch,
+        confirmed=confirmed,
+    )
+
+
+def _on_check_transient(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, CheckTransient)
+    if _evidence_ignored(r, e.epoch):
+        return r
+    if r.health in (_H.HEALTHY, _H.TRANSIENT_FAILURE):
+        # Keep, never extend, the deadline the last HEALTHY check granted.
+        return replace(r, health=_H.TRANSIENT_FAILURE, last_error=e.error)
+    return replace(r, last_error=e.error)
+
+
+def _on_check_negative(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, CheckNegative)
+    if _evidence_ignored(r, e.epoch):
+        return r
+    if e.status is HealthStatus.HEALTHY:
+        raise LifecycleError("CheckNegative cannot carry HEALTHY")
+    return _drop_health(r, _NEGATIVE[e.status])
+
+
+def _on_check_invalid(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, CheckInvalid)
+    if _evidence_ignored(r, e.epoch):
+        return r
+    return replace(_drop_health(r, _H.INVALID), last_error=e.error)
+
+
+def _on_identity_revoked(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, IdentityRevokedEvent)
+    if e.new_epoch <= r.epoch:
+        raise LifecycleError("a revocation must start a newer identity epoch")
+    revoked = _drop_health(r, _H.REVOKED)
+    return replace(revoked, epoch=e.new_epoch, last_error="IdentityRevoked")
+
+
+def _on_eligibility(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, EligibilityObserved)
+    if r.eligible is e.eligible:
+        return r
+    return replace(r, eligible=e.eligible)
+
+
+def _on_quiesce(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    if r.quiescing:
+        return r
+    return replace(r, quiescing=True)
+
+
+def _on_deregister_started(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    if not r.quiescing:
+        raise _refuse(r, e)
+    _require(r, e, _W.ACKED, _W.UNKNOWN, _W.LOST)
+    if not r.handle:
+        raise LifecycleError("deregistration needs an acknowledged registration handle")
+    return replace(r, write=_W.DEREGISTERING, healthy_until=None, health=_H.NONE)
+
+
+def _on_deregister_acked(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    _require(r, e, _W.DEREGISTERING)
+    return replace(r, write=_W.DEREGISTERED)
+
+
+def _on_deregister_failed(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    assert isinstance(e, DeregisterFailed)
+    _require(r, e, _W.DEREGISTERING)
+    return replace(r, write=_W.DEREGISTER_UNKNOWN, last_error=e.error)
+
+
+def _on_retired(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    # Quiesce with nothing to remove: never written, rejected, lost with no
+    # handle to address, or written with an unknown outcome and no handle
+    # (the latter keeps UNKNOWN: something may exist that we cannot name).
+    if not r.quiescing:
+        raise _refuse(r, e)
+    if r.write in (_W.NONE, _W.REJECTED) or (r.write is _W.LOST and not r.handle):
+        # LOST: the registry itself said it no longer holds the record.
+        return replace(r, write=_W.DEREGISTERED, healthy_until=None, health=_H.NONE)
+    if r.write is _W.UNKNOWN and not r.handle:
+        return replace(r, healthy_until=None, health=_H.NONE)
+    raise _refuse(r, e)
+
+
+Handler = Callable[[RegistrationRecords, Event, float], RegistrationRecords]
+
+#: The transition table: event type -> handler.
+TRANSITIONS: dict[type[Event], Handler] = {
+    RegisterStarted: _on_register_started,
+    RegisterAcked: _on_register_acked,
+    RegisterUnknown: _on_register_unknown,
+    RegisterRejected: _on_register_rejected,
+    RegisterFailed: _on_register_failed,
+    RenewAcked: _on_renew_acked,
+    RenewUnknown: _on_renew_unknown,
+    RenewLeaseLost: _on_renew_lease_lost,
+    RenewFailed: _on_renew_failed,
+    CheckHealthy: _on_check_healthy,
+    CheckTransient: _on_check_transient,
+    CheckNegative: _on_check_negative,
+    CheckInvalid: _on_check_invalid,
+    IdentityRevokedEvent: _on_identity_revoked,
+    EligibilityObserved: _on_eligibility,
+    QuiesceBegan: _on_quiesce,
+    DeregisterStarted: _on_deregister_started,
+    DeregisterAcked: _on_deregister_acked,
+    DeregisterFailed: _on_deregister_failed,
+    Retired: _on_retired,
+}
+
+
+def apply(records: RegistrationRecords, event: Event, now: float) -> RegistrationRecords:
+    """Apply one event at time ``now``. Raises :class:`~nadisc.LifecycleError`
+    when the rules forbid the event in this situation (records unchanged)."""
+    return TRANSITIONS[type(event)](records, event, now)
+
+
+def health_valid(records: RegistrationRecords, now: float) -> bool:
+    """True when the health evidence confirms the registration at ``now``
+    under the current identity epoch."""
+    return (
+        records.health in (_H.HEALTHY, _H.TRANSIENT_FAILURE)
+        and records.healthy_until is not None
+        and now < records.healthy_until
+        and records.health_epoch == records.epoch
+    )
+
+
+def derive_state(records: RegistrationRecords, now: float) -> RegistrationState:
+    """The public state at ``now``. Pure and total."""
+    write = records.write
+    if write is _W.DEREGISTERED:
+        if records.residual_risk:
+            return RegistrationState.RESIDUAL
+        return RegistrationState.DEREGISTERED
+    if write is _W.DEREGISTER_UNKNOWN:
+        return RegistrationState.OUTCOME_UNKNOWN
+    if write is _W.DEREGISTERING:
+        return RegistrationState.DEREGISTERING
+    if write is _W.REJECTED:
+        return RegistrationState.FAILED
+    if write is _W.UNKNOWN:
+        return RegistrationState.OUTCOME_UNKNOWN
+    if write is _W.NONE:
+        return RegistrationState.PENDING
+    if write is _W.PENDING:
+        return RegistrationState.REGISTERING
+    # ACKED or LOST: something was registered.
+    if not records.eligible:
+        return RegistrationState.INELIGIBLE
+    if write is _W.LOST:
+        return RegistrationState.DEGRADED
+    if health_valid(records, now):
+        return RegistrationState.ACTIVE
+    return RegistrationState.DEGRADED if records.confirmed else RegistrationState.REGISTERING
+
+
+def next_action(records: RegistrationRecords, *, idempotent_renewal: bool) -> Action:
+    """What the shell may do next. Local eligibility is re-checked here for
+    every submission: an ineligible registration sends nothing."""
+    write = records.write
+    if records.quiescing:
+        if write in (_W.ACKED, _W.UNKNOWN, _W.LOST) and records.handle:
+            return Action.DEREGISTER
+        if write in (_W.PENDING, _W.DEREGISTERING):
+            return Action.WAIT
+        # Nothing to remove (or nothing we can name): the shell applies Retired.
+        return Action.DONE
+    if write is _W.REJECTED:
+        return Action.BLOCKED
+    if write is _W.UNKNOWN:
+        if records.handle and idempotent_renewal:
+            return Action.RETRY_RENEW if records.eligible else Action.WAIT
+        return Action.BLOCKED
+    if write is _W.PENDING:
+        return Action.WAIT
+    if not records.eligible:
+        return Action.WAIT
+    if write in (_W.NONE, _W.LOST):
+        return Action.REGISTER
+    return Action.RENEW
+
+
+def backoff_delay(
+    attempt: int, initial: float, maximum: float, rng: _random.Random | None = None
+) -> float:
+    """Delay before retry number ``attempt`` (1-based): the cap doubles from
+    ``initial`` up to ``maximum``, and the delay is drawn between half the
+    cap and the cap (jitter keeps retries of many processes apart)."""
+    if attempt < 1:
+        raise ValueError("attempt counts from 1")
+    if not (0 < initial <= maximum) or not math.isfinite(maximum):
+        raise ValueError("backoff needs 0 < initial <= maximum, finite")
+    cap = min(maximum, initial * 2.0 ** min(attempt - 1, 64))
+    draw = (rng or _random).random()
+    return cap / 2 + draw * (cap / 2)

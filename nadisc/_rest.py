@@ -1,0 +1,565 @@
+"""The REST caller of one connection: discovered services and external URLs.
+
+::
+
+    rest = owner.rest("primary")     # owned by the owner: closed when it closes
+    clients = rest_clients(owner)    # every connection's caller, by name
+    r = await rest.request("GET", service="orders", path="/v1/orders")
+    r = await rest.request("GET", url="https://api.example.com/v1/x")
+
+Two kinds of call, never mixed:
+
+* ``service=`` + ``path=``: uses the qualifier's discovery evidence, through a
+  :class:`~nadisc.DiscoveryTransport` (``nadisc://<qualifier>/<service>/<path>``).
+  No other connection and no plain DNS is ever tried in its place.
+* ``url=``: an absolute ``http(s)`` URL through a plain ``httpx.AsyncClient``;
+  no registry is asked and no qualifier is taken or inherited. Passing both,
+  or neither, is an error.
+
+An owner with zero connections gives an external-only client (a service call
+raises :class:`~nadisc.QualifierError`); with named connections but none
+called ``primary``, an unqualified client's service calls raise
+:class:`~nadisc.QualifierError` too: the default is never inferred.
+
+Responses:
+
+* :meth:`RestDiscoveryClient.request` reads the body within the budget and
+  returns a closed response (the load guard already ended).
+* :meth:`RestDiscoveryClient.send` with ``stream=True`` is a *bare* send: the
+  caller owns the response and must close it; until then the instance's
+  load stays counted.
+* :meth:`RestDiscoveryClient.send_managed` returns a streamed response that
+  the client tracks: whatever the caller has not closed is closed by
+  :meth:`RestDiscoveryClient.aclose`.
+* :meth:`RestDiscoveryClient.stream` is the ``async with`` form.
+* Bodies read or managed by the client are capped at ``max_body_bytes``
+  (the seed's 4 MiB by default): :class:`ResponseTooLarge`. A bare send is
+  not capped.
+
+``rest_client(owner, q)`` / ``RestDiscoveryClient(owner, q, ...)`` build a
+client the caller owns (and closes); ``owner.rest(q)`` hands out the
+owner's shared one.
+
+Bad input is refused before any network I/O: unknown qualifier
+(:class:`~nadisc.QualifierError`), unknown service alias
+(:class:`~nadisc.UnknownService`), invalid options
+(:class:`~nadisc.ConfigError`: attempts outside 1-16, a budget that cannot
+fit the connect timeout, an unsupported instance scheme), and
+:class:`InvalidRequest` for a malformed call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import anyio
+import httpx
+
+from ._errors import (
+    ConfigError,
+    DeadlineExceeded,
+    DiscoveryError,
+    LifecycleError,
+    QualifierError,
+)
+from ._route import RestOptions
+from ._transport import (
+    DEADLINE_EXTENSION,
+    QUALIFIER_EXTENSION,
+    SCHEME,
+    DiscoveryTransport,
+    check_service,
+    connection_of,
+    url_host,
+)
+
+if TYPE_CHECKING:
+    from ._owner import DiscoveryOwner
+
+__all__ = [
+    "MANAGED_BODY_LIMIT",
+    "InvalidRequest",
+    "ResponseTooLarge",
+    "RestClients",
+    "RestDiscoveryClient",
+    "rest_client",
+    "rest_clients",
+]
+
+logger = logging.getLogger(__name__)
+
+_CLOSE_GRACE = 5.0
+#: The seed's cap on a managed response body: 4 MiB.
+MANAGED_BODY_LIMIT = 4 * 1024 * 1024
+
+
+class InvalidRequest(DiscoveryError, ValueError):
+    """A REST call was malformed (both or neither of ``service`` and ``url``, ...)."""
+
+
+class ResponseTooLarge(DiscoveryError):
+    """A managed response body is larger than the client's ``max_body_bytes``.
+
+    ``limit`` is the cap; ``size`` the declared ``Content-Length`` when the
+    headers already announced too much (nothing was read), otherwise the
+    number of bytes received when the cap was crossed. The rest of a body
+    that crosses the cap is read off the connection and dropped (never
+    kept), then this is raised: by :meth:`RestDiscoveryClient.request`
+    after closing the response (within the call's budget), and for a
+    managed streamed response from the read that crossed the cap. The cap
+    counts body bytes as received, before any content decoding.
+    """
+
+    def __init__(self, message: str, *, limit: int, size: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.size = size
+
+
+class _CappedStream(httpx.AsyncByteStream):
+    """A body that yields at most ``limit`` bytes in total, then raises ResponseTooLarge."""
+
+    __slots__ = ("_inner", "_iterator", "_limit", "_received")
+
+    def __init__(self, inner: httpx.AsyncByteStream, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._received = 0
+        self._iterator: AsyncIterator[bytes] | None = None
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self._iterator = self._inner.__aiter__()
+        return self
+
+    async def __anext__(self) -> bytes:
+        iterator = self._iterator
+        if iterator is None:
+            iterator = self._iterator = self._inner.__aiter__()
+        chunk = await iterator.__anext__()
+        self._received += len(chunk)
+        if self._received > self._limit:
+            await self._abandon(iterator)
+            raise ResponseTooLarge(
+                f"the response body exceeds the cap of {self._limit} bytes",
+                limit=self._limit,
+                size=self._received,
+            )
+        return chunk
+
+    async def _abandon(self, iterator: AsyncIterator[bytes]) -> None:
+        # Read the rest of the body off the wire and drop it: memory stays
+        # within the cap, the connection stays reusable, and no half-run
+        # generator of the HTTP stack is left to the garbage collector.
+        # request() bounds this by the call's budget.
+        async for _ in iterator:
+            pass
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _cap(response: httpx.Response, limit: int) -> None:
+    """Refuse a too-large declared body now; count the rest while it is read."""
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ResponseTooLarge(
+            f"the response declares {declared} bytes, over the cap of {limit} bytes",
+            limit=limit,
+            size=int(declared),
+        )
+    stream = response.stream
+    if isinstance(stream, httpx.AsyncByteStream) and not response.is_closed:
+        response.stream = _CappedStream(stream, limit)
+
+
+async def _close_quietly(response: httpx.Response) -> None:
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_GRACE):
+        await response.aclose()
+
+
+def rest_client(owner: DiscoveryOwner, qualifier: str | None = None) -> RestDiscoveryClient:
+    """The REST caller of connection ``qualifier`` (``None``: ``primary``).
+
+    Options come from that connection's ``rest`` block. An owner with zero
+    connections gives an external-only client. An explicitly named unknown
+    connection raises :class:`~nadisc.QualifierError` now.
+    """
+    return RestDiscoveryClient(owner, qualifier)
+
+
+class RestClients(Mapping[str, "RestDiscoveryClient"]):
+    """The named collection of an owner's REST callers: one per connection.
+
+    ``clients["business"]`` is ``owner.rest("business")``; :attr:`default`
+    is ``owner.rest()``, the caller for calls that name no connection (the
+    ``primary`` connection, or an external-only client when the owner has
+    zero connections; with named connections but no ``primary`` its service
+    calls fail with :class:`~nadisc.QualifierError`). The owner owns every
+    client: they close when it closes.
+    """
+
+    __slots__ = ("_clients", "_default")
+
+    def __init__(
+        self, clients: Mapping[str, RestDiscoveryClient], default: RestDiscoveryClient
+    ) -> None:
+        self._clients = dict(clients)
+        self._default = default
+
+    @property
+    def default(self) -> RestDiscoveryClient:
+        return self._default
+
+    @property
+    def external_only(self) -> bool:
+        """True when the owner has no connection: only ``url=`` calls work."""
+        return not self._clients
+
+    def __getitem__(self, qualifier: str) -> RestDiscoveryClient:
+        try:
+            return self._clients[qualifier]
+        except KeyError:
+            raise QualifierError(
+                f"unknown connection {qualifier!r} "
+                f"(configured: {', '.join(sorted(self._clients)) or 'none'})"
+            ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._clients)
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def __repr__(self) -> str:
+        names = ", ".join(self._clients) or "external-only"
+        return f"<RestClients {names}>"
+
+
+def rest_clients(owner: DiscoveryOwner) -> RestClients:
+    """Every connection's REST caller, owned by ``owner`` (see :class:`RestClients`).
+
+    Raises :class:`~nadisc.LifecycleError` when the owner is not prepared
+    or already closing.
+    """
+    clients = {name: owner.rest(name) for name in owner.connection_names()}
+    return RestClients(clients, owner.rest())
+
+
+class RestDiscoveryClient:
+    """Calls discovered services of one connection, and external URLs.
+
+    ``RestDiscoveryClient(owner, qualifier, options=...)``: ``options``
+    (a :class:`~nadisc.RestOptions`) replaces the connection's ``rest``
+    block for this client. ``headers`` are sent with every request.
+    ``transport`` replaces the shared HTTP pool under both clients (tests,
+    custom TLS); it is not closed by this client. ``max_body_bytes``
+    (1 to 4 MiB, default 4 MiB) caps the bodies the client reads or manages.
+
+    Use it as ``async with``, or call :meth:`aclose` (idempotent).
+    """
+
+    def __init__(
+        self,
+        owner: DiscoveryOwner | None,
+        qualifier: str | None = None,
+        *,
+        options: RestOptions | None = None,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        limits: httpx.Limits | None = None,
+        max_body_bytes: int = MANAGED_BODY_LIMIT,
+    ) -> None:
+        if options is not None and not isinstance(options, RestOptions):
+            raise TypeError(f"options must be RestOptions, got {type(options).__name__}")
+        if (
+            isinstance(max_body_bytes, bool)
+            or not isinstance(max_body_bytes, int)
+            or not 1 <= max_body_bytes <= MANAGED_BODY_LIMIT
+        ):
+            raise ConfigError(
+                "rest.max_body_bytes",
+                f"must be an integer between 1 and {MANAGED_BODY_LIMIT}, got {max_body_bytes!r}",
+            )
+        self._max_body = max_body_bytes
+        self._owner = owner
+        self._qualifier = qualifier
+        self._connection_name: str | None = None
+        self._external_only = owner is None or not owner.connection_names()
+        if not self._external_only and owner is not None and qualifier is not None:
+            # An explicitly named unknown connection fails now; the default
+            # (None) is resolved per call so that its absence fails the call.
+            self._connection_name = connection_of(owner, qualifier).qualifier
+        self._options = options
+        base = options if options is not None else RestOptions()
+        # The one connection this client calls (None: no default exists).
+        served: str | None = None
+        if not self._external_only and owner is not None:
+            try:
+                served = connection_of(owner, self._connection_name).qualifier
+            except QualifierError:
+                served = None
+            if served is not None and options is None:
+                base = RestOptions.from_config(owner.connection_policy(served).rest)
+        self._external_options = base
+        timeout = httpx.Timeout(base.request_timeout, connect=base.connect_timeout)
+        pool: httpx.AsyncBaseTransport = (
+            _Borrowed(transport)
+            if transport is not None
+            else httpx.AsyncHTTPTransport(limits=limits if limits is not None else httpx.Limits())
+        )
+        self._discovery: DiscoveryTransport | None = None
+        mounts: dict[str, httpx.AsyncBaseTransport] = {}
+        if not self._external_only and owner is not None:
+            self._discovery = DiscoveryTransport(
+                owner,
+                options=options,
+                qualifiers=() if served is None else (served,),
+                transport=pool,
+            )
+            mounts[f"{SCHEME}://"] = self._discovery
+        self._http = httpx.AsyncClient(
+            transport=pool, mounts=mounts, headers=headers, timeout=timeout
+        )
+        self._managed: set[httpx.Response] = set()
+        self._per_connection: dict[str, RestOptions] = {}
+        self._closed = False
+
+    # -- views ---------------------------------------------------------------------------
+
+    @property
+    def qualifier(self) -> str | None:
+        """The connection named at construction (``None``: the default, per call)."""
+        return self._qualifier
+
+    @property
+    def external_only(self) -> bool:
+        """True when the owner has no connection: only ``url=`` calls work."""
+        return self._external_only
+
+    @property
+    def transport(self) -> DiscoveryTransport | None:
+        """The discovery transport (``None`` for an external-only client)."""
+        return self._discovery
+
+    @property
+    def managed(self) -> int:
+        """Managed responses not yet closed."""
+        return len(self._managed)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        target = "external-only" if self._external_only else repr(self._qualifier or "primary")
+        return f"<RestDiscoveryClient {target} managed={len(self._managed)}>"
+
+    # -- building requests ---------------------------------------------------------------
+
+    def build_request(
+        self,
+        method: str,
+        *,
+        service: str | None = None,
+        path: str | None = None,
+        url: str | httpx.URL | None = None,
+        **kwargs: Any,
+    ) -> httpx.Request:
+        """An ``httpx.Request`` for a service call or an external URL (no I/O).
+
+        ``kwargs`` are ``httpx.AsyncClient.build_request`` arguments
+        (``params``, ``headers``, ``content``, ``json``, ...). Validates the
+        qualifier and the service alias of a service call now.
+        """
+        if self._closed:
+            raise LifecycleError("the REST client is closed")
+        if "extensions" in kwargs:
+            raise InvalidRequest("extensions are set by the REST client")
+        if (service is None) == (url is None):
+            raise InvalidRequest("give exactly one of service= (with path=) or url=")
+        if url is not None:
+            if path is not None:
+                raise InvalidRequest("path= belongs to service calls; put it in url=")
+            parsed = httpx.URL(url)
+            if parsed.scheme not in ("http", "https") or not parsed.host:
+                raise InvalidRequest(
+                    f"url= must be an absolute http(s) URL, got scheme {parsed.scheme!r}"
+                )
+            return self._http.build_request(method, parsed, **kwargs)
+        assert service is not None
+        if not isinstance(service, str) or not service:
+            raise InvalidRequest(f"service must be a non-empty alias, got {service!r}")
+        if path is None:
+            path = "/"
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise InvalidRequest(f"path must start with '/', got {path!r}")
+        if self._discovery is None or self._owner is None:
+            raise QualifierError(
+                "no connections are configured: this client calls external URLs only"
+            )
+        handle = connection_of(self._owner, self._connection_name)
+        check_service(handle, service)  # UnknownService now, before any I/O
+        name = handle.qualifier
+        self._options_for(name)  # invalid options fail now
+        target = httpx.URL(f"{SCHEME}://{url_host(name)}/{quote(service, safe='')}{path}")
+        return self._http.build_request(
+            method, target, extensions={QUALIFIER_EXTENSION: name}, **kwargs
+        )
+
+    def _options_for(self, name: str) -> RestOptions:
+        options = self._per_connection.get(name)
+        if options is None:
+            assert self._discovery is not None
+            options = self._per_connection[name] = self._discovery.options_for(name)
+        return options
+
+    # -- calls ---------------------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        *,
+        service: str | None = None,
+        path: str | None = None,
+        url: str | httpx.URL | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """Send and read the whole body within the budget; return a closed response.
+
+        A body over ``max_body_bytes`` raises :class:`ResponseTooLarge`.
+        """
+        request = self.build_request(method, service=service, path=path, url=url, **kwargs)
+        return await self.send(request)
+
+    async def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """Send a request built by :meth:`build_request`.
+
+        ``stream=False`` reads the body within the budget (external calls
+        too), capped at ``max_body_bytes`` (:class:`ResponseTooLarge`), and
+        closes the response. ``stream=True`` is a bare send: the caller
+        closes the response (``await response.aclose()``), and the
+        instance's load stays counted until then; no cap is applied (the
+        caller reads what it wants).
+        """
+        if self._closed:
+            raise LifecycleError("the REST client is closed")
+        name = request.extensions.get(QUALIFIER_EXTENSION)
+        # The budget starts when the call is sent, not when it was built.
+        if isinstance(name, str):
+            budget = self._options_for(name).request_timeout
+            what = f"connection {name!r}"
+        else:
+            budget = self._external_options.request_timeout
+            what = "the external call"
+        deadline = anyio.current_time() + budget
+        if isinstance(name, str):
+            request.extensions[DEADLINE_EXTENSION] = deadline
+        if stream:
+            return await self._http.send(request, stream=True)
+        with anyio.move_on_at(deadline):
+            response = await self._http.send(request, stream=True)
+            try:
+                _cap(response, self._max_body)
+                await response.aread()
+            finally:
+                await _close_quietly(response)
+            return response
+        raise DeadlineExceeded(f"{what}: the budget of {budget:g} s ran out")
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The cap on bodies the client reads or manages (default 4 MiB)."""
+        return self._max_body
+
+    async def send_managed(self, request: httpx.Request) -> httpx.Response:
+        """A streamed response the client closes on :meth:`aclose` if the caller did not.
+
+        Its body is capped at ``max_body_bytes``: a declared larger body
+        raises :class:`ResponseTooLarge` here (the response closed), a read
+        that crosses the cap raises it from the read.
+        """
+        response = await self.send(request, stream=True)
+        try:
+            _cap(response, self._max_body)
+        except ResponseTooLarge:
+            await _close_quietly(response)
+            raise
+        managed = self._managed
+        managed.add(response)
+        close = response.aclose
+
+        async def aclose() -> None:
+            managed.discard(response)
+            await close()
+
+        response.aclose = aclose  # type: ignore[method-assign]
+        return response
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        *,
+        service: str | None = None,
+        path: str | None = None,
+        url: str | httpx.URL | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[httpx.Response]:
+        """``async with rest.stream(...) as response``: closed when the block exits.
+
+        The body is capped at ``max_body_bytes`` like :meth:`send_managed`.
+        """
+        request = self.build_request(method, service=service, path=path, url=url, **kwargs)
+        response = await self.send(request, stream=True)
+        try:
+            _cap(response, self._max_body)
+            yield response
+        finally:
+            await _close_quietly(response)
+
+    # -- closing -------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close managed responses, the discovery routes and the pool. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_GRACE):
+            for response in list(self._managed):
+                try:
+                    await response.aclose()
+                except Exception as exc:
+                    logger.debug("closing a managed response raised %s", type(exc).__name__)
+            self._managed.clear()
+            if self._discovery is not None:
+                await self._discovery.aclose()
+            await self._http.aclose()
+
+    async def __aenter__(self) -> RestDiscoveryClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self.aclose()
+
+
+class _Borrowed(httpx.AsyncBaseTransport):
+    """A transport the caller owns: used, never closed, by this client."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,428 @@
+"""The calling pipeline of one (connection, service): observation → directory → balance.
+
+::
+
+    Observation (shared slot, evidence rules)
+        │  snapshot() before every attempt; revision unchanged -> O(1), nothing to do
+        ▼
+    Route.sync()        identity -> Instance; upsert only when the value changed,
+        │               remove what the listing dropped (a poise Directory)
+        ▼  latest-only SnapshotStream
+    StreamingDiscoveryBalance   reconciles on ready(): retained endpoints keep
+        │                       their load and quarantine; a changed instance is a
+        │                       new generation; removed ones finish their calls
+        ▼
+    InstanceService.call(attempt)
+        │  observation.submit_if_current(hand_over): the chosen instance must
+        │  still be in the current evidence; the request is built under that
+        │  check and handed to the HTTP pool with no await in between. A
+        │  revoked or replaced instance declines the call (poise.CallDeclined:
+        │  guard cancelled, nothing sent) and the caller picks again.
+        ▼
+    one shared httpx transport (one connection pool for every instance)
+
+No task is started: the directory is brought up to date lazily, from the
+request path, whenever the observation's revision moved. The observation's
+own refresh task (in the owner's task group) is the only background work.
+
+:class:`RestOptions` holds the per-connection calling settings (the seed's
+``rest`` block, in seconds).
+
+Cost per attempt on a stable listing: one evidence view (``snapshot()``),
+one readiness scan (O(endpoints)), one policy pick, one more evidence view
+in ``submit_if_current``; no allocation proportional to the listing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+import httpx
+
+from poise import (
+    Backend,
+    CallDeclined,
+    Directory,
+    DiscoveryBalance,
+    GenerationTracker,
+    InFlight,
+    LoadTracker,
+    PeakEwma,
+    Policy,
+    PowerOfTwoChoices,
+    RoundRobin,
+    StreamingDiscoveryBalance,
+    WeightedRoundRobin,
+)
+
+from ._config import RestConfig
+from ._errors import ConfigError, EvidenceUnavailable
+from ._instance import Instance
+from ._observation import Observation, ObservationSnapshot
+
+__all__ = [
+    "LB_STRATEGIES",
+    "Attempt",
+    "InstanceService",
+    "RestOptions",
+    "Route",
+    "RouteStatistics",
+]
+
+LbStrategy = Literal["round_robin", "weighted", "p2c_peak_ewma"]
+InstanceScheme = Literal["http", "https"]
+
+#: The balancing strategies a connection's ``rest.lb_strategy`` may name.
+LB_STRATEGIES: tuple[str, ...] = ("round_robin", "weighted", "p2c_peak_ewma")
+_SCHEMES: tuple[str, ...] = ("http", "https")
+MAX_ATTEMPTS = 16
+T = TypeVar("T")
+
+
+def _seconds(path: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(path, f"must be a number of seconds, got {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(path, f"must be a finite number of seconds > 0, got {value!r}")
+    return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class RestOptions:
+    """How calls through discovery are made on one connection. Frozen, validated.
+
+    The defaults are the seed's ``rest`` defaults: a total budget of 10 s per
+    call (all attempts, discovery wait and response headers included), 2 s to
+    connect, round robin, plain ``http`` to instances, one attempt. Retries
+    happen only for ``GET`` and ``HEAD``, only when switched on, and only
+    within ``max_attempts`` (1-16) and the one budget.
+
+    ``strict_evidence`` makes every attempt refuse evidence as soon as a
+    refresh failed (the observation's strict read); by default the
+    observation's own grace rules apply and nothing is added on top.
+
+    Bad values raise :class:`~nadisc.ConfigError` naming the field
+    (``rest.max_attempts``), before anything is sent.
+    """
+
+    request_timeout: float = 10.0
+    connect_timeout: float = 2.0
+    lb_strategy: LbStrategy = "round_robin"
+    instance_scheme: InstanceScheme = "http"
+    max_attempts: int = 1
+    retry_get_head_on_transport_error: bool = False
+    retry_get_head_on_retryable_status: bool = False
+    strict_evidence: bool = False
+
+    def __post_init__(self) -> None:
+        request = _seconds("rest.request_timeout", self.request_timeout)
+        connect = _seconds("rest.connect_timeout", self.connect_timeout)
+        if connect >= request:
+            raise ConfigError(
+                "rest.connect_timeout",
+                f"a budget of {request:g} s cannot fit a connect timeout of {connect:g} s",
+            )
+        if self.lb_strategy not in LB_STRATEGIES:
+            raise ConfigError(
+                "rest.lb_strategy",
+                f"unknown strategy {self.lb_strategy!r} (one of: {', '.join(LB_STRATEGIES)})",
+            )
+        if self.instance_scheme not in _SCHEMES:
+            raise ConfigError(
+                "rest.instance_scheme",
+                f"unsupported instance scheme {self.instance_scheme!r} (http or https)",
+            )
+        attempts = self.max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int):
+            raise ConfigError("rest.max_attempts", f"must be an integer, got {attempts!r}")
+        if not 1 <= attempts <= MAX_ATTEMPTS:
+            raise ConfigError(
+                "rest.max_attempts", f"must be between 1 and {MAX_ATTEMPTS}, got {attempts}"
+            )
+        for name in (
+            "retry_get_head_on_transport_error",
+            "retry_get_head_on_retryable_status",
+            "strict_evidence",
+        ):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"rest.{name}", "must be true or false")
+        object.__setattr__(self, "request_timeout", request)
+        object.__setattr__(self, "connect_timeout", connect)
+
+    @classmethod
+    def from_config(cls, config: RestConfig) -> RestOptions:
+        """The options of a connection's ``rest`` block (milliseconds -> seconds)."""
+        return cls(
+            request_timeout=config.request_timeout_ms / 1000.0,
+            connect_timeout=config.connect_timeout_ms / 1000.0,
+            lb_strategy=config.lb_strategy,
+            instance_scheme=config.instance_scheme,
+            max_attempts=config.max_attempts,
+            retry_get_head_on_transport_error=config.retry_get_head_on_transport_error,
+            retry_get_head_on_retryable_status=config.retry_get_head_on_retryable_status,
+        )
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One attempt of one request, as handed to the balance.
+
+    Give either ``build`` and ``pool`` (the transport's form: the request
+    for the chosen instance is built synchronously and handed to the pool)
+    or ``send`` (any async sender, called with the chosen instance).
+    """
+
+    #: Starts the call to the chosen instance and returns its awaitable.
+    send: Callable[[Instance], Awaitable[httpx.Response]] | None = None
+    #: Builds the request for the chosen instance (synchronous, no I/O).
+    build: Callable[[Instance], httpx.Request] | None = None
+    #: The shared connection pool a built request is handed to.
+    pool: httpx.AsyncBaseTransport | None = None
+    #: Keys tried by earlier attempts: skipped while another endpoint exists.
+    avoid: frozenset[Hashable] = frozenset()
+    #: How many more avoided endpoints may be skipped before one is accepted.
+    skips: int = 0
+    #: Filled in by the service that took the attempt.
+    instance: Instance | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteStatistics:
+    """A point-in-time view of one route."""
+
+    connection: str
+    service: str
+    #: The observation revision mirrored into the directory (-1: none yet).
+    revision: int
+    #: Identity -> calls of the live generation not yet finished (bodies included).
+    in_flight: Mapping[str, int]
+    #: Identity -> requests handed to the pool for that instance (all generations).
+    sent: Mapping[str, int]
+
+
+class InstanceService:
+    """The lightweight service of one instance generation: always ready, no state.
+
+    ``call(attempt)`` re-checks the instance against the current evidence
+    and hands the request to the shared pool, with no await in between.
+    """
+
+    __slots__ = ("instance", "key", "route")
+
+    def __init__(self, route: Route, instance: Instance) -> None:
+        self.route = route
+        self.instance = instance
+        self.key = instance.identity
+
+    def poll_ready(self, wake: Callable[[], None]) -> bool:
+        return True
+
+    async def call(self, attempt: Attempt) -> httpx.Response:
+        """Send ``attempt`` to this instance, or decline it without sending anything.
+
+        Raises :class:`~poise.CallDeclined` when the attempt skips an instance
+        it already tried, when the instance left the current evidence since
+        it was selected, and when the evidence is no longer usable (then
+        chained from the :class:`~nadisc.EvidenceUnavailable`). The balance
+        cancels the load guard of a declined call: nothing reached the wire.
+        """
+        key = self.key
+        if attempt.skips > 0 and key in attempt.avoid:
+            attempt.skips -= 1
+            raise CallDeclined(f"instance {key!r} was already tried by this call")
+        route = self.route
+        instance = self.instance
+
+        def hand_over(snapshot: ObservationSnapshot) -> Instance:
+            route.sync(snapshot)
+            if route.current(key) is not instance:
+                raise CallDeclined(f"instance {key!r} left the evidence after it was selected")
+            return instance
+
+        try:
+            route.submit(hand_over)
+        except EvidenceUnavailable as exc:
+            raise CallDeclined(f"the evidence is unusable ({exc.reason})") from exc
+        # No await between the currency check and the hand-over to the pool.
+        attempt.instance = instance
+        route.count_sent(key)
+        build = attempt.build
+        if build is not None:
+            pool = attempt.pool
+            if pool is None:
+                raise TypeError("an Attempt with build= needs pool=")
+            return await pool.handle_async_request(build(instance))
+        send = attempt.send
+        if send is None:
+            raise TypeError("an Attempt needs send= or build= with pool=")
+        return await send(instance)
+
+    def __repr__(self) -> str:
+        return f"<InstanceService {self.key!r} {self.instance.address}>"
+
+
+def _policy(strategy: str) -> tuple[Policy[None], Callable[[], LoadTracker]]:
+    if strategy == "weighted":
+        return WeightedRoundRobin(), InFlight
+    if strategy == "p2c_peak_ewma":
+        return PowerOfTwoChoices(), PeakEwma
+    return RoundRobin(), InFlight
+
+
+class Route:
+    """The pipeline of one (connection, service): see the module docstring.
+
+    Created by the transport on first use; holds its :class:`Observation`
+    (which keeps the shared slot alive) until :meth:`close`.
+    """
+
+    __slots__ = (
+        "_closed",
+        "_directory",
+        "_discovery",
+        "_instances",
+        "_sent",
+        "_streaming",
+        "_submit",
+        "_synced",
+        "_tracker",
+        "observation",
+        "options",
+    )
+
+    def __init__(self, observation: Observation, options: RestOptions) -> None:
+        self.observation = observation
+        self.options = options
+        self._submit = (
+            observation.submit_if_current_strict
+            if options.strict_evidence
+            else observation.submit_if_current
+        )
+        policy, self._tracker = _policy(options.lb_strategy)
+        self._directory = Directory()
+        self._instances: dict[str, Instance] = {}
+        self._sent: dict[str, int] = {}
+        self._synced = -1
+        self._closed = False
+        self._discovery: DiscoveryBalance[Attempt, httpx.Response] = DiscoveryBalance(
+            policy, self._factory
+        )
+        self._streaming = StreamingDiscoveryBalance(self._directory.reader(), self._discovery)
+
+    # -- views -----------------------------------------------------------------------
+
+    @property
+    def connection(self) -> str:
+        return self.observation.connection
+
+    @property
+    def service(self) -> str:
+        return self.observation.service
+
+    @property
+    def streaming(self) -> StreamingDiscoveryBalance[Attempt, httpx.Response]:
+        return self._streaming
+
+    @property
+    def revision(self) -> int:
+        return self._synced
+
+    @property
+    def reconciled(self) -> bool:
+        """True when the balance already applied everything mirrored so far (O(1)).
+
+        The request path then skips the reconcile step of the streaming
+        balance and dispatches at once.
+        """
+        return self._directory.revision == self._discovery.revision
+
+    def current(self, identity: str) -> Instance | None:
+        """The instance the route mirrors under ``identity`` now (None: gone)."""
+        return self._instances.get(identity)
+
+    def statistics(self) -> RouteStatistics:
+        in_flight: dict[str, int] = {}
+        for endpoint in self._discovery.endpoints:
+            tracker = endpoint.tracker
+            count = tracker.open_guards if isinstance(tracker, GenerationTracker) else 0
+            in_flight[str(endpoint.key)] = count
+        return RouteStatistics(
+            connection=self.connection,
+            service=self.service,
+            revision=self._synced,
+            in_flight=in_flight,
+            sent=dict(self._sent),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<Route {self.connection}/{self.service} revision={self._synced} "
+            f"instances={len(self._instances)}>"
+        )
+
+    # -- discovery -> directory ----------------------------------------------------------
+
+    def snapshot(self) -> ObservationSnapshot:
+        """The observation's usable listing now, mirrored into the directory.
+
+        Raises :class:`~nadisc.EvidenceUnavailable` when nothing may be used,
+        including a listing without instances (reason ``empty``).
+        """
+        snapshot = self.observation.snapshot(strict=self.options.strict_evidence)
+        self.sync(snapshot)
+        if not snapshot.instances:
+            raise EvidenceUnavailable(
+                f"connection {self.connection!r} service {self.service!r}: "
+                "the listing has no instances",
+                reason="empty",
+            )
+        return snapshot
+
+    def sync(self, snapshot: ObservationSnapshot) -> None:
+        """Mirror ``snapshot`` into the directory. Synchronous; O(1) when unchanged.
+
+        Key = ``Instance.identity``. An instance whose value is unchanged keeps
+        its allocation (its endpoint keeps load and quarantine); a changed one
+        is upserted (a new generation); a missing one is removed (calls in
+        flight finish with their guards).
+        """
+        if snapshot.revision == self._synced or self._closed:
+            return
+        directory = self._directory
+        instances = self._instances
+        seen: set[str] = set()
+        for instance in snapshot.instances:
+            identity = instance.identity
+            seen.add(identity)
+            known = instances.get(identity)
+            if known is not None and known == instance:
+                continue
+            instances[identity] = instance
+            directory.upsert(identity, Backend(f"{identity}", weight=instance.weight))
+        for identity in [i for i in instances if i not in seen]:
+            del instances[identity]
+            directory.remove(identity)
+        self._synced = snapshot.revision
+
+    def submit(self, hand_over: Callable[[ObservationSnapshot], T]) -> T:
+        """Run the synchronous ``hand_over`` under the observation's currency check."""
+        return self._submit(hand_over)
+
+    def count_sent(self, identity: str) -> None:
+        self._sent[identity] = self._sent.get(identity, 0) + 1
+
+    def _factory(self, key: Hashable, backend: Backend) -> tuple[InstanceService, LoadTracker]:
+        instance = self._instances[str(key)]
+        return InstanceService(self, instance), self._tracker()
+
+    def close(self) -> None:
+        """Stop mirroring; retire every endpoint once its calls end. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._directory.close()
+        self._discovery.close()

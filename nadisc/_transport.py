@@ -1,0 +1,582 @@
+"""An httpx transport that calls services through discovery.
+
+Mount it on its own scheme, so that a plain URL can never reach discovery::
+
+    transport = DiscoveryTransport(owner)
+    async with httpx.AsyncClient(mounts={"nadisc://": transport}) as http:
+        response = await http.get("nadisc://primary/orders/v1/orders?limit=5")
+
+``nadisc://<qualifier>/<service-alias>/<path>`` names the connection and the
+service alias explicitly; the transport picks an instance of that alias on
+that connection (the connection's ``rest`` options decide the strategy) and
+sends ``<instance_scheme>://<host>:<port>/<path>?<query>`` through ONE shared
+connection pool. Any other scheme is refused with :class:`NotDiscoveryUrl`
+before discovery is consulted. URL hosts are case-folded, so a connection
+whose name is not a lowercase host label is addressed through the request
+extension ``"nadisc.qualifier"`` (what :class:`~nadisc.RestDiscoveryClient`
+does); unknown names raise :class:`~nadisc.QualifierError`, unknown aliases
+:class:`~nadisc.UnknownService`.
+
+One call, all attempts::
+
+    budget = rest.request_timeout from the first attempt (or the request's
+             "nadisc.deadline" extension, absolute event-loop time)
+    loop:  evidence usable now?          no  -> EvidenceUnavailable (no request)
+           wait for a ready endpoint (reconciles discovery first; skipped
+             while the balance already applied the mirrored listing)
+           pick; re-check currency; hand to the pool   (revoked -> declined,
+             pick again)
+           transport error  ─┐  GET/HEAD, switched on, attempts and budget left:
+           502/503/504      ─┘  retry on another instance where there is one
+    budget spent -> DeadlineExceeded (chained from the last attempt's error)
+
+Only ``GET`` and ``HEAD`` are ever retried; a request whose body is a stream
+that cannot be replayed is not retried either. Each attempt's connect timeout
+is ``min(connect_timeout, budget left)``. The budget covers everything up to
+the response headers; reading the body of a streamed response is the
+caller's business (``RestDiscoveryClient.request`` reads it inside the budget).
+
+Load guards: each attempt is ``Balance.dispatch_held``; the returned
+``poise.Held`` keeps the endpoint's load guard open until the response body
+is closed (streamed responses too). An instance that was selected but left
+the evidence before the hand-over declines the call (``poise.CallDeclined``:
+guard cancelled, nothing sent, another pick is made). Body read to the end -> the call completes
+(as failed for a 5xx status, so a load-aware policy counts it against the
+instance); closed before the end, or cancelled -> the guard is cancelled
+(no latency observation); reading raised -> completes as failed. A response
+that is never closed keeps its instance's load counted: close it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+import anyio
+import httpx
+
+from poise import CallDeclined, EndpointError, Held, SelectionError
+
+from ._errors import (
+    DeadlineExceeded,
+    DiscoveryError,
+    EvidenceUnavailable,
+    LifecycleError,
+    QualifierError,
+    UnknownService,
+)
+from ._instance import Instance
+from ._route import Attempt, RestOptions, Route
+
+if TYPE_CHECKING:
+    from ._connection import DiscoveryHandle
+    from ._owner import DiscoveryOwner
+
+__all__ = [
+    "DEADLINE_EXTENSION",
+    "INSTANCE_EXTENSION",
+    "QUALIFIER_EXTENSION",
+    "SCHEME",
+    "DiscoveryTransport",
+    "NotDiscoveryUrl",
+    "check_service",
+    "connection_of",
+    "url_host",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The URL scheme the transport serves.
+SCHEME = "nadisc"
+#: Request extension: the exact connection name (overrides the case-folded URL host).
+QUALIFIER_EXTENSION = "nadisc.qualifier"
+#: Request extension: absolute deadline (event-loop clock) for the whole call.
+DEADLINE_EXTENSION = "nadisc.deadline"
+#: Response extension: the :class:`~nadisc.Instance` that answered.
+INSTANCE_EXTENSION = "nadisc.instance"
+
+RETRYABLE_STATUS = frozenset({502, 503, 504})
+_RETRYABLE_METHODS = frozenset({"GET", "HEAD"})
+_SHUTDOWN_GRACE = 5.0
+_URL_CACHE = 1024
+_NOTHING: frozenset[str] = frozenset()
+_now = anyio.current_time
+
+
+class NotDiscoveryUrl(DiscoveryError, ValueError):
+    """A URL that is not a well-formed ``nadisc://<qualifier>/<service>/...`` URL.
+
+    Raised before discovery is consulted; a plain ``http(s)://`` URL given to
+    the discovery transport is always this error, never a lookup.
+    """
+
+
+def connection_of(owner: DiscoveryOwner, qualifier: str | None) -> DiscoveryHandle:
+    """The owner's handle on connection ``qualifier`` (``None``: the default, ``primary``).
+
+    Raises :class:`~nadisc.QualifierError` (unknown name, no default, zero
+    connections) and :class:`~nadisc.LifecycleError` (owner not prepared or
+    closing).
+    """
+    return owner.client(qualifier)
+
+
+def check_service(handle: DiscoveryHandle, service: str) -> None:
+    """Raise :class:`~nadisc.UnknownService` unless ``service`` is bound on ``handle``."""
+    if not isinstance(service, str) or service not in handle.services():
+        raise UnknownService(f"service {service!r} is not bound on connection {handle.qualifier!r}")
+
+
+def url_host(qualifier: str) -> str:
+    """What stands for connection ``qualifier`` in the host of a ``nadisc://`` URL.
+
+    The name itself when it is a lowercase host label; otherwise the neutral
+    ``qualified`` (the exact name then travels in the ``"nadisc.qualifier"``
+    request extension).
+    """
+    if qualifier and all(c.islower() or c.isdigit() or c in "-_" for c in qualifier):
+        return qualifier
+    return "qualified"
+
+
+class _GuardedStream(httpx.AsyncByteStream):
+    """A response body that ends the call's :class:`~poise.Held` guard exactly once.
+
+    Iterating it is a plain ``__anext__`` delegation (no async generator of
+    its own). The guard ends when the body is closed: completed when it was
+    read to the end (as failed for a 5xx status), completed as failed when
+    reading raised, cancelled when it was closed early or the reader was
+    cancelled.
+    """
+
+    __slots__ = ("_closed", "_done", "_failed", "_held", "_inner", "_iterator")
+
+    def __init__(
+        self, inner: httpx.AsyncByteStream, held: Held[httpx.Response], failed: bool
+    ) -> None:
+        self._inner = inner
+        self._held = held
+        self._failed = failed
+        self._done = False
+        self._closed = False
+        self._iterator: AsyncIterator[bytes] | None = None
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self._iterator = self._inner.__aiter__()
+        return self
+
+    async def __anext__(self) -> bytes:
+        iterator = self._iterator
+        if iterator is None:
+            iterator = self._iterator = self._inner.__aiter__()
+        try:
+            return await iterator.__anext__()
+        except StopAsyncIteration:
+            self._done = True
+            raise
+        except Exception:
+            self._failed = True
+            self._done = True
+            raise
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        held = self._held
+        try:
+            iterator = self._iterator
+            if not self._done and iterator is not None:
+                close = getattr(iterator, "aclose", None)
+                if close is not None:
+                    await close()
+            await self._inner.aclose()
+        finally:
+            # Synchronous: ends the guard even inside a cancelled scope.
+            if not self._done:
+                held.cancel()
+            else:
+                held.complete(failed=self._failed)
+
+
+def _replayable(request: httpx.Request) -> bool:
+    return isinstance(request.stream, httpx.ByteStream)
+
+
+class _Target:
+    __slots__ = ("qualifier", "raw_path", "service")
+
+    def __init__(self, qualifier: str, service: str, raw_path: bytes) -> None:
+        self.qualifier = qualifier
+        self.service = service
+        self.raw_path = raw_path
+
+
+def _target(request: httpx.Request) -> _Target:
+    url = request.url
+    if url.scheme != SCHEME:
+        raise NotDiscoveryUrl(
+            f"the discovery transport serves {SCHEME}:// URLs only, not {url.scheme}:// "
+            "(plain URLs go through a plain client)"
+        )
+    host = url.host
+    qualifier = request.extensions.get(QUALIFIER_EXTENSION)
+    if qualifier is None:
+        if not host:
+            raise NotDiscoveryUrl(
+                f"{SCHEME}:// URL without a qualifier: {SCHEME}://<qualifier>/..."
+            )
+        qualifier = host
+    elif not isinstance(qualifier, str) or (host and host != url_host(qualifier)):
+        raise NotDiscoveryUrl(
+            f"the request names connection {qualifier!r} in its extension but {host!r} in its URL"
+        )
+    if url.port is not None or url.userinfo:
+        raise NotDiscoveryUrl(f"a {SCHEME}:// URL carries no port or user info")
+    raw = url.raw_path  # path + query, still percent-encoded
+    path, sep, query = raw.partition(b"?")
+    segments = path.split(b"/", 2)
+    if len(segments) < 2 or not segments[1]:
+        raise NotDiscoveryUrl(
+            f"{SCHEME}:// URL without a service alias: {SCHEME}://<qualifier>/<service>/<path>"
+        )
+    service = unquote(segments[1].decode("ascii"))
+    rest = b"/" + (segments[2] if len(segments) > 2 else b"")
+    return _Target(qualifier, service, rest + sep + query)
+
+
+class DiscoveryTransport(httpx.AsyncBaseTransport):
+    """An ``httpx.AsyncBaseTransport`` for ``nadisc://`` URLs; see the module docstring.
+
+    ``owner`` is a prepared :class:`~nadisc.DiscoveryOwner`. ``options``
+    applies one :class:`~nadisc.RestOptions` to every connection; by default
+    each connection's own ``rest`` block applies. ``qualifiers`` restricts
+    the connections this transport may call (others raise
+    :class:`~nadisc.QualifierError`). ``transport`` is the pool every
+    instance shares (default: an ``httpx.AsyncHTTPTransport`` with
+    ``limits``); it is closed by :meth:`aclose` only when created here.
+
+    Routes (one per connection and service) are created on first use and
+    hold their observation until :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        owner: DiscoveryOwner,
+        *,
+        options: RestOptions | None = None,
+        qualifiers: Iterable[str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        limits: httpx.Limits | None = None,
+        verify: bool = True,
+    ) -> None:
+        if options is not None and not isinstance(options, RestOptions):
+            raise TypeError(f"options must be RestOptions, got {type(options).__name__}")
+        self._owner = owner
+        self._options = options
+        self._qualifiers = None if qualifiers is None else frozenset(qualifiers)
+        self._owns_pool = transport is None
+        self._pool: httpx.AsyncBaseTransport = (
+            transport
+            if transport is not None
+            else httpx.AsyncHTTPTransport(
+                limits=limits if limits is not None else httpx.Limits(), verify=verify
+            )
+        )
+        self._routes: dict[tuple[str, str], Route] = {}
+        self._opening: dict[tuple[str, str], anyio.Event] = {}
+        self._urls: dict[tuple[str, str, int, bytes], httpx.URL] = {}
+        self._closed = False
+
+    # -- views ---------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def route(self, qualifier: str, service: str) -> Route | None:
+        """The route of (connection, service), if one was used."""
+        return self._routes.get((qualifier, service))
+
+    def routes(self) -> tuple[Route, ...]:
+        return tuple(self._routes.values())
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<DiscoveryTransport routes={len(self._routes)} {state}>"
+
+    # -- routes --------------------------------------------------------------------------
+
+    def options_for(self, qualifier: str | None) -> RestOptions:
+        """The options calls on ``qualifier`` use (validates the qualifier)."""
+        handle = self._connection(qualifier)
+        if self._options is not None:
+            return self._options
+        return RestOptions.from_config(self._owner.connection_policy(handle.qualifier).rest)
+
+    def _connection(self, qualifier: str | None) -> DiscoveryHandle:
+        handle = connection_of(self._owner, qualifier)
+        if self._qualifiers is not None and handle.qualifier not in self._qualifiers:
+            raise QualifierError(
+                f"connection {handle.qualifier!r} is not served by this transport "
+                f"(serves: {', '.join(sorted(self._qualifiers))})"
+            )
+        return handle
+
+    async def _route(self, qualifier: str, service: str, deadline: float) -> Route:
+        key = (qualifier, service)
+        while True:
+            route = self._routes.get(key)
+            if route is not None:
+                return route
+            opening = self._opening.get(key)
+            if opening is None:
+                break
+            with anyio.move_on_at(deadline):
+                await opening.wait()
+            if anyio.current_time() >= deadline:
+                raise DeadlineExceeded(
+                    f"connection {qualifier!r} service {service!r}: the budget ran out "
+                    "before the first listing"
+                )
+        handle = self._connection(qualifier)
+        check_service(handle, service)  # UnknownService before anything starts
+        options = self._options or RestOptions.from_config(
+            self._owner.connection_policy(handle.qualifier).rest
+        )
+        event = self._opening[key] = anyio.Event()
+        try:
+            observation = await handle.observe(service, deadline)
+            if self._closed:
+                raise LifecycleError("the discovery transport is closed")
+            route = self._routes[key] = Route(observation, options)
+        finally:
+            del self._opening[key]
+            event.set()
+        return route
+
+    # -- the transport -------------------------------------------------------------------
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._closed:
+            raise LifecycleError("the discovery transport is closed")
+        target = _target(request)
+        start = _now()
+        route = self._routes.get((target.qualifier, target.service))
+        options = route.options if route is not None else self.options_for(target.qualifier)
+        deadline = request.extensions.get(DEADLINE_EXTENSION)
+        if deadline is None:
+            deadline = start + options.request_timeout
+        elif (
+            isinstance(deadline, bool)
+            or not isinstance(deadline, int | float)
+            or math.isnan(deadline)
+        ):
+            raise DeadlineExceeded(f"the {DEADLINE_EXTENSION} extension must be a number")
+        if deadline <= start:
+            raise DeadlineExceeded("the call's budget was spent before it started")
+        if route is None:
+            route = await self._route(target.qualifier, target.service, deadline)
+        errors: list[Exception] = []
+        with anyio.move_on_at(deadline):
+            return await self._call(route, route.options, request, target, deadline, errors)
+        raise DeadlineExceeded(
+            f"connection {route.connection!r} service {route.service!r}: the budget of "
+            f"{route.options.request_timeout:g} s ran out"
+        ) from (errors[-1] if errors else None)
+
+    async def _call(
+        self,
+        route: Route,
+        options: RestOptions,
+        request: httpx.Request,
+        target: _Target,
+        deadline: float,
+        errors: list[Exception],
+    ) -> httpx.Response:
+        # Runs inside the call's cancel scope (deadline): every wait is bounded.
+        may_retry = request.method in _RETRYABLE_METHODS and _replayable(request)
+        attempts = 0
+        tried: set[str] = set()
+        scheme = options.instance_scheme
+        connect = options.connect_timeout
+        raw_path = target.raw_path
+        headers = request.headers.raw
+        streaming = route.streaming
+        balance = streaming.balance
+
+        def build(instance: Instance) -> httpx.Request:
+            remaining = max(deadline - _now(), 1e-3)
+            extensions = dict(request.extensions)
+            extensions["timeout"] = {
+                "connect": min(connect, remaining),
+                "read": remaining,
+                "write": remaining,
+                "pool": remaining,
+            }
+            return httpx.Request(
+                request.method,
+                self._url(scheme, instance, raw_path),
+                headers=_with_host(headers, instance),
+                stream=request.stream,
+                extensions=extensions,
+            )
+
+        # Fast path, taken while the balance already applied the mirrored
+        # listing: no separate evidence view and no reconcile step; the
+        # currency check in submit_if_current still guards the send, and a
+        # declined pick falls back to the full path.
+        fast = route.reconciled
+        while True:
+            if attempts and _now() >= deadline:
+                raise DeadlineExceeded(
+                    f"connection {route.connection!r} service {route.service!r}: the budget of "
+                    f"{options.request_timeout:g} s ran out after {attempts} attempt(s)"
+                ) from (errors[-1] if errors else None)
+            if not fast:
+                route.snapshot()  # EvidenceUnavailable: no request, no retry
+            attempt = Attempt(
+                build=build,
+                pool=self._pool,
+                avoid=frozenset(tried) if tried else _NOTHING,
+                skips=len(tried) and len(balance),
+            )
+            declined: CallDeclined | None = None
+            failure: EndpointError | None = None
+            try:
+                if not fast:
+                    await streaming.ready()
+                held = await balance.dispatch_held(attempt)
+            except CallDeclined as exc:
+                declined = exc
+            except SelectionError:
+                # The pool changed between reconciling and selection: pick again.
+                fast = False
+                continue
+            except EndpointError as exc:
+                failure = exc
+            # Errors are raised outside the except blocks so each keeps its own chain.
+            if declined is not None:
+                cause = declined.__cause__
+                if isinstance(cause, EvidenceUnavailable):
+                    raise cause
+                # Skipped, or withdrawn since it was selected: nothing was sent.
+                fast = False
+                continue
+            if failure is not None:
+                cause = failure.__cause__
+                attempts += 1
+                if attempt.instance is not None:
+                    tried.add(attempt.instance.identity)
+                if not isinstance(cause, Exception):
+                    raise DiscoveryError("an attempt failed without a cause") from failure
+                if not isinstance(cause, httpx.TransportError):
+                    raise cause
+                errors.append(cause)
+                if (
+                    may_retry
+                    and options.retry_get_head_on_transport_error
+                    and attempts < options.max_attempts
+                ):
+                    logger.debug(
+                        "%s/%s: attempt %d failed with %s; retrying",
+                        route.connection,
+                        route.service,
+                        attempts,
+                        type(cause).__name__,
+                    )
+                    continue
+                raise cause
+            attempts += 1
+            response = held.response
+            instance = attempt.instance
+            assert instance is not None
+            status = response.status_code
+            if (
+                status in RETRYABLE_STATUS
+                and may_retry
+                and options.retry_get_head_on_retryable_status
+                and attempts < options.max_attempts
+                and _now() < deadline
+            ):
+                tried.add(instance.identity)
+                try:
+                    await response.aclose()
+                finally:
+                    held.complete(failed=True)
+                continue
+            return _wrap(response, held, instance)
+
+    def _url(self, scheme: str, instance: Instance, raw_path: bytes) -> httpx.URL:
+        # Parsing a URL is the largest cost of rewriting a request; services
+        # use few distinct paths, so a small bounded cache pays off.
+        key = (scheme, instance.host, instance.port, raw_path)
+        urls = self._urls
+        url = urls.get(key)
+        if url is None:
+            if len(urls) >= _URL_CACHE:
+                urls.clear()
+            url = urls[key] = httpx.URL(
+                scheme=scheme, host=instance.host, port=instance.port, raw_path=raw_path
+            )
+        return url
+
+    # -- closing -------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Drop every route (their endpoints retire as calls end), close an owned pool.
+
+        Idempotent; later requests raise :class:`~nadisc.LifecycleError`.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        routes = list(self._routes.values())
+        self._routes.clear()
+        for route in routes:
+            route.close()
+        if self._owns_pool:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_GRACE):
+                await self._pool.aclose()
+
+    async def __aenter__(self) -> DiscoveryTransport:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self.aclose()
+
+
+def _with_host(raw: list[tuple[bytes, bytes]], instance: Instance) -> httpx.Headers:
+    # The caller's headers with the instance's Host, built from the raw list
+    # in one pass (no lookup by name).
+    headers = [(b"Host", instance.address.encode("ascii"))]
+    headers.extend(item for item in raw if item[0].lower() != b"host")
+    return httpx.Headers(headers)
+
+
+def _wrap(
+    response: httpx.Response, held: Held[httpx.Response], instance: Instance
+) -> httpx.Response:
+    response.extensions[INSTANCE_EXTENSION] = instance
+    failed = response.status_code >= 500
+    if response.is_closed:
+        # A pool that hands back a body already in memory: the call is over.
+        held.complete(failed=failed)
+        return response
+    stream = response.stream
+    if not isinstance(stream, httpx.AsyncByteStream):
+        held.complete(failed=True)
+        raise TypeError(f"the pool returned a {type(stream).__name__} body, not an async one")
+    # The pool's response is ours until returned: swap its body for the
+    # guarded one rather than building a second response.
+    response.stream = _GuardedStream(stream, held, failed=failed)
+    return response

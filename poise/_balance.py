@@ -1,0 +1,1106 @@
+"""The balance: many endpoints, one policy-driven async service.
+
+:class:`Balance` holds an ordered list of :class:`~poise.Endpoint` objects and
+runs the readiness lifecycle of the dispatch contract over them::
+
+    IDLE --poll_ready() -> True--> READY --selected by call()--> IDLE
+      |                              |
+      +--poll_ready() raised--> FAILED --reset()--> IDLE
+
+Readiness (``await ready()``, or the synchronous ``ready_nowait()``)
+    scans the administratively eligible IDLE endpoints, calling
+    ``service.poll_ready(wake)`` with one wake function created with the
+    balance. A pending endpoint stays IDLE and is polled again by the next
+    scan; its service calls ``wake`` when it may be ready, which wakes the
+    waiting ``ready()``. A READY endpoint keeps its reservation and is not
+    polled again until a call selects it. A ``poll_ready`` that raises
+    quarantines that endpoint only (FAILED); the error goes to the readiness
+    observer; if some endpoint is still READY the balance stays ready. When
+    a failure leaves no endpoint that is eligible and not FAILED, ``ready()``
+    raises :class:`~poise.ReadinessError` (index and key of that endpoint,
+    chained from the service's error). FAILED endpoints return only through
+    :meth:`Balance.reset` / :meth:`Balance.reset_all`.
+
+    Cost: O(idle endpoints) per scan; no allocation when nothing fails, no
+    task; waiting costs one event per wait, shared by every waiter.
+
+Dispatch (``await call(request)``, or ``await dispatch(request)`` = ready + call)
+    asks the policy to pick among the READY endpoints (in endpoint order),
+    starts the endpoint's load guard, moves the endpoint back to IDLE (its
+    reservation is consumed by the call) and awaits its service. A response
+    completes the guard; an exception completes it as failed and is raised as
+    :class:`~poise.EndpointError` carrying the dispatch-time index and the
+    key; cancellation (any ``BaseException``) cancels the guard and
+    propagates. ``call()`` with no READY endpoint raises
+    :class:`~poise.SelectionError` and never touches an unready service. A
+    service that raises :class:`~poise.CallDeclined` (it sent nothing) has
+    its guard cancelled, is not blamed, and the exception propagates as is.
+    ``await dispatch_held(request)`` returns a :class:`Held`: the response
+    with the guard still open, ended later by ``held.complete()`` or
+    ``held.cancel()`` from any task, for responses that outlive the call
+    (streamed bodies). ``async with balance.open(request) as response:`` is
+    the same scoped to a block.
+
+Membership
+    ``push``, ``remove``, ``replace_endpoints`` (an atomic commit of a whole
+    new list that keeps the state of retained endpoint objects, O(n)),
+    ``splice`` (the same commit described by its changes: removals,
+    replacements in place and appends, O(changes)), ``endpoint_mut``
+    (invalidates a reservation) and ``reset``. A new endpoint always enters
+    IDLE. An error's index describes the order at the time and may go stale
+    after later edits; use keys for durable labels.
+
+Concurrency: several tasks may share a balance. ``dispatch``,
+``dispatch_held`` and ``open`` select without yielding after their readiness
+scan, so a scan that found a ready endpoint is always followed by a
+selection. The separate pair ``ready()`` then ``call()`` does yield in
+between, so another task may take the reservation first; ``call()`` then
+raises ``SelectionError``. All wake functions must be called from the event
+loop thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left, insort
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from itertools import count, islice, repeat
+from operator import attrgetter
+from typing import Generic, Never, Protocol, TypeVar, cast, overload
+
+import anyio
+import anyio.lowlevel
+
+from ._context import ContextProjection, UseRequest
+from ._endpoint import FAILED, IDLE, READY, Endpoint
+from ._errors import (
+    CallDeclined,
+    DuplicateIdentity,
+    EndpointError,
+    InvalidInput,
+    ReadinessError,
+    SelectionError,
+)
+from ._protocols import LoadGuard, Policy
+from ._service import release_reservation
+
+__all__ = ["Balance", "BalanceStatistics", "Held", "ReadinessObserver"]
+
+logger = logging.getLogger(__name__)
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Ctx = TypeVar("Ctx")
+
+ReadinessObserver = Callable[[int, Hashable, Exception], None]
+"""Called as ``observer(index, key, error)`` for every readiness failure."""
+
+_by_index = attrgetter("_index")
+_T = TypeVar("_T")
+# splice() renumbers with map(setattr, ...) drained by a zero-length deque:
+# the loop runs in C.
+_set_attr = setattr
+_INDEX = repeat("_index")
+_consume = deque[object](maxlen=0).extend
+# Up to this many deletions edit a list in place; more copy it once.
+_FEW = 16
+_checkpoint = anyio.lowlevel.checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class BalanceStatistics:
+    """A point-in-time view of a balance.
+
+    ``idle``, ``ready`` and ``failed`` partition the endpoints by readiness
+    state; ``ineligible`` counts endpoints with ``eligible = False`` whatever
+    their state (never READY). ``in_flight`` counts calls dispatched by this
+    balance that have not ended, including calls to endpoints removed since.
+    """
+
+    endpoints: int
+    idle: int
+    ready: int
+    failed: int
+    ineligible: int
+    in_flight: int
+
+
+class _Owner(Protocol):
+    """What a :class:`Held` needs of its balance: the clock and the in-flight count."""
+
+    _in_flight: int
+    _clock: Callable[[], float]
+
+
+class Held(Generic[Resp]):
+    """A dispatched call whose load guard is still open: see :meth:`Balance.dispatch_held`.
+
+    ``response`` is what the service returned; ``key`` and ``index`` name the
+    endpoint that served it (the index as it was at dispatch time). End the
+    call exactly once with :meth:`complete` (``failed=True`` if using the
+    response failed) or :meth:`cancel` (the response was abandoned): the
+    first end counts, later ends are no-ops. Both are synchronous and never
+    wait, so they work from any task of the event loop, in a cancelled
+    scope and in a ``finally`` block; they read the balance's clock.
+    Made by :meth:`Balance.dispatch_held`; not meant to be constructed.
+    """
+
+    __slots__ = ("_balance", "_ended", "_guard", "_index", "_key", "_response")
+
+    def __init__(
+        self,
+        balance: _Owner,
+        guard: LoadGuard,
+        response: Resp,
+        key: Hashable,
+        index: int,
+    ) -> None:
+        self._balance = balance
+        self._guard = guard
+        self._response = response
+        self._key = key
+        self._index = index
+        self._ended = False
+
+    @property
+    def response(self) -> Resp:
+        return self._response
+
+    @property
+    def key(self) -> Hashable:
+        """The identity of the endpoint that served the call."""
+        return self._key
+
+    @property
+    def index(self) -> int:
+        """The endpoint's index at dispatch time (may be stale after edits)."""
+        return self._index
+
+    @property
+    def ended(self) -> bool:
+        """True once :meth:`complete` or :meth:`cancel` ran."""
+        return self._ended
+
+    def complete(self, *, failed: bool = False) -> None:
+        """End the call; ``failed=True`` when the response turned out bad."""
+        if self._ended:
+            return
+        self._ended = True
+        balance = self._balance
+        balance._in_flight -= 1
+        self._guard.complete(balance._clock(), failed=failed)
+
+    def cancel(self) -> None:
+        """End the call as cancelled: it counts as neither success nor failure."""
+        if self._ended:
+            return
+        self._ended = True
+        balance = self._balance
+        balance._in_flight -= 1
+        self._guard.cancel(balance._clock())
+
+    def __repr__(self) -> str:
+        state = "ended" if self._ended else "open"
+        return (
+            f"<Held key={self._key!r} index={self._index} {state} "
+            f"response={type(self._response).__name__}>"
+        )
+
+
+class Balance(Generic[Req, Resp]):
+    """A policy-driven service over a changing set of endpoints.
+
+    ``context`` chooses the affinity context the policy receives: ``None``
+    (default, the policy gets ``None``), :class:`~poise.UseRequest` (the
+    request itself) or a :class:`~poise.RequestContext` projection.
+    ``readiness_observer(index, key, error)`` sees every readiness failure and
+    must not raise. ``clock`` returns the event loop time passed to the policy
+    and the load trackers.
+
+    Raises :class:`~poise.DuplicateIdentity` if two endpoints share a key.
+    """
+
+    __slots__ = (
+        "_by_key",
+        "_clock",
+        "_consumed",
+        "_context",
+        "_edits",
+        "_endpoints",
+        "_event",
+        "_idle",
+        "_in_flight",
+        "_observer",
+        "_policy",
+        "_project",
+        "_ready",
+        "_scanning",
+        "_wake_count",
+        "_waker",
+    )
+
+    @overload
+    def __init__(
+        self,
+        policy: Policy[None],
+        endpoints: Iterable[Endpoint[Req, Resp]] = (),
+        *,
+        context: None = None,
+        readiness_observer: ReadinessObserver | None = None,
+        clock: Callable[[], float] = anyio.current_time,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        policy: Policy[Req],
+        endpoints: Iterable[Endpoint[Req, Resp]] = (),
+        *,
+        context: UseRequest,
+        readiness_observer: ReadinessObserver | None = None,
+        clock: Callable[[], float] = anyio.current_time,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        policy: Policy[Ctx],
+        endpoints: Iterable[Endpoint[Req, Resp]] = (),
+        *,
+        context: ContextProjection[Req, Ctx],
+        readiness_observer: ReadinessObserver | None = None,
+        clock: Callable[[], float] = anyio.current_time,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        policy: Policy[Never],
+        endpoints: Iterable[Endpoint[Req, Resp]] = (),
+        *,
+        context: ContextProjection[Req, object] | None = None,
+        readiness_observer: ReadinessObserver | None = None,
+        clock: Callable[[], float] = anyio.current_time,
+    ) -> None:
+        if not callable(getattr(policy, "pick", None)):
+            raise InvalidInput(f"policy must have a pick() method, got {type(policy).__name__}")
+        if context is not None and not callable(getattr(context, "project", None)):
+            raise InvalidInput(
+                f"context must be None, UseRequest() or have a project() method, "
+                f"got {type(context).__name__}"
+            )
+        if readiness_observer is not None and not callable(readiness_observer):
+            raise InvalidInput("readiness_observer must be callable")
+        if not callable(clock):
+            raise InvalidInput(f"clock must be callable, got {type(clock).__name__}")
+        self._policy = cast("Policy[object]", policy)
+        self._context = context
+        self._project: Callable[[Req], object] | None = (
+            None if context is None else context.project
+        )
+        self._observer = readiness_observer
+        self._clock = clock
+        self._endpoints: list[Endpoint[Req, Resp]] = []
+        self._by_key: dict[Hashable, Endpoint[Req, Resp]] = {}
+        # READY endpoints in endpoint order (READY implies eligible). An
+        # endpoint selected by a call stays listed, though IDLE, until the
+        # next scan: usually that scan finds it ready again, and leaving it in
+        # place saves a removal and an ordered re-insertion per call. A new
+        # endpoint spliced in at a READY predecessor's position is listed in
+        # its place the same way. Those endpoints are remembered in
+        # _consumed; _flush() drops the ones that did not become READY, and
+        # runs before every pick.
+        self._ready: list[Endpoint[Req, Resp]] = []
+        self._consumed: list[Endpoint[Req, Resp]] = []
+        # IDLE endpoints in no particular order (swap-remove; ep._slot is the position).
+        self._idle: list[Endpoint[Req, Resp]] = []
+        self._event: anyio.Event | None = None
+        self._wake_count = 0
+        self._in_flight = 0
+        self._scanning = False
+        # Bumped by every membership edit, so an owner that mirrors the
+        # membership can tell whether anyone else edited it.
+        self._edits = 0
+        # One bound method for every poll_ready: the scan allocates nothing.
+        self._waker: Callable[[], None] = self.wake
+        self.replace_endpoints(list(endpoints))
+
+    # -- read-only views ----------------------------------------------------
+
+    @property
+    def policy(self) -> object:
+        return self._policy
+
+    @property
+    def context(self) -> object:
+        return self._context
+
+    @property
+    def endpoints(self) -> tuple[Endpoint[Req, Resp], ...]:
+        """The endpoints in order (a snapshot; edit membership through the balance)."""
+        return tuple(self._endpoints)
+
+    def __len__(self) -> int:
+        return len(self._endpoints)
+
+    def endpoint(self, index_or_key: Hashable) -> Endpoint[Req, Resp]:
+        """Look up by key, or by index when the value is an int that is not a key.
+
+        Raises :class:`~poise.InvalidInput` if there is no such endpoint.
+        Reading an endpoint does not disturb its reservation.
+        """
+        return self._lookup(index_or_key)
+
+    @property
+    def wake_count(self) -> int:
+        """How many times :meth:`wake` was called; see :meth:`wait_woken`."""
+        return self._wake_count
+
+    def statistics(self) -> BalanceStatistics:
+        """Counts by readiness state and eligibility. O(n)."""
+        ineligible = ready = 0
+        for ep in self._endpoints:
+            if not ep._eligible:
+                ineligible += 1
+            if ep._state is READY:
+                ready += 1
+        idle = len(self._idle)
+        return BalanceStatistics(
+            endpoints=len(self._endpoints),
+            idle=idle,
+            ready=ready,
+            failed=len(self._endpoints) - idle - ready,
+            ineligible=ineligible,
+            in_flight=self._in_flight,
+        )
+
+    def __repr__(self) -> str:
+        s = self.statistics()
+        return (
+            f"<Balance policy={type(self._policy).__name__} endpoints={s.endpoints} "
+            f"ready={s.ready} idle={s.idle} failed={s.failed} ineligible={s.ineligible} "
+            f"in_flight={s.in_flight}>"
+        )
+
+    # -- waking -------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Wake every task waiting in :meth:`ready` so that it scans again.
+
+        This is the wake function handed to every ``poll_ready``; other
+        sources of change (a discovery update) may call it too. Call it from
+        the event loop thread only.
+        """
+        self._wake_count += 1
+        event = self._event
+        if event is not None:
+            self._event = None
+            event.set()
+
+    async def wait_woken(self, since: int) -> None:
+        """Wait until :attr:`wake_count` differs from ``since``. Always checkpoints.
+
+        Read ``since = balance.wake_count`` *before* the scan whose result
+        made you wait: a wake that arrives during the scan is then not lost.
+        """
+        if self._wake_count != since:
+            await _checkpoint()
+            return
+        event = self._event
+        if event is None:
+            event = self._event = anyio.Event()
+        await event.wait()
+
+    # -- readiness ----------------------------------------------------------
+
+    def ready_nowait(self) -> bool:
+        """One readiness scan without waiting: True if an endpoint is READY.
+
+        False means some eligible endpoint is pending and will wake the
+        balance. Raises like :meth:`ready` when no usable endpoint is left.
+        O(idle endpoints); allocates nothing unless a service fails.
+        """
+        idle = self._idle
+        if not idle:
+            if self._ready:
+                return True
+            return self._exhausted(None)
+        wake = self._waker
+        ready = self._ready
+        pending = 0
+        failures: list[tuple[Endpoint[Req, Resp], Exception]] | None = None
+        self._scanning = True
+        try:
+            i = 0
+            while i < len(idle):
+                ep = idle[i]
+                if not ep._eligible:
+                    i += 1
+                    continue
+                try:
+                    ok = ep._service.poll_ready(wake)
+                except Exception as exc:
+                    self._take_idle(ep)
+                    ep._state = FAILED
+                    ep._error = exc
+                    if failures is None:
+                        failures = []
+                    failures.append((ep, exc))
+                    continue
+                if ok:
+                    # Swap-remove from the idle list (inlined _take_idle).
+                    last = idle.pop()
+                    if last is not ep:
+                        idle[i] = last
+                        last._slot = i
+                    ep._slot = -1
+                    ep._state = READY
+                    if not ep._listed:
+                        ep._listed = True
+                        insort(ready, ep, key=_by_index)
+                else:
+                    pending += 1
+                    i += 1
+        finally:
+            self._scanning = False
+        if self._consumed:
+            self._flush()
+        if failures is not None:
+            self._report(failures)  # the observer may edit membership
+            ready = self._ready
+        if ready:
+            return True
+        if pending:
+            return False
+        return self._exhausted(failures)
+
+    async def ready(self) -> None:
+        """Wait until at least one eligible endpoint is READY. Always checkpoints.
+
+        Raises :class:`~poise.SelectionError` at once when the balance has no
+        endpoint, or none that is eligible and not FAILED; raises
+        :class:`~poise.ReadinessError` when a readiness failure in this scan
+        exhausted the usable pool.
+        """
+        await _checkpoint()
+        while True:
+            since = self._wake_count
+            if self.ready_nowait():
+                return
+            await self.wait_woken(since)
+
+    def _exhausted(self, failures: list[tuple[Endpoint[Req, Resp], Exception]] | None) -> bool:
+        if failures:
+            ep, exc = failures[-1]
+            others = len(failures) - 1
+            more = f" ({others} other endpoint(s) failed in the same scan)" if others else ""
+            raise ReadinessError(
+                f"readiness of endpoint {ep._key!r} at index {ep._index} failed with "
+                f"{type(exc).__name__} and no usable endpoint is left{more}",
+                index=ep._index,
+                key=ep._key,
+            ) from exc
+        # Pending endpoints would be in the idle list; nothing is usable.
+        if not self._endpoints:
+            raise SelectionError("the balance has no endpoints")
+        failed = sum(1 for ep in self._endpoints if ep._state is FAILED)
+        ineligible = sum(1 for ep in self._endpoints if not ep._eligible and ep._state is IDLE)
+        raise SelectionError(
+            f"no usable endpoint: {failed} failed, {ineligible} ineligible "
+            f"of {len(self._endpoints)}"
+        )
+
+    def _report(self, failures: list[tuple[Endpoint[Req, Resp], Exception]]) -> None:
+        for ep, exc in failures:
+            logger.debug(
+                "endpoint %r quarantined: poll_ready raised %s", ep._key, type(exc).__name__
+            )
+        observer = self._observer
+        if observer is not None:
+            for ep, exc in failures:
+                observer(ep._index, ep._key, exc)
+
+    # -- dispatch -----------------------------------------------------------
+
+    async def call(self, request: Req) -> Resp:
+        """Call one READY endpoint chosen by the policy.
+
+        Raises :class:`~poise.SelectionError` if no endpoint holds a
+        reservation (await :meth:`ready` first), and
+        :class:`~poise.EndpointError` if the service raised. Adds no
+        checkpoint of its own beyond the service's.
+        """
+        now = self._clock()
+        ep, guard = self._select(request, now)
+        index = ep._index
+        self._in_flight += 1
+        try:
+            response = await ep._service.call(request)
+        except CallDeclined:
+            self._in_flight -= 1
+            guard.cancel(self._clock())
+            raise
+        except Exception as exc:
+            self._in_flight -= 1
+            guard.complete(self._clock(), failed=True)
+            raise _endpoint_error(ep._key, index, exc) from exc
+        except BaseException:
+            self._in_flight -= 1
+            guard.cancel(self._clock())
+            raise
+        self._in_flight -= 1
+        guard.complete(self._clock())
+        return response
+
+    async def dispatch(self, request: Req) -> Resp:
+        """``await ready()`` then ``await call(request)``, with no yield in between."""
+        await _checkpoint()
+        if self._idle or not self._ready:
+            while True:
+                since = self._wake_count
+                if self.ready_nowait():
+                    break
+                await self.wait_woken(since)
+        # The selection of _select(), inlined: this is the hot path.
+        if self._consumed:
+            self._flush()
+        now = self._clock()
+        ready = self._ready
+        n = len(ready)
+        project = self._project
+        i = self._policy.pick(ready, None if project is None else project(request), now)
+        if type(i) is not int or not 0 <= i < n:
+            raise _bad_pick(self._policy, i, n)
+        ep = ready[i]
+        guard = ep._tracker.start(now)
+        ep._state = IDLE
+        self._consumed.append(ep)
+        idle = self._idle
+        ep._slot = len(idle)
+        idle.append(ep)
+        index = ep._index
+        self._in_flight += 1
+        try:
+            response = await ep._service.call(request)
+        except CallDeclined:
+            self._in_flight -= 1
+            guard.cancel(self._clock())
+            raise
+        except Exception as exc:
+            self._in_flight -= 1
+            guard.complete(self._clock(), failed=True)
+            raise _endpoint_error(ep._key, index, exc) from exc
+        except BaseException:
+            self._in_flight -= 1
+            guard.cancel(self._clock())
+            raise
+        self._in_flight -= 1
+        guard.complete(self._clock())
+        return response
+
+    async def dispatch_held(self, request: Req) -> Held[Resp]:
+        """Like :meth:`dispatch`, but the load guard stays open in the result.
+
+        Waits for readiness and calls the selected endpoint with no yield in
+        between, exactly as :meth:`dispatch` does, and returns a
+        :class:`Held` carrying the response, the endpoint's key and its
+        dispatch-time index. The call counts as in flight, and its load guard
+        stays open, until :meth:`Held.complete` or :meth:`Held.cancel` (from
+        any task); use it when the response outlives the call, such as a
+        streamed body that is read later. A :class:`Held` that is never ended
+        keeps its endpoint looking busy.
+
+        A failing service call completes the guard as failed and raises
+        :class:`~poise.EndpointError`; :class:`~poise.CallDeclined` cancels
+        the guard and propagates unchanged; cancellation cancels the guard.
+        """
+        await _checkpoint()
+        if self._idle or not self._ready:
+            while True:
+                since = self._wake_count
+                if self.ready_nowait():
+                    break
+                await self.wait_woken(since)
+        ep, guard = self._select(request, self._clock())
+        index = ep._index
+        self._in_flight += 1
+        try:
+            response = await ep._service.call(request)
+        except CallDeclined:
+            self._in_flight -= 1
+            guard.cancel(self._clock())
+            raise
+        except Exception as exc:
+            self._in_flight -= 1
+            guard.complete(self._clock(), failed=True)
+            raise _endpoint_error(ep._key, index, exc) from exc
+        except BaseException:
+            self._in_flight -= 1
+            guard.cancel(self._clock())
+            raise
+        return Held(self, guard, response, ep._key, index)
+
+    @asynccontextmanager
+    async def open(self, request: Req) -> AsyncIterator[Resp]:
+        """Dispatch and hold the load guard until the block exits (streamed bodies).
+
+        ``async with balance.open(request) as response:`` is
+        :meth:`dispatch_held` scoped to a block: it yields the response and
+        ends the guard on exit. The guard completes when the block exits
+        normally, completes as failed when it exits with an exception (which
+        propagates unchanged), and is cancelled on cancellation. A failing
+        service call raises :class:`~poise.EndpointError` like :meth:`call`;
+        :class:`~poise.CallDeclined` propagates unchanged.
+        """
+        held = await self.dispatch_held(request)
+        try:
+            yield held._response
+        except Exception:
+            held.complete(failed=True)
+            raise
+        except BaseException:
+            held.cancel()
+            raise
+        held.complete()
+
+    def _select(self, request: Req, now: float) -> tuple[Endpoint[Req, Resp], LoadGuard]:
+        if self._consumed:
+            self._flush()
+        ready = self._ready
+        n = len(ready)
+        if n == 0:
+            raise SelectionError(
+                "no endpoint holds a readiness reservation; await ready() before call()"
+            )
+        project = self._project
+        i = self._policy.pick(ready, None if project is None else project(request), now)
+        if type(i) is not int or not 0 <= i < n:
+            raise _bad_pick(self._policy, i, n)
+        ep = ready[i]
+        guard = ep._tracker.start(now)
+        # The call consumes the reservation: back to IDLE, polled by the next
+        # scan (it stays listed in _ready until then; see _flush).
+        ep._state = IDLE
+        self._consumed.append(ep)
+        idle = self._idle
+        ep._slot = len(idle)
+        idle.append(ep)
+        return ep, guard
+
+    # -- membership ----------------------------------------------------------
+
+    def push(self, endpoint: Endpoint[Req, Resp]) -> int:
+        """Append an endpoint (it enters IDLE); return its index.
+
+        Raises :class:`~poise.DuplicateIdentity` if its key is taken and
+        :class:`~poise.InvalidInput` if it belongs to another balance.
+        """
+        self._check_not_scanning()
+        if not isinstance(endpoint, Endpoint):
+            raise InvalidInput(f"push() needs an Endpoint, got {type(endpoint).__name__}")
+        if endpoint._key in self._by_key:
+            raise DuplicateIdentity(endpoint._key, "balance")
+        if endpoint._owner is not None:
+            raise InvalidInput(f"endpoint {endpoint._key!r} already belongs to a balance")
+        index = len(self._endpoints)
+        self._edits += 1
+        self._attach(endpoint, index)
+        self._endpoints.append(endpoint)
+        self._by_key[endpoint._key] = endpoint
+        self.wake()
+        return index
+
+    def remove(self, index_or_key: Hashable) -> Endpoint[Req, Resp]:
+        """Detach one endpoint and return it; later indices shift down by one.
+
+        Its reservation (if READY) is released; calls already dispatched to it
+        keep their guards. The service is not closed: the caller owns it now.
+        """
+        self._check_not_scanning()
+        ep = self._lookup(index_or_key)
+        index = ep._index
+        self._edits += 1
+        self._detach(ep)
+        del self._endpoints[index]
+        del self._by_key[ep._key]
+        for later in self._endpoints[index:]:
+            later._index -= 1
+        self.wake()
+        return ep
+
+    def replace_endpoints(self, endpoints: Sequence[Endpoint[Req, Resp]]) -> None:
+        """Atomically make ``endpoints`` the whole ordered endpoint list.
+
+        Endpoint *objects* already in this balance keep all their state: a
+        READY reservation, a FAILED quarantine and their load tracker. New
+        objects enter IDLE. Objects that are not in the new list are detached:
+        their reservation is released; guards of calls already dispatched are
+        untouched and their services are not closed. Everything is validated
+        first (:class:`~poise.DuplicateIdentity`, :class:`~poise.InvalidInput`
+        for a non-endpoint or one owned by another balance): on error nothing
+        changed.
+        """
+        self._check_not_scanning()
+        new = list(endpoints)
+        keys: dict[Hashable, Endpoint[Req, Resp]] = {}
+        for ep in new:
+            if not isinstance(ep, Endpoint):
+                raise InvalidInput(f"endpoints must be Endpoint objects, got {type(ep).__name__}")
+            if ep._key in keys:
+                raise DuplicateIdentity(ep._key, "the new endpoint list")
+            if ep._owner is not None and ep._owner is not self:
+                raise InvalidInput(f"endpoint {ep._key!r} already belongs to another balance")
+            keys[ep._key] = ep
+        self._edits += 1
+        kept = {id(ep) for ep in new if ep._owner is self}
+        for ep in self._endpoints:
+            if id(ep) not in kept:
+                self._detach(ep)
+        ready: list[Endpoint[Req, Resp]] = []
+        idle: list[Endpoint[Req, Resp]] = []
+        for index, ep in enumerate(new):
+            if ep._owner is not self:
+                self._attach_state(ep)
+            ep._index = index
+            ep._listed = ep._state is READY
+            if ep._listed:
+                ready.append(ep)
+            elif ep._state is IDLE:
+                ep._slot = len(idle)
+                idle.append(ep)
+        self._endpoints = new
+        self._by_key = keys
+        self._ready = ready
+        self._idle = idle
+        self._consumed.clear()
+        self.wake()
+
+    def splice(
+        self,
+        removed: Iterable[Hashable] = (),
+        replaced: Iterable[tuple[Hashable, Endpoint[Req, Resp]]] = (),
+        appended: Iterable[Endpoint[Req, Resp]] = (),
+    ) -> None:
+        """Atomically edit the endpoint list in place: remove, replace, append.
+
+        Every target is a key or an index (looked up like :meth:`remove`)
+        naming an endpoint *before* the splice. ``removed`` endpoints leave;
+        each ``(target, endpoint)`` of ``replaced`` puts a new endpoint at its
+        target's position; ``appended`` endpoints go to the end, in order. The
+        result is exactly what :meth:`replace_endpoints` would give for the
+        list "current order minus removed, replacements in place, plus
+        appended": endpoints that stay keep all their state and their
+        relative order, new ones enter IDLE, the ones that leave are detached
+        (a reservation is released; guards of calls already dispatched are
+        untouched; services are not closed).
+
+        Everything is validated first, and on error nothing changed:
+        :class:`~poise.InvalidInput` for an unknown target, a target named
+        twice, a non-endpoint, or an endpoint that already belongs to a
+        balance (this one included: use :meth:`replace_endpoints` to reorder);
+        :class:`~poise.DuplicateIdentity` when a new key is taken by an
+        endpoint that stays or by another new endpoint. A
+        ``release_reservation()`` hook that raises is logged; the splice stands.
+
+        Cost: O(changes) in Python, no per-endpoint work for the endpoints
+        that stay, except that a removal before the end renumbers the
+        endpoints after it and copies the endpoint and ready lists once, in C.
+        """
+        self._check_not_scanning()
+        if isinstance(removed, str | bytes):
+            raise InvalidInput("removed must be a collection of keys or indices, not one string")
+        by_key = self._by_key
+        # -- validate: nothing below this block may raise before the commit --
+        leaving: dict[int, Endpoint[Req, Resp]] = {}
+        gone: list[Endpoint[Req, Resp]] = []
+        for target in removed:
+            ep = self._lookup(target)
+            if id(ep) in leaving:
+                raise InvalidInput(f"splice names endpoint {ep._key!r} twice")
+            leaving[id(ep)] = ep
+            gone.append(ep)
+        swaps: list[tuple[Endpoint[Req, Resp], Endpoint[Req, Resp]]] = []
+        for pair in replaced:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise InvalidInput(
+                    f"replaced must hold (key or index, endpoint) pairs, got {type(pair).__name__}"
+                )
+            target, new = pair
+            ep = self._lookup(target)
+            if id(ep) in leaving:
+                raise InvalidInput(f"splice names endpoint {ep._key!r} twice")
+            leaving[id(ep)] = ep
+            swaps.append((ep, new))
+        added = list(appended)
+        incoming = [new for _, new in swaps]
+        incoming += added
+        arriving: set[Hashable] = set()
+        for new in incoming:
+            if not isinstance(new, Endpoint):
+                raise InvalidInput(f"endpoints must be Endpoint objects, got {type(new).__name__}")
+            key = new._key
+            holder = by_key.get(key)
+            if key in arriving or (holder is not None and id(holder) not in leaving):
+                raise DuplicateIdentity(key, "balance")
+            if new._owner is not None:
+                where = "this balance" if new._owner is self else "another balance"
+                raise InvalidInput(f"endpoint {key!r} already belongs to {where}")
+            arriving.add(key)
+        if not leaving and not added:
+            return
+        # -- commit ------------------------------------------------------------
+        self._edits += 1
+        endpoints = self._endpoints
+        ready = self._ready
+        consumed = self._consumed
+        slack = len(endpoints) - len(ready)
+        releases: list[Endpoint[Req, Resp]] = []
+        unlisted: list[int] = []
+        for ep in gone:
+            if ep._listed:
+                unlisted.append(self._ready_position(ep, slack))
+                ep._listed = False
+            self._vacate(ep, releases)
+            del by_key[ep._key]
+        for old, new in swaps:
+            index = old._index
+            self._vacate(old, releases)
+            del by_key[old._key]
+            endpoints[index] = new
+            self._attach(new, index)
+            if old._listed:
+                # The new generation takes its predecessor's place in the
+                # ready list, as a consumed endpoint keeps its own: when the
+                # next scan finds it ready it is already in order, and if
+                # not, _flush() drops it before any pick.
+                ready[self._ready_position(old, slack)] = new
+                old._listed = False
+                new._listed = True
+                consumed.append(new)
+        for _, new in swaps:
+            by_key[new._key] = new
+        if unlisted:
+            self._ready = _without(ready, unlisted)
+        if gone:
+            positions = [ep._index for ep in gone]
+            endpoints = self._endpoints = _without(endpoints, positions)
+            first = min(positions)
+            # Renumber the endpoints behind the first removal, in C.
+            _consume(map(_set_attr, islice(endpoints, first, None), _INDEX, count(first)))
+        for ep in leaving.values():
+            ep._owner = None
+            ep._index = -1
+            ep._slot = -1
+        for new in added:
+            self._attach(new, len(endpoints))
+            endpoints.append(new)
+            by_key[new._key] = new
+        if len(consumed) > 2 * len(endpoints) + 64:
+            # Departed endpoints linger in _consumed until the next scan;
+            # applications without scans in between must not pile them up.
+            consumed[:] = [ep for ep in consumed if ep._listed and ep._owner is self]
+        self.wake()
+        for ep in releases:
+            try:
+                release_reservation(ep._service)
+            except Exception:
+                logger.exception("releasing the reservation of endpoint %r failed", ep._key)
+
+    def _ready_position(self, ep: Endpoint[Req, Resp], slack: int) -> int:
+        """Where a listed endpoint sits in _ready. O(log(slack)).
+
+        _ready is an ordered subsequence of the endpoints, so an endpoint at
+        index i sits at a position in [i - slack, i], where slack is the
+        number of endpoints that are not listed.
+        """
+        ready = self._ready
+        index = ep._index
+        lo = index - slack if index > slack else 0
+        hi = index + 1 if index < len(ready) else len(ready)
+        at = bisect_left(ready, index, lo, hi, key=_by_index)
+        if at < len(ready) and ready[at] is ep:
+            return at
+        return ready.index(ep)  # pragma: no cover - _ready is always in order
+
+    def _vacate(self, ep: Endpoint[Req, Resp], releases: list[Endpoint[Req, Resp]]) -> None:
+        """Take a departing endpoint out of the readiness lists (not _ready)."""
+        state = ep._state
+        if state is READY:
+            ep._state = IDLE
+            releases.append(ep)
+        elif state is IDLE:
+            self._take_idle(ep)
+
+    def endpoint_mut(self, index_or_key: Hashable) -> Endpoint[Req, Resp]:
+        """The endpoint, for editing its service in place; drops its reservation.
+
+        A READY endpoint becomes IDLE and its service's
+        ``release_reservation()`` hook (if any) is called, so the next scan
+        polls the edited service afresh. FAILED stays FAILED until reset.
+        """
+        ep = self._lookup(index_or_key)
+        self._invalidate(ep)
+        self.wake()
+        return ep
+
+    def reset(self, index_or_key: Hashable) -> None:
+        """Bring a FAILED endpoint back to IDLE (no-op for other states)."""
+        ep = self._lookup(index_or_key)
+        if ep._state is FAILED:
+            self._reset(ep)
+            self.wake()
+
+    def reset_all(self) -> int:
+        """Bring every FAILED endpoint back to IDLE; return how many."""
+        count = 0
+        for ep in self._endpoints:
+            if ep._state is FAILED:
+                self._reset(ep)
+                count += 1
+        if count:
+            self.wake()
+        return count
+
+    # -- internals -----------------------------------------------------------
+
+    def _lookup(self, index_or_key: Hashable) -> Endpoint[Req, Resp]:
+        try:
+            ep = self._by_key.get(index_or_key)
+        except TypeError:
+            raise InvalidInput(
+                f"endpoint keys are hashable; got {type(index_or_key).__name__}"
+            ) from None
+        if ep is not None:
+            return ep
+        if (
+            isinstance(index_or_key, int)
+            and not isinstance(index_or_key, bool)
+            and 0 <= index_or_key < len(self._endpoints)
+        ):
+            return self._endpoints[index_or_key]
+        raise InvalidInput(f"no endpoint with key or index {index_or_key!r}")
+
+    def _check_not_scanning(self) -> None:
+        if self._scanning:
+            raise RuntimeError("endpoint membership cannot change during a readiness scan")
+
+    def _attach(self, ep: Endpoint[Req, Resp], index: int) -> None:
+        self._attach_state(ep)
+        ep._index = index
+        ep._slot = len(self._idle)
+        self._idle.append(ep)
+
+    def _attach_state(self, ep: Endpoint[Req, Resp]) -> None:
+        ep._owner = self
+        ep._state = IDLE
+        ep._error = None
+        ep._listed = False
+
+    def _detach(self, ep: Endpoint[Req, Resp]) -> None:
+        state = ep._state
+        self._unlist(ep)
+        if state is READY:
+            ep._state = IDLE
+        elif state is IDLE:
+            self._take_idle(ep)
+        ep._owner = None
+        ep._index = -1
+        ep._slot = -1
+        if state is READY:
+            release_reservation(ep._service)
+
+    def _unlist(self, ep: Endpoint[Req, Resp]) -> None:
+        if ep._listed:
+            ep._listed = False
+            self._ready.remove(ep)
+
+    def _flush(self) -> None:
+        """Drop consumed endpoints that did not become READY again from _ready."""
+        dropped: list[Endpoint[Req, Resp]] | None = None
+        for ep in self._consumed:
+            if ep._listed and ep._state is not READY and ep._owner is self:
+                ep._listed = False
+                if dropped is None:
+                    dropped = []
+                dropped.append(ep)
+        self._consumed.clear()
+        if dropped is not None:
+            ready = self._ready
+            if len(dropped) <= _FEW:
+                for ep in dropped:
+                    ready.remove(ep)
+            else:
+                # Many at once (replacements spliced in that did not become
+                # ready): find them by bisection and copy the list once.
+                slack = len(self._endpoints) - len(ready)
+                at = [self._ready_position(ep, slack) for ep in dropped]
+                self._ready = _without(ready, at)
+
+    def _take_idle(self, ep: Endpoint[Req, Resp]) -> None:
+        idle = self._idle
+        slot = ep._slot
+        last = idle.pop()
+        if last is not ep:
+            idle[slot] = last
+            last._slot = slot
+        ep._slot = -1
+
+    def _invalidate(self, ep: Endpoint[Req, Resp]) -> None:
+        if ep._state is READY:
+            self._unlist(ep)
+            ep._state = IDLE
+            ep._slot = len(self._idle)
+            self._idle.append(ep)
+            release_reservation(ep._service)
+
+    def _reset(self, ep: Endpoint[Req, Resp]) -> None:
+        ep._state = IDLE
+        ep._error = None
+        ep._slot = len(self._idle)
+        self._idle.append(ep)
+
+    def _eligibility_changed(self, ep: Endpoint[Req, Resp]) -> None:
+        if not ep._eligible:
+            self._invalidate(ep)
+        self.wake()
+
+
+def _without(items: list[_T], positions: list[int]) -> list[_T]:
+    """``items`` without the entries at ``positions`` (distinct, any order).
+
+    A few deletions edit the list in place; more rebuild it from slices, one
+    C-level copy instead of one memmove per deletion.
+    """
+    positions.sort()
+    if len(positions) <= _FEW:
+        for at in reversed(positions):
+            del items[at]
+        return items
+    kept: list[_T] = []
+    start = 0
+    for at in positions:
+        kept += items[start:at]
+        start = at + 1
+    kept += items[start:]
+    return kept
+
+
+def _bad_pick(policy: object, index: object, n: int) -> SelectionError:
+    if type(index) is not int:
+        return SelectionError(
+            f"policy {type(policy).__name__} returned a {type(index).__name__} "
+            f"({index!r}) where an int index into {n} ready endpoints was expected"
+        )
+    return SelectionError(
+        f"policy {type(policy).__name__} picked index {index!r} of {n} ready endpoints"
+    )
+
+
+def _endpoint_error(key: Hashable, index: int, exc: Exception) -> EndpointError:
+    return EndpointError(
+        f"call to endpoint {key!r} at index {index} failed with {type(exc).__name__}",
+        index=index,
+        key=key,
+    )

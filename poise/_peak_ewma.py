@@ -1,0 +1,347 @@
+"""A latency-aware load tracker: peak-sensitive EWMA of the round-trip time.
+
+:class:`PeakEwma` is the load metric of the Finagle / Tower / Linkerd
+balancer. It keeps one number per endpoint, an estimate of the round-trip
+time (RTT), and reports a cost that grows with both that estimate and the
+calls in flight::
+
+    cost(now) = max(estimate, age of the oldest call in flight) x (in_flight + 1)
+                [x slow-start multiplier]
+
+The estimate moves only when a call ends (``guard.complete``), by the *peak*
+rule::
+
+    observation rtt > estimate   estimate = rtt                  (jump up at once)
+    otherwise                    w = exp(-elapsed / decay)
+                                 estimate = estimate*w + rtt*(1-w)   (recover slowly)
+
+``elapsed`` is the time since the estimate was last updated (or since the
+tracker was first used, for the first observation). A latency spike is
+believed at once; recovery takes about ``decay`` seconds of evidence.
+
+The age floor (``age_floor=True``, the default)
+    A call that has been in flight for ``a`` seconds proves the endpoint's
+    RTT is at least ``a`` *now*, before the call ends. Without this bound an
+    endpoint that stops answering (a black hole) never produces a slow
+    observation, and its cost grows only with its in-flight count, so it
+    keeps receiving traffic; an endpoint without history would likewise look
+    like ``default_rtt`` however long its first calls take. The floor only
+    raises the cost while such a call is outstanding; the estimate itself
+    still moves only on completions. ``age_floor=False`` gives the classic
+    Finagle/Tower metric.
+
+Endpoints without history
+    The estimate starts at ``default_rtt`` (30 ms, as in Linkerd), so a new
+    endpoint is neither flooded (as a zero estimate would be) nor starved (as a
+    huge one would be): it takes its share until its own calls say otherwise.
+
+Failures
+    A failed call (``complete(now, failed=True)``) counts as an observation of
+    ``max(rtt, failure_penalty)``: an endpoint that fails fast must not look
+    fast. ``failure_penalty=0`` measures failures like successes.
+
+Slow start (off by default)
+    With ``slow_start=W`` seconds the cost is multiplied by a factor that
+    starts at ``slow_start_scale`` and falls linearly to 1 over the first
+    ``W`` seconds after the tracker's first use (the first ``now`` it sees), so
+    a freshly added endpoint (cold caches, JIT, connection pools) is ramped up
+    instead of taking a full share at once.
+
+Cancellation
+    ``guard.cancel(now)`` ends the call without an observation: a call the
+    caller abandoned says nothing about the endpoint's speed.
+
+Guard lifecycle::
+
+    tracker.start(now) ──► guard               in_flight += 1
+    guard.complete(now[, failed])  ─┐ first:   in_flight -= 1, observe RTT
+    guard.cancel(now)              ─┘ first:   in_flight -= 1, no observation
+                                      later:   no-op
+
+Time is always passed in (seconds on the event-loop clock); the tracker never
+reads a clock. ``load`` is a pure function of the state and ``now`` (it only
+records the first ``now`` it sees, for slow start). Reading the load does not
+decay the estimate: the estimate changes only with evidence, so the cost
+does not depend on how often a policy happens to look.
+
+Cost: ``start`` allocates one small guard and one dict entry; ``load``,
+``complete`` and ``cancel`` are O(1) (one ``exp`` per observation).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ._errors import InvalidInput
+
+__all__ = ["PeakEwma", "PeakEwmaGuard"]
+
+# The estimate never reaches zero: a zero estimate would make the cost ignore
+# the calls in flight and pull every request to one endpoint.
+_MIN_ESTIMATE = 1e-6
+_exp = math.exp
+
+
+def _positive(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"PeakEwma {name} must be a number of seconds, got {value!r}")
+    value = float(value)
+    if not (math.isfinite(value) and value > 0.0):
+        raise InvalidInput(f"PeakEwma {name} must be finite and > 0, got {value!r}")
+    return value
+
+
+def _non_negative(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"PeakEwma {name} must be a number, got {value!r}")
+    value = float(value)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise InvalidInput(f"PeakEwma {name} must be finite and >= 0, got {value!r}")
+    return value
+
+
+def _time(what: str, now: float) -> float:
+    # `now - now == 0.0` is False exactly for NaN and the infinities, and is
+    # cheaper than a call on the hot path.
+    if now - now != 0.0:
+        raise InvalidInput(f"{what}: now must be a finite time, got {now!r}")
+    return now
+
+
+class PeakEwma:
+    """Peak-sensitive EWMA of the RTT times the calls in flight (lower is better).
+
+    ``default_rtt`` (seconds, default 0.030) is the estimate before the first
+    observation; ``decay`` (seconds, default 10.0) is the time constant with
+    which the estimate recovers after a peak. ``failure_penalty`` (seconds,
+    default 1.0) is the least RTT a failed call counts as. ``slow_start``
+    (seconds, default 0 = off) is the ramp-up window for a new endpoint and
+    ``slow_start_scale`` (default 10.0) the cost multiplier at its start.
+    ``age_floor`` (default True) lets the age of the oldest call in flight
+    raise the estimate while that call lasts (see the module docs).
+    Every parameter is checked here; a bad one raises :class:`InvalidInput`.
+    """
+
+    __slots__ = (
+        "_age_floor",
+        "_decay",
+        "_default_rtt",
+        "_epoch",
+        "_estimate",
+        "_failure_penalty",
+        "_observations",
+        "_oldest",
+        "_outstanding",
+        "_slow_start",
+        "_slow_start_scale",
+        "_updated_at",
+    )
+
+    def __init__(
+        self,
+        default_rtt: float = 0.030,
+        decay: float = 10.0,
+        *,
+        failure_penalty: float = 1.0,
+        slow_start: float = 0.0,
+        slow_start_scale: float = 10.0,
+        age_floor: bool = True,
+    ) -> None:
+        self._default_rtt = _positive("default_rtt", default_rtt)
+        self._decay = _positive("decay", decay)
+        self._failure_penalty = _non_negative("failure_penalty", failure_penalty)
+        self._slow_start = _non_negative("slow_start", slow_start)
+        self._slow_start_scale = _positive("slow_start_scale", slow_start_scale)
+        if self._slow_start_scale < 1.0:
+            raise InvalidInput(
+                f"PeakEwma slow_start_scale must be >= 1 (a cost multiplier), "
+                f"got {slow_start_scale!r}"
+            )
+        if not isinstance(age_floor, bool):
+            raise InvalidInput(f"PeakEwma age_floor must be a bool, got {age_floor!r}")
+        self._age_floor = age_floor
+        self._estimate = self._default_rtt
+        # Calls in flight, in start order, with their start times; the first
+        # entry is the oldest (calls start in time order on one clock).
+        self._outstanding: dict[PeakEwmaGuard, float] = {}
+        self._oldest: float | None = None
+        self._observations = 0
+        self._epoch: float | None = None
+        self._updated_at = 0.0
+
+    # -- read-only view -------------------------------------------------------
+
+    @property
+    def default_rtt(self) -> float:
+        return self._default_rtt
+
+    @property
+    def decay(self) -> float:
+        return self._decay
+
+    @property
+    def failure_penalty(self) -> float:
+        return self._failure_penalty
+
+    @property
+    def slow_start(self) -> float:
+        return self._slow_start
+
+    @property
+    def slow_start_scale(self) -> float:
+        return self._slow_start_scale
+
+    @property
+    def age_floor(self) -> bool:
+        return self._age_floor
+
+    @property
+    def in_flight(self) -> int:
+        """Calls started and not yet completed or cancelled."""
+        return len(self._outstanding)
+
+    @property
+    def rtt_estimate(self) -> float:
+        """The current RTT estimate in seconds (``default_rtt`` before any evidence)."""
+        return self._estimate
+
+    @property
+    def observations(self) -> int:
+        """How many completed calls (successful or failed) have been observed."""
+        return self._observations
+
+    # -- the LoadTracker protocol ----------------------------------------------
+
+    def load(self, now: float) -> float:
+        """``max(estimate, oldest call's age) x (in_flight + 1)`` x slow-start multiplier.
+
+        O(1), no allocation. The first call records ``now`` as the start of the
+        slow-start window.
+        """
+        if now - now != 0.0:
+            _time("PeakEwma.load", now)
+        epoch = self._epoch
+        if epoch is None:
+            epoch = self._first_use(now)
+        estimate = self._estimate
+        oldest = self._oldest
+        if oldest is not None and self._age_floor and now - oldest > estimate:
+            estimate = now - oldest
+        cost = estimate * (len(self._outstanding) + 1)
+        if self._slow_start > 0.0:
+            age = now - epoch
+            if age < self._slow_start:
+                remaining = 1.0 - max(age, 0.0) / self._slow_start
+                cost *= 1.0 + (self._slow_start_scale - 1.0) * remaining
+        return cost
+
+    def start(self, now: float) -> PeakEwmaGuard:
+        """Count one dispatched call and return the guard that will end it."""
+        if now - now != 0.0:
+            _time("PeakEwma.start", now)
+        if self._epoch is None:
+            self._first_use(now)
+        guard = PeakEwmaGuard(self, now)
+        outstanding = self._outstanding
+        if not outstanding:
+            self._oldest = now
+        outstanding[guard] = now
+        return guard
+
+    # -- internals ------------------------------------------------------------
+
+    def _first_use(self, now: float) -> float:
+        self._epoch = now
+        self._updated_at = now
+        return now
+
+    def _end(self, guard: PeakEwmaGuard) -> None:
+        outstanding = self._outstanding
+        started = outstanding.pop(guard)
+        if not outstanding:
+            self._oldest = None
+        elif started == self._oldest:
+            self._oldest = next(iter(outstanding.values()))
+
+    def __repr__(self) -> str:
+        return (
+            f"<PeakEwma rtt_estimate={self._estimate * 1e3:.3f}ms "
+            f"in_flight={len(self._outstanding)} observations={self._observations} "
+            f"decay={self._decay}s>"
+        )
+
+
+class PeakEwmaGuard:
+    """The guard of one call measured by a :class:`PeakEwma` tracker.
+
+    The first of ``complete`` / ``cancel`` counts; any later call is a no-op.
+    A ``now`` that is not finite, or earlier than the call's start (a negative
+    RTT), raises :class:`InvalidInput` and leaves the guard open.
+    """
+
+    __slots__ = ("_started_at", "_tracker")
+
+    def __init__(self, tracker: PeakEwma, started_at: float) -> None:
+        self._tracker: PeakEwma | None = tracker
+        self._started_at = started_at
+
+    @property
+    def ended(self) -> bool:
+        return self._tracker is None
+
+    @property
+    def started_at(self) -> float:
+        return self._started_at
+
+    def complete(self, now: float, *, failed: bool = False) -> None:
+        tracker = self._tracker
+        if tracker is None:
+            return
+        if now - now != 0.0:
+            _time("PeakEwmaGuard.complete", now)
+        rtt = now - self._started_at
+        if rtt < 0.0:
+            raise InvalidInput(
+                f"PeakEwmaGuard.complete: now={now!r} is before the call started "
+                f"at {self._started_at!r} (negative RTT)"
+            )
+        self._tracker = None
+        # Written out inline (no helper calls): this runs once per call.
+        outstanding = tracker._outstanding
+        started = outstanding.pop(self)
+        if not outstanding:
+            tracker._oldest = None
+        elif started == tracker._oldest:
+            tracker._oldest = next(iter(outstanding.values()))
+        if failed and rtt < tracker._failure_penalty:
+            rtt = tracker._failure_penalty
+        estimate = tracker._estimate
+        updated_at = tracker._updated_at
+        if rtt > estimate:
+            estimate = rtt
+        else:
+            # Completions may be reported slightly out of order; a negative
+            # gap counts as no time at all (the prior keeps its full weight).
+            elapsed = now - updated_at
+            if elapsed > 0.0:
+                weight = _exp(-elapsed / tracker._decay)
+                estimate = estimate * weight + rtt * (1.0 - weight)
+            if estimate < _MIN_ESTIMATE:
+                estimate = _MIN_ESTIMATE
+        tracker._estimate = estimate
+        if now > updated_at:
+            tracker._updated_at = now
+        tracker._observations += 1
+
+    def cancel(self, now: float) -> None:
+        tracker = self._tracker
+        if tracker is None:
+            return
+        if now - now != 0.0:
+            _time("PeakEwmaGuard.cancel", now)
+        self._tracker = None
+        tracker._end(self)
+
+    def __repr__(self) -> str:
+        state = "ended" if self._tracker is None else "open"
+        return f"<PeakEwmaGuard {state} started_at={self._started_at!r}>"

@@ -1,0 +1,215 @@
+"""The HTTP shell: one httpx client per connection, bounded reads, typed failures.
+
+Every request reads its body through a byte budget (``max_response_bytes``)
+before anything decodes it: a ``Content-Length`` above the budget is refused
+before reading, a body that grows past it is abandoned at the budget, so a
+misbehaving server cannot make us hold more than the budget in memory.
+
+Failure translation (reads / writes)::
+
+    403 (plain text "Permission denied", "ACL not found")  IdentityRevoked
+    connect/read/timeout/truncated body                    IncompleteSnapshot / OutcomeUnknown
+    5xx, 429, other non-2xx                                IncompleteSnapshot / OutcomeUnknown
+    400 on a write                                         RegistrationRejected
+    body over budget                                       CapacityRejected
+
+The ACL token travels in the ``X-Consul-Token`` header only and is never part
+of a message.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import anyio
+import httpx
+
+from nadisc import (
+    CapacityRejected,
+    ConfigError,
+    IdentityRevoked,
+    IncompleteSnapshot,
+    OutcomeUnknown,
+    ProviderFailure,
+    RegistrationRejected,
+)
+
+from ._settings import ConsulSettings
+
+__all__ = ["ConsulHttp", "ConsulResponse"]
+
+logger = logging.getLogger(__name__)
+
+_TEXT_LIMIT = 200
+
+
+@dataclass(frozen=True, slots=True)
+class ConsulResponse:
+    status: int
+    body: bytes
+    headers: Mapping[str, str]
+
+    def text(self) -> str:
+        return _snippet(self.body)
+
+
+def _snippet(body: bytes) -> str:
+    text = body[:_TEXT_LIMIT].decode("utf-8", "replace").strip()
+    return " ".join(text.split())
+
+
+class ConsulHttp:
+    """Moves bytes to and from one Consul agent. No decisions beyond status mapping."""
+
+    def __init__(
+        self,
+        settings: ConsulSettings,
+        *,
+        max_response_bytes: int,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._base = settings.base_url
+        self._max_bytes = max_response_bytes
+        headers = {"User-Agent": "nadisc-consul", "Accept": "application/json"}
+        if settings.token is not None:
+            headers["X-Consul-Token"] = settings.token.get_secret_value()
+        verify: ssl.SSLContext | bool = True
+        if settings.ca_file is not None:
+            try:
+                verify = ssl.create_default_context(cafile=settings.ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError("consul.ca_file", f"cannot load CA bundle: {exc}") from exc
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            verify=verify,
+            transport=transport,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+            follow_redirects=False,
+            trust_env=False,
+        )
+        self._closed = False
+
+    @property
+    def max_response_bytes(self) -> int:
+        return self._max_bytes
+
+    async def get(
+        self, path: str, params: Mapping[str, str] | None, *, budget: float, what: str
+    ) -> ConsulResponse:
+        """A read: 200 returns, everything else raises a typed failure."""
+        response = await self._send("GET", path, params, None, budget=budget, what=what)
+        if response.status == 200:
+            return response
+        raise self._read_failure(response, what)
+
+    async def get_any(
+        self, path: str, params: Mapping[str, str] | None, *, budget: float, what: str
+    ) -> ConsulResponse:
+        """A read whose non-200 statuses carry meaning (403 still raises)."""
+        response = await self._send("GET", path, params, None, budget=budget, what=what)
+        if response.status == 403:
+            raise self._read_failure(response, what)
+        return response
+
+    async def put(
+        self,
+        path: str,
+        body: object | None,
+        *,
+        budget: float,
+        what: str,
+        allow: tuple[int, ...] = (),
+    ) -> ConsulResponse:
+        """A write. 200 (and statuses in ``allow``) return; others raise."""
+        try:
+            response = await self._send("PUT", path, None, body, budget=budget, what=what)
+        except IncompleteSnapshot as exc:
+            raise OutcomeUnknown(f"{what}: {exc}; the write may or may not have applied") from exc
+        if response.status == 200 or response.status in allow:
+            return response
+        if response.status == 403:
+            raise IdentityRevoked(f"{what}: denied by Consul (403): {response.text()}")
+        if response.status == 400:
+            raise RegistrationRejected(f"{what}: rejected by Consul (400): {response.text()}")
+        raise OutcomeUnknown(
+            f"{what}: Consul answered HTTP {response.status}: {response.text()}; "
+            "the write may or may not have applied"
+        )
+
+    def _read_failure(self, response: ConsulResponse, what: str) -> ProviderFailure:
+        if response.status == 403:
+            return IdentityRevoked(f"{what}: denied by Consul (403): {response.text()}")
+        return IncompleteSnapshot(
+            f"{what}: Consul answered HTTP {response.status}: {response.text()}"
+        )
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        body: object | None,
+        *,
+        budget: float,
+        what: str,
+    ) -> ConsulResponse:
+        if self._closed:
+            raise IncompleteSnapshot(f"{what}: the connection is closed")
+        url = self._base + path
+        # httpx enforces the socket-level timeouts; the outer scope also bounds
+        # transports without sockets and the whole read (a slow trickle).
+        http_timeout = httpx.Timeout(budget, connect=min(budget, 10.0))
+        logger.debug("consul %s %s", method, path)
+        try:
+            with anyio.fail_after(budget):
+                async with self._client.stream(
+                    method, url, params=params, json=body, timeout=http_timeout
+                ) as response:
+                    content = await self._read_bounded(response, what)
+                    return ConsulResponse(response.status_code, content, response.headers)
+        except TimeoutError as exc:
+            raise IncompleteSnapshot(f"{what}: no complete answer within {budget:.1f}s") from exc
+        except httpx.TimeoutException as exc:
+            raise IncompleteSnapshot(f"{what}: timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise IncompleteSnapshot(
+                f"{what}: transport failed ({type(exc).__name__}: {exc})"
+            ) from exc
+        except httpx.HTTPError as exc:  # decoding errors of a compressed body
+            raise IncompleteSnapshot(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    async def _read_bounded(self, response: httpx.Response, what: str) -> bytes:
+        limit = self._max_bytes
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise CapacityRejected(
+                f"{what}: response of {declared} bytes exceeds max_response_bytes={limit}"
+            )
+        chunks: list[bytes] = []
+        total = 0
+        # Close the byte iterator explicitly when we stop early, rather than
+        # leaving an unfinished async generator to the garbage collector.
+        body = response.aiter_bytes()
+        try:
+            async for chunk in body:
+                total += len(chunk)
+                if total > limit:
+                    raise CapacityRejected(
+                        f"{what}: response body exceeds max_response_bytes={limit}"
+                    )
+                chunks.append(chunk)
+        finally:
+            close = getattr(body, "aclose", None)
+            if close is not None:
+                await close()
+        return b"".join(chunks)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.move_on_after(5, shield=True):
+            await self._client.aclose()

@@ -1,0 +1,179 @@
+"""Settings of one Consul connection (the ``consul:`` block of a connection).
+
+Frozen, unknown keys refused. Durations are seconds (floats). The ACL token
+is a :class:`pydantic.SecretStr`: it never appears in ``repr``, logs or error
+messages; only the HTTP header carries it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+
+__all__ = ["ConsulSettings", "ServiceBinding"]
+
+_META_KEY = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+#: Consul refuses DeregisterCriticalServiceAfter below one minute.
+MIN_DEREGISTER_AFTER = 60.0
+
+
+class ServiceBinding(BaseModel):
+    """One service alias: the remote Consul service name (default: the alias)
+    and an optional tag filter."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=512)
+    tag: str | None = Field(default=None, min_length=1)
+
+
+class ConsulSettings(BaseModel):
+    """Validated settings of a Consul connection.
+
+    Discovery: ``url``, ``token``, ``ca_file``, ``datacenter``,
+    ``consistency``, ``wait`` (blocking wait per request), ``services``.
+    Registration (the write half): ``enabled``, ``advertised_host``,
+    ``allow_loopback``, ``cluster_id``, ``tags``, ``meta``,
+    ``reregister_interval``, ``health_check_path``, ``health_check_interval``,
+    ``deregister_critical_service_after``. Catalog: ``catalog_wait``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8500")
+    token: SecretStr | None = None
+    #: PEM bundle of the CA that signed the agent's certificate (https only).
+    ca_file: str | None = None
+    datacenter: str | None = Field(default=None, min_length=1)
+    consistency: Literal["default", "stale", "consistent"] = "default"
+    #: Blocking wait sent as ``wait=``; Consul caps it at 10 minutes.
+    wait: float = Field(default=30.0, gt=0, le=600)
+    #: Instance identity: ``service`` = Service.ID (Consul's own key on one
+    #: agent); ``node`` = ``<node>/<Service.ID>`` for fleets that reuse IDs
+    #: across nodes (Consul's default ID is the service name).
+    identity_scope: Literal["service", "node"] = "service"
+    services: dict[str, ServiceBinding] = Field(default_factory=dict)
+    #: Re-issue rate limit of blocking loops (requests per second, burst).
+    watch_rate: float = Field(default=2.0, gt=0, le=1000)
+    watch_burst: int = Field(default=5, ge=1, le=1000)
+    #: Retry backoff after failures (seconds).
+    initial_backoff: float = Field(default=1.0, gt=0, le=3600)
+    max_backoff: float = Field(default=30.0, gt=0, le=3600)
+
+    # -- registration (Fluens options) ---------------------------------
+    enabled: bool = True
+    #: Advertise this host instead of the one the registration record carries.
+    advertised_host: str | None = Field(default=None, min_length=1)
+    #: Local development only: allow advertising loopback, and rewrite
+    #: wildcard binds (0.0.0.0, ::, *) to ``localhost``.
+    allow_loopback: bool = False
+    cluster_id: str | None = Field(default=None, min_length=1, max_length=512)
+    tags: tuple[str, ...] = ()
+    meta: dict[str, str] = Field(default_factory=dict)
+    reregister_interval: float = Field(default=30.0, gt=0, le=86400)
+    health_check_path: str | None = None
+    health_check_interval: float = Field(default=10.0, gt=0, le=86400)
+    deregister_critical_service_after: float = Field(
+        default=MIN_DEREGISTER_AFTER, ge=MIN_DEREGISTER_AFTER, le=86400 * 7
+    )
+    #: Blocking wait of the catalog's two queries.
+    catalog_wait: float = Field(default=300.0, gt=0, le=600)
+    #: Parallel per-service reads during a catalog rebuild.
+    catalog_parallelism: int = Field(default=8, ge=1, le=256)
+
+    @field_validator("services", mode="before")
+    @classmethod
+    def _name_defaults_to_alias(cls, value: object) -> object:
+        if isinstance(value, dict):
+            return {
+                alias: {"name": alias, **item}
+                if isinstance(item, dict) and "name" not in item
+                else item
+                for alias, item in value.items()
+            }
+        return value
+
+    @field_validator("services")
+    @classmethod
+    def _one_binding_per_remote_name(
+        cls, value: dict[str, ServiceBinding]
+    ) -> dict[str, ServiceBinding]:
+        # The owner asks the provider for a service by its *remote* name, so
+        # a remote name must lead back to one tag, and an alias must not be
+        # another binding's remote name (it would be read as that one).
+        first: dict[str, tuple[str, str | None]] = {}
+        for alias, binding in value.items():
+            seen = first.setdefault(binding.name, (alias, binding.tag))
+            if seen[1] != binding.tag:
+                raise ValueError(
+                    f"aliases {seen[0]!r} and {alias!r} bind the remote service "
+                    f"{binding.name!r} with different tags; services are observed by remote "
+                    "name, so give each remote name one tag"
+                )
+        for alias, binding in value.items():
+            owner = first.get(alias)
+            if owner is not None and binding.name != alias:
+                raise ValueError(
+                    f"alias {alias!r} is also the remote name bound by alias {owner[0]!r}; "
+                    "rename one of them"
+                )
+        return value
+
+    @field_validator("health_check_path")
+    @classmethod
+    def _path_is_absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("health_check_path must start with '/'")
+        return value
+
+    @field_validator("meta")
+    @classmethod
+    def _meta_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            if not _META_KEY.match(key):
+                raise ValueError(
+                    f"meta key {key!r}: Consul allows only letters, digits, '-' and '_' "
+                    "(no '.'), at most 128 characters"
+                )
+            if key.startswith("consul-"):
+                raise ValueError(f"meta key {key!r}: the 'consul-' prefix is reserved")
+            if len(item) > 512:
+                raise ValueError(f"meta value of {key!r} exceeds 512 characters")
+        if len(value) > 64:
+            raise ValueError("Consul allows at most 64 meta pairs")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> ConsulSettings:
+        if self.url.scheme != "https" and self.ca_file is not None:
+            raise ValueError("ca_file is only meaningful with an https url")
+        if self.initial_backoff > self.max_backoff:
+            raise ValueError("initial_backoff must not exceed max_backoff")
+        return self
+
+    def binding(self, service: str) -> ServiceBinding:
+        """The binding for ``service``: the binding whose remote name it is
+        (the owner asks by remote name; validation keeps that to one tag),
+        else an alias key, else the name itself without a tag."""
+        for binding in self.services.values():
+            if binding.name == service:
+                return binding
+        bound = self.services.get(service)
+        if bound is not None:
+            return bound
+        return ServiceBinding(name=service)
+
+    @property
+    def base_url(self) -> str:
+        return str(self.url).rstrip("/")

@@ -1,0 +1,648 @@
+"""A small client for etcd's v3 JSON gateway over httpx.
+
+Every call is one ``POST /v3/...`` bounded twice: in time by
+``min(deadline, now + request_timeout)`` (an anyio cancel scope, so a
+stopped server cannot hold a caller), and in bytes by ``max_response_bytes``
+(the body is read in chunks and refused once it passes the limit, before any
+decoding). Watches are long POSTs whose newline-delimited results are parsed
+incrementally with the same bound on every line.
+
+Failures leave this module as nadisc's typed outcomes, with the httpx,
+JSON or pydantic error chained as ``__cause__``:
+
+====================================  =====================  ===================
+what happened                          reads                  writes
+====================================  =====================  ===================
+no endpoint accepted a connection     IncompleteSnapshot     IncompleteSnapshot
+transport error, timeout, truncation  IncompleteSnapshot     OutcomeUnknown
+undecodable body                      IncompleteSnapshot     OutcomeUnknown
+body over ``max_response_bytes``      CapacityRejected       CapacityRejected
+permission denied / bad credentials   IdentityRevoked        IdentityRevoked
+server "unavailable"/"timed out"      IncompleteSnapshot     OutcomeUnknown
+lease not found                       IncompleteSnapshot     LeaseLost
+any other server refusal              IncompleteSnapshot     RegistrationRejected
+====================================  =====================  ===================
+
+Authentication: with a username, the client authenticates once
+(``/v3/auth/authenticate``) and sends the token as ``Authorization: <token>``
+(no ``Bearer``). When the server says the token is invalid or was minted
+before an auth-store change, the token is refreshed once (one refresh shared
+by concurrent callers) and the call repeated; a second refusal is reported.
+Messages name the endpoint, the path and the server's own message, never
+the token or the password.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+import anyio
+import httpx
+import pydantic
+
+from nadisc import (
+    CapacityRejected,
+    DeadlineExceeded,
+    IdentityRevoked,
+    IncompleteSnapshot,
+    LeaseLost,
+    OutcomeUnknown,
+    ProviderFailure,
+    RegistrationRejected,
+)
+
+from ._settings import EtcdSettings
+from ._wire import (
+    AuthenticateResponse,
+    DeleteRangeResponse,
+    ErrorBody,
+    GatewayStatus,
+    LeaseGrantResponse,
+    LeaseKeepAliveLine,
+    LeaseTimeToLiveResponse,
+    PutResponse,
+    RangeResponse,
+    StatusResponse,
+    TxnResponse,
+    WatchLine,
+    WatchResponse,
+    b64,
+)
+
+__all__ = ["EtcdClient", "Kind", "LineBuffer", "WatchStream", "discard"]
+
+logger = logging.getLogger(__name__)
+
+Kind = Literal["read", "write"]
+_M = TypeVar("_M", bound=pydantic.BaseModel)
+
+
+def _transport_failure(kind: Kind, message: str) -> ProviderFailure:
+    return IncompleteSnapshot(message) if kind == "read" else OutcomeUnknown(message)
+
+
+def _server_failure(kind: Kind, where: str, status: GatewayStatus) -> ProviderFailure:
+    text = f"{where}: {status}"
+    if status.permission_denied or status.credentials_missing or status.token_expired:
+        return IdentityRevoked(text)
+    if status.http_status == 413 or status.code == 8:
+        return CapacityRejected(text)
+    if kind == "read":
+        return IncompleteSnapshot(text)
+    if status.lease_not_found:
+        return LeaseLost(text)
+    if status.outcome_unknown:
+        return OutcomeUnknown(text)
+    return RegistrationRejected(text)
+
+
+async def discard(response: httpx.Response, chunks: AsyncIterator[bytes]) -> None:
+    """Abandon a body that is being read: close the connection, then let the
+    body iterator run into the closed connection so every generator in
+    httpx/httpcore's chain finishes now (an abandoned, suspended one would be
+    finalized later by the garbage collector, which trio reports as a
+    resource leak). Shielded and bounded."""
+    with anyio.CancelScope(shield=True) as scope:
+        scope.deadline = anyio.current_time() + 1.0
+        await response.aclose()
+        try:
+            while True:
+                await chunks.__anext__()
+        except Exception:  # the connection was closed on purpose
+            pass
+
+
+class LineBuffer:
+    """Splits a byte stream into newline-delimited lines, each at most ``limit`` bytes.
+
+    ``feed`` raises ``CapacityRejected`` as soon as a line (complete or not)
+    exceeds the limit, so memory stays O(limit).
+    """
+
+    __slots__ = ("_buffer", "_limit")
+
+    def __init__(self, limit: int) -> None:
+        self._buffer = bytearray()
+        self._limit = limit
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self._buffer += chunk
+        lines: list[bytes] = []
+        start = 0
+        while True:
+            end = self._buffer.find(b"\n", start)
+            if end < 0:
+                break
+            if end - start > self._limit:
+                raise CapacityRejected(f"a watch message exceeded max_response_bytes={self._limit}")
+            line = bytes(self._buffer[start:end]).strip()
+            if line:
+                lines.append(line)
+            start = end + 1
+        del self._buffer[:start]
+        if len(self._buffer) > self._limit:
+            raise CapacityRejected(f"a watch message exceeded max_response_bytes={self._limit}")
+        return lines
+
+
+class _Chunk:
+    """Yields one byte string once. A plain iterator object, not an async
+    generator: a send that dies half-way (the server went away while the
+    body was being written) leaves no unfinished generator behind for the
+    garbage collector to complain about."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _Chunk:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data, self._data = self._data, None
+        if data is None:
+            raise StopAsyncIteration
+        return data
+
+
+class _Body(httpx.AsyncByteStream):
+    """A request body of known bytes, iterated by :class:`_Chunk`."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _Chunk(self._data)
+
+
+@dataclass(slots=True)
+class _Counters:
+    requests: int = 0
+    failures: int = 0
+    authentications: int = 0
+
+
+class WatchStream:
+    """One established watch: ``created`` was received. Use within ``EtcdClient.watch``."""
+
+    def __init__(self, where: str, chunks: AsyncIterator[bytes], limit: int) -> None:
+        self._where = where
+        self._chunks = chunks
+        self._lines = LineBuffer(limit)
+        self._pending: list[WatchResponse] = []
+
+    async def next_batch(self) -> list[WatchResponse]:
+        """Every message available now (at least one); waits for the next chunk
+        when none is buffered. Raises ``IncompleteSnapshot`` when the stream ends
+        or breaks, ``CapacityRejected`` for an oversized message."""
+        while not self._pending:
+            try:
+                chunk = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                raise IncompleteSnapshot(f"{self._where}: the watch stream ended") from None
+            except httpx.HTTPError as exc:
+                raise IncompleteSnapshot(f"{self._where}: the watch stream broke: {exc}") from exc
+            self._pending = [self._decode(line) for line in self._lines.feed(chunk)]
+        batch, self._pending = self._pending, []
+        return batch
+
+    def _decode(self, line: bytes) -> WatchResponse:
+        try:
+            message = WatchLine.model_validate_json(line)
+        except pydantic.ValidationError as exc:
+            raise IncompleteSnapshot(f"{self._where}: undecodable watch message") from exc
+        if message.error is not None:
+            raise _server_failure("read", self._where, message.error.status())
+        if message.result is None:
+            raise IncompleteSnapshot(f"{self._where}: watch message without a result")
+        return message.result
+
+    def _push_back(self, messages: list[WatchResponse]) -> None:
+        self._pending = messages + self._pending
+
+
+class EtcdClient:
+    """The v3 gateway calls nadisc_etcd needs; one instance per connection.
+
+    Not a general etcd client: only range, put, delete, a compare-lease
+    delete, leases, watch, status and authenticate.
+    """
+
+    def __init__(
+        self,
+        settings: EtcdSettings,
+        *,
+        request_timeout: float,
+        max_response_bytes: int,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._endpoints = settings.endpoints
+        self._current = 0
+        self._username = settings.username
+        self._password = settings.password
+        self._request_timeout = request_timeout
+        self._max_bytes = max_response_bytes
+        connect = settings.connect_timeout_ms / 1000
+        self._unary_timeout = httpx.Timeout(request_timeout, connect=connect)
+        self._stream_timeout = httpx.Timeout(request_timeout, connect=connect, read=None)
+        self._http = httpx.AsyncClient(
+            transport=transport,
+            timeout=self._unary_timeout,
+            # Every watch holds one connection for its lifetime (the gateway cannot
+            # multiplex watches over HTTP/1.1); the owner bounds how many exist.
+            limits=httpx.Limits(max_connections=1100, max_keepalive_connections=32),
+            trust_env=False,
+        )
+        self._token: str | None = None
+        self._auth_lock = anyio.Lock()
+        self._closed = False
+        self.counters = _Counters()
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint currently used (the last one that accepted a connection)."""
+        return self._endpoints[self._current]
+
+    # ------------------------------------------------------------------ time
+
+    def _bound(self, deadline: float) -> float:
+        if math.isnan(deadline):
+            raise DeadlineExceeded("deadline is not a number")
+        now = anyio.current_time()
+        if deadline <= now:
+            raise DeadlineExceeded("deadline already passed")
+        return min(deadline, now + self._request_timeout)
+
+    # ------------------------------------------------------------- transport
+
+    @asynccontextmanager
+    async def _stream(
+        self,
+        where: str,
+        content: bytes,
+        headers: dict[str, str],
+        *,
+        timeouts: httpx.Timeout | None = None,
+    ) -> AsyncIterator[httpx.Response]:
+        """``POST`` with a streamed response (what ``httpx.AsyncClient.stream``
+        does), sending the body through :class:`_Body`."""
+        request = self._http.build_request(
+            "POST",
+            where,
+            content=content,
+            headers=headers,
+            timeout=timeouts if timeouts is not None else httpx.USE_CLIENT_DEFAULT,
+        )
+        request.stream = _Body(content)
+        response = await self._http.send(request, stream=True)
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+    async def _post(
+        self, path: str, body: object, *, kind: Kind, until: float, auth: bool = True
+    ) -> tuple[int, bytes]:
+        """POST once to the first endpoint that accepts a connection; bounded body."""
+        if self._closed:
+            raise IncompleteSnapshot(f"{path}: not sent, the etcd client is closed")
+        content = json.dumps(body, separators=(",", ":")).encode("utf-8")
+        headers = {"Content-Type": "application/json"}
+        if auth and self._token is not None:
+            headers["Authorization"] = self._token
+        self.counters.requests += 1
+        last_error: Exception | None = None
+        with anyio.CancelScope(deadline=until) as scope:
+            for step in range(len(self._endpoints)):
+                index = (self._current + step) % len(self._endpoints)
+                where = f"{self._endpoints[index]}{path}"
+                try:
+                    async with self._stream(where, content, headers) as response:
+                        self._current = index
+                        data = await self._read_bounded(response, where)
+                        return response.status_code, data
+                except httpx.ConnectError as exc:
+                    last_error = exc
+                    continue
+                except httpx.HTTPError as exc:
+                    self.counters.failures += 1
+                    raise _transport_failure(kind, f"{where}: {type(exc).__name__}: {exc}") from exc
+        self.counters.failures += 1
+        if scope.cancelled_caught:
+            raise _transport_failure(
+                kind, f"{self.endpoint}{path}: no complete answer before the deadline"
+            ) from last_error
+        # Nothing was sent, so even a write is known not to have applied.
+        raise IncompleteSnapshot(
+            f"{path}: not sent, no endpoint accepted a connection: {last_error}"
+        ) from last_error
+
+    async def _read_bounded(self, response: httpx.Response, where: str) -> bytes:
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._max_bytes:
+            raise CapacityRejected(
+                f"{where}: response of {declared} bytes exceeds max_response_bytes="
+                f"{self._max_bytes}"
+            )
+        data = bytearray()
+        chunks = response.aiter_raw()
+        async for chunk in chunks:
+            data += chunk
+            if len(data) > self._max_bytes:
+                await discard(response, chunks)
+                raise CapacityRejected(
+                    f"{where}: response exceeds max_response_bytes={self._max_bytes}"
+                )
+        return bytes(data)
+
+    async def _call(
+        self,
+        path: str,
+        body: object,
+        model: type[_M],
+        *,
+        kind: Kind,
+        deadline: float,
+        decode: Callable[[bytes], _M] | None = None,
+    ) -> _M:
+        until = self._bound(deadline)
+        for attempt in (0, 1):
+            await self._ensure_token(until, kind)
+            token = self._token
+            status, data = await self._post(path, body, kind=kind, until=until)
+            where = f"{self.endpoint}{path}"
+            if status == 200:
+                try:
+                    return decode(data) if decode is not None else model.model_validate_json(data)
+                except (pydantic.ValidationError, ValueError) as exc:
+                    raise _transport_failure(kind, f"{where}: undecodable response") from exc
+            failure = self._status_of(status, data)
+            if attempt == 0 and failure.token_expired and self._username is not None:
+                await self._refresh_token(token, until, kind)
+                continue
+            raise _server_failure(kind, where, failure)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _status_of(status: int, data: bytes) -> GatewayStatus:
+        try:
+            return ErrorBody.model_validate_json(data).status(status)
+        except pydantic.ValidationError:
+            text = data[:200].decode("utf-8", "replace")
+            return GatewayStatus.of(0, f"HTTP {status}: {text}", status)
+
+    # ------------------------------------------------------------------ auth
+
+    async def _ensure_token(self, until: float, kind: Kind) -> None:
+        if self._username is not None and self._token is None:
+            await self._refresh_token(None, until, kind)
+
+    async def _refresh_token(self, stale: str | None, until: float, kind: Kind) -> None:
+        async with self._auth_lock:
+            if self._token != stale:
+                return  # another caller already refreshed it
+            self._token = await self._authenticate(until, kind)
+
+    async def _authenticate(self, until: float, kind: Kind) -> str:
+        assert self._username is not None and self._password is not None
+        body = {"name": self._username, "password": self._password.get_secret_value()}
+        self.counters.authentications += 1
+        status, data = await self._post(
+            "/v3/auth/authenticate", body, kind=kind, until=until, auth=False
+        )
+        where = f"{self.endpoint}/v3/auth/authenticate"
+        if status != 200:
+            refusal = self._status_of(status, data)
+            raise _server_failure(kind, f"{where}: authentication refused", refusal)
+        try:
+            return AuthenticateResponse.model_validate_json(data).token
+        except pydantic.ValidationError as exc:
+            raise _transport_failure(kind, f"{where}: undecodable response") from exc
+
+    # ------------------------------------------------------------------- kv
+
+    async def range(
+        self,
+        key: bytes,
+        range_end: bytes | None,
+        *,
+        deadline: float,
+        keys_only: bool = False,
+        count_only: bool = False,
+        limit: int = 0,
+    ) -> RangeResponse:
+        body: dict[str, object] = {"key": b64(key)}
+        if range_end is not None:
+            body["range_end"] = b64(range_end)
+        if keys_only:
+            body["keys_only"] = True
+        if count_only:
+            body["count_only"] = True
+        if limit:
+            body["limit"] = str(limit)
+        return await self._call("/v3/kv/range", body, RangeResponse, kind="read", deadline=deadline)
+
+    async def put(self, key: bytes, value: bytes, *, lease: int, deadline: float) -> PutResponse:
+        body = {"key": b64(key), "value": b64(value), "lease": str(lease)}
+        return await self._call("/v3/kv/put", body, PutResponse, kind="write", deadline=deadline)
+
+    async def delete_range(
+        self, key: bytes, range_end: bytes | None = None, *, deadline: float
+    ) -> DeleteRangeResponse:
+        body = {"key": b64(key)}
+        if range_end is not None:
+            body["range_end"] = b64(range_end)
+        return await self._call(
+            "/v3/kv/deleterange", body, DeleteRangeResponse, kind="write", deadline=deadline
+        )
+
+    async def delete_if_lease(self, key: bytes, lease: int, *, deadline: float) -> bool:
+        """Delete ``key`` only while it is attached to ``lease`` (one transaction)."""
+        body = {
+            "compare": [
+                {"key": b64(key), "target": "LEASE", "result": "EQUAL", "lease": str(lease)}
+            ],
+            "success": [{"request_delete_range": {"key": b64(key)}}],
+        }
+        answer = await self._call("/v3/kv/txn", body, TxnResponse, kind="write", deadline=deadline)
+        return answer.succeeded
+
+    # --------------------------------------------------------------- leases
+
+    async def lease_grant(self, ttl: int, *, deadline: float) -> LeaseGrantResponse:
+        return await self._call(
+            "/v3/lease/grant",
+            {"TTL": str(ttl)},
+            LeaseGrantResponse,
+            kind="write",
+            deadline=deadline,
+        )
+
+    async def lease_keepalive(self, lease: int, *, deadline: float) -> int:
+        """One keepalive round trip: the remaining TTL (0: the lease is gone)."""
+
+        def first_line(data: bytes) -> LeaseKeepAliveLine:
+            for line in data.splitlines():
+                if line.strip():
+                    return LeaseKeepAliveLine.model_validate_json(line)
+            raise ValueError("empty keepalive stream")
+
+        answer = await self._call(
+            "/v3/lease/keepalive",
+            {"ID": str(lease)},
+            LeaseKeepAliveLine,
+            kind="write",
+            deadline=deadline,
+            decode=first_line,
+        )
+        if answer.error is not None:
+            raise _server_failure(
+                "write", f"{self.endpoint}/v3/lease/keepalive", answer.error.status()
+            )
+        return answer.result.TTL if answer.result is not None else 0
+
+    async def lease_revoke(self, lease: int, *, deadline: float) -> bool:
+        """Revoke ``lease``; False if it was already gone."""
+        try:
+            await self._call(
+                "/v3/lease/revoke",
+                {"ID": str(lease)},
+                PutResponse,
+                kind="write",
+                deadline=deadline,
+            )
+        except LeaseLost:
+            return False
+        return True
+
+    async def lease_time_to_live(self, lease: int, *, deadline: float) -> LeaseTimeToLiveResponse:
+        return await self._call(
+            "/v3/lease/timetolive",
+            {"ID": str(lease)},
+            LeaseTimeToLiveResponse,
+            kind="read",
+            deadline=deadline,
+        )
+
+    # ----------------------------------------------------------------- misc
+
+    async def status(self, *, deadline: float) -> StatusResponse:
+        return await self._call(
+            "/v3/maintenance/status", {}, StatusResponse, kind="read", deadline=deadline
+        )
+
+    async def compact(self, revision: int, *, deadline: float) -> None:
+        await self._call(
+            "/v3/kv/compaction",
+            {"revision": str(revision)},
+            PutResponse,
+            kind="write",
+            deadline=deadline,
+        )
+
+    # ---------------------------------------------------------------- watch
+
+    @asynccontextmanager
+    async def watch(
+        self,
+        key: bytes,
+        range_end: bytes,
+        *,
+        start_revision: int,
+        open_deadline: float,
+        progress_notify: bool = True,
+    ) -> AsyncIterator[WatchStream]:
+        """Open a watch from ``start_revision``; yields once ``created`` arrived.
+
+        Opening is bounded by ``open_deadline`` and ``request_timeout``; reading
+        afterwards is not (the caller decides when a silent stream is dead).
+        A compacted start revision is *not* an error here: the stream is
+        yielded and its first batch carries the ``canceled`` message with
+        ``compact_revision``.
+        """
+        create: dict[str, object] = {"key": b64(key), "range_end": b64(range_end)}
+        if start_revision:
+            create["start_revision"] = str(start_revision)
+        if progress_notify:
+            create["progress_notify"] = True
+        content = json.dumps({"create_request": create}).encode("utf-8")
+        until = self._bound(open_deadline)
+        for attempt in (0, 1):
+            async with AsyncExitStack() as stack:
+                token = self._token
+                stream, first = await self._open_watch(stack, content, until)
+                if first.canceled and first.compact_revision == 0:
+                    status = GatewayStatus.from_cancel_reason(first.cancel_reason)
+                    if attempt == 0 and status.token_expired and self._username is not None:
+                        await self._refresh_token(token, until, "read")
+                        continue
+                    raise _server_failure("read", f"{self.endpoint}/v3/watch", status)
+                if first.canceled or not first.created:
+                    stream._push_back([first])
+                yield stream
+                return
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _open_watch(
+        self, stack: AsyncExitStack, content: bytes, until: float
+    ) -> tuple[WatchStream, WatchResponse]:
+        if self._closed:
+            raise IncompleteSnapshot("/v3/watch: the etcd client is closed")
+        self.counters.requests += 1
+        with anyio.CancelScope(deadline=until) as scope:
+            await self._ensure_token(until, "read")
+            headers = {"Content-Type": "application/json"}
+            if self._token is not None:
+                headers["Authorization"] = self._token
+            last_error: Exception | None = None
+            for step in range(len(self._endpoints)):
+                index = (self._current + step) % len(self._endpoints)
+                where = f"{self._endpoints[index]}/v3/watch"
+                try:
+                    response = await stack.enter_async_context(
+                        self._stream(where, content, headers, timeouts=self._stream_timeout)
+                    )
+                except httpx.ConnectError as exc:
+                    last_error = exc
+                    continue
+                except httpx.HTTPError as exc:
+                    self.counters.failures += 1
+                    raise IncompleteSnapshot(f"{where}: {type(exc).__name__}: {exc}") from exc
+                self._current = index
+                if response.status_code != 200:
+                    data = await self._read_bounded(response, where)
+                    refusal = self._status_of(response.status_code, data)
+                    raise _server_failure("read", where, refusal)
+                chunks = response.aiter_raw()
+                stack.push_async_callback(discard, response, chunks)
+                stream = WatchStream(where, chunks, self._max_bytes)
+                batch = await stream.next_batch()
+                stream._push_back(batch[1:])
+                return stream, batch[0]
+        self.counters.failures += 1
+        if scope.cancelled_caught:
+            raise IncompleteSnapshot(
+                f"{self.endpoint}/v3/watch: the watch was not established before the deadline"
+            )
+        raise IncompleteSnapshot(
+            f"/v3/watch: no endpoint accepted a connection: {last_error}"
+        ) from last_error
+
+    # ---------------------------------------------------------------- close
+
+    async def aclose(self) -> None:
+        """Close the connection pool. Idempotent; bounded even when cancelled."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.move_on_after(2.0, shield=True):
+            await self._http.aclose()

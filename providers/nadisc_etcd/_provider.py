@@ -1,0 +1,563 @@
+"""The etcd provider: discovery by range + watch, registration by lease.
+
+Discovery (evidence :attr:`~nadisc.EvidenceKind.LEASE`: a record exists
+because its registrant keeps a lease alive)::
+
+    query(service)   one range of <prefix>/<service>/ -> complete ProviderSnapshot
+
+    watch(service)   range ─► publish ─► watch from revision+1 (progress_notify)
+                       ▲                    │ each received batch of events: publish once
+                       │                    │ progress notify / matching probe: refresh()
+                       │ compacted          │ stream broke, probe failed or stalled:
+                       └── re-range ◄───────┤   fail(IncompleteSnapshot), backoff,
+                                            └── resume from revision+1 (no loss, no repeat)
+
+While the stream is up a probe (a keys-only range, every ``probe_interval_ms``)
+checks that the server still answers within the request timeout, that our
+permission still holds (etcd 3.4 keeps streaming to a watcher whose
+permission was revoked) and that the stream is not stalled; when the probe
+sees exactly our listing it confirms it with ``sink.refresh()``. After a
+reported failure the next confirmation is a full ``publish`` instead, so the
+observation leaves the failed state with a complete listing.
+
+Malformed records are confirmed invalid candidates: they are never served
+and are listed, with their key and reason, in ``ProviderSnapshot.invalid``;
+the valid rest is still a complete listing (a bad record written by someone
+else must not take every good instance down with it). A body that cannot be
+read completely is an ``IncompleteSnapshot``, one over the byte limit a
+``CapacityRejected``.
+
+Registration::
+
+    register    lease grant(ttl_seconds) + put <key> on the lease  -> handle = lease id
+    renew       one keepalive round trip; TTL 0 / missing          -> LeaseLost
+    check       lease time-to-live + range of the key              -> HEALTHY / MISSING
+    deregister  delete the key if still on our lease, revoke the lease
+
+Keepalives are due within a third of the TTL: the provider declares
+``Capabilities.renew_within = ttl_seconds / 3`` and the owner renews at
+``min(monitor_interval, renew_within)``, so two keepalives may be lost
+before the lease lapses.
+
+A write whose answer was lost is ``OutcomeUnknown``, except a registration
+``put`` whose lease we then revoked successfully: a put on a revoked lease
+can no longer land, so that registration is known not applied and reported
+as a retryable ``IncompleteSnapshot`` (as is any write that was never sent).
+
+The provider never starts tasks of its own; ``watch`` runs in the caller's
+task group and holds one stream plus one probe task inside it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from dataclasses import dataclass
+
+import anyio
+import httpx
+from anyio.abc import TaskStatus
+from pydantic import BaseModel
+
+from nadisc import (
+    Capabilities,
+    ConfigError,
+    ConnectionContext,
+    EvidenceKind,
+    HealthStatus,
+    IdentityRevoked,
+    IncompleteSnapshot,
+    LeaseLost,
+    LifecycleError,
+    ObservationSink,
+    OutcomeUnknown,
+    ProviderFailure,
+    ProviderSnapshot,
+    Registered,
+    RegistrationError,
+    RegistrationRecord,
+    RegistrationRejected,
+)
+
+from ._client import EtcdClient, WatchStream
+from ._layout import Layout, check_record, encode_record
+from ._settings import EtcdSettings
+from ._state import Backoff, ProbeVerdict, ServiceState
+from ._wire import GatewayStatus, prefix_range_end
+
+__all__ = ["EtcdProvider", "EtcdProviderFactory", "EtcdStatistics", "factory"]
+
+logger = logging.getLogger(__name__)
+
+#: A lease must be kept alive within this fraction of its TTL: two keepalives
+#: may be lost (or answered late) before the lease lapses.
+RENEW_FRACTION = 1 / 3
+
+
+def capabilities_for(settings: EtcdSettings) -> Capabilities:
+    """What an etcd connection can do; renewals are due within a third of the TTL."""
+    return Capabilities(
+        evidence=EvidenceKind.LEASE,
+        registration=True,
+        watch_streams=1,
+        idempotent_renewal=True,
+        renew_within=settings.ttl_seconds * RENEW_FRACTION,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdStatistics:
+    """Counters of one provider since it was created (an immutable record)."""
+
+    requests: int
+    request_failures: int
+    authentications: int
+    #: Complete ranges taken by watches (initial and after compaction).
+    watch_ranges: int
+    watch_streams_opened: int
+    #: Attempts to resume from ``revision + 1`` after a failure (no re-range).
+    watch_resumes: int
+    #: Re-ranges forced by a compacted start revision.
+    compaction_resyncs: int
+    watch_failures: int
+    publishes: int
+    probes: int
+
+
+@dataclass(slots=True)
+class _Counts:
+    watch_ranges: int = 0
+    watch_streams_opened: int = 0
+    watch_resumes: int = 0
+    compaction_resyncs: int = 0
+    watch_failures: int = 0
+    publishes: int = 0
+    probes: int = 0
+
+
+class _Run:
+    """Mutable bookkeeping of one ``watch`` call."""
+
+    __slots__ = ("backoff", "failed", "failure", "sink", "state")
+
+    def __init__(self, state: ServiceState, sink: ObservationSink, backoff: Backoff) -> None:
+        self.state = state
+        self.sink = sink
+        #: Reset by every complete listing the sink receives, not by a mere
+        #: reconnect (a stream that opens and fails at once keeps backing off).
+        self.backoff = backoff
+        #: A failure was reported and no complete listing followed yet.
+        self.failed = False
+        #: Why the current stream must be abandoned (set by the reader or the probe).
+        self.failure: ProviderFailure | None = None
+
+
+class _Compacted(Exception):
+    """The watch start revision was compacted away: take a fresh range."""
+
+
+class EtcdProvider:
+    """One etcd connection. See the module docstring for what each call does."""
+
+    def __init__(
+        self,
+        context: ConnectionContext,
+        settings: EtcdSettings,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._context = context
+        self._settings = settings
+        self._layout = Layout(settings.prefix)
+        self._client = EtcdClient(
+            settings,
+            request_timeout=context.request_timeout,
+            max_response_bytes=context.max_response_bytes,
+            transport=transport,
+        )
+        self._counts = _Counts()
+        self._closed = False
+        self._capabilities = capabilities_for(settings)
+
+    def __repr__(self) -> str:
+        return (
+            f"<EtcdProvider connection={self._context.name!r} endpoint={self._client.endpoint!r} "
+            f"prefix={self._settings.prefix!r} closed={self._closed}>"
+        )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Lease evidence, one watch stream, idempotent keepalives, and
+        ``renew_within = ttl_seconds / 3`` so the owner renews in time."""
+        return self._capabilities
+
+    @property
+    def settings(self) -> EtcdSettings:
+        return self._settings
+
+    def statistics(self) -> EtcdStatistics:
+        c, n = self._counts, self._client.counters
+        return EtcdStatistics(
+            requests=n.requests,
+            request_failures=n.failures,
+            authentications=n.authentications,
+            watch_ranges=c.watch_ranges,
+            watch_streams_opened=c.watch_streams_opened,
+            watch_resumes=c.watch_resumes,
+            compaction_resyncs=c.compaction_resyncs,
+            watch_failures=c.watch_failures,
+            publishes=c.publishes,
+            probes=c.probes,
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LifecycleError(f"etcd provider of connection {self._context.name!r} is closed")
+
+    def _deadline(self) -> float:
+        return anyio.current_time() + self._context.request_timeout
+
+    # ------------------------------------------------------------ discovery
+
+    async def prepare(self, deadline: float) -> None:
+        """Reach the cluster, authenticate, and check read permission on every
+        bound service (``IdentityRevoked`` names the service that is refused)."""
+        self._check_open()
+        await self._client.status(deadline=deadline)
+        for alias in sorted(self._settings.services):
+            remote = self._settings.remote_name(alias)
+            head = self._layout.service_prefix(remote)
+            try:
+                await self._client.range(
+                    head, prefix_range_end(head), count_only=True, deadline=deadline
+                )
+            except IdentityRevoked as exc:
+                raise IdentityRevoked(f"service {alias!r} ({remote!r}): {exc}") from exc
+
+    def _new_state(self, service: str) -> ServiceState:
+        return ServiceState(
+            service,
+            self._layout,
+            max_record_bytes=self._settings.max_record_bytes,
+            max_instances=self._context.max_instances_per_service,
+        )
+
+    async def _range_into(self, state: ServiceState, deadline: float) -> None:
+        head = self._layout.service_prefix(state.service)
+        answer = await self._client.range(head, prefix_range_end(head), deadline=deadline)
+        if answer.more:
+            raise IncompleteSnapshot(f"service {state.service!r}: the range was truncated")
+        state.reset(answer.kvs, answer.header.revision)
+
+    async def query(self, service: str, deadline: float) -> ProviderSnapshot:
+        """One range of the service prefix as a complete listing."""
+        self._check_open()
+        state = self._new_state(service)
+        await self._range_into(state, deadline)
+        return state.snapshot()
+
+    async def watch(
+        self,
+        service: str,
+        sink: ObservationSink,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Keep ``sink`` current until cancelled (see the module docstring).
+
+        ``task_status.started()`` is called once the first outcome reached the
+        sink: the first complete listing, or the first failure when the server
+        cannot be reached (the owner must not wait forever on an unreachable
+        registry to create its observation slot). Raises ``LifecycleError`` if
+        the provider is closed underneath it.
+        """
+        self._check_open()
+        backoff = Backoff(
+            self._settings.retry_initial_backoff_ms / 1000,
+            self._settings.retry_max_backoff_ms / 1000,
+        )
+        run = _Run(self._new_state(service), sink, backoff)
+        started = False
+        need_range = True
+        while True:
+            try:
+                if need_range:
+                    self._counts.watch_ranges += 1
+                    await self._range_into(run.state, self._deadline())
+                    need_range = False
+                    self._publish(run)
+                    if not started:
+                        started = True
+                        task_status.started()
+                await self._follow(run)
+            except _Compacted:
+                self._counts.compaction_resyncs += 1
+                need_range = True
+                continue
+            except ProviderFailure as exc:
+                self._counts.watch_failures += 1
+                logger.info(
+                    "etcd watch of %r on connection %r failed: %s",
+                    service,
+                    self._context.name,
+                    exc,
+                )
+                run.failed = True
+                sink.fail(exc)
+            if not started:
+                started = True
+                task_status.started()
+            await anyio.sleep(backoff.next_delay())
+            self._check_open()
+            if not need_range:
+                self._counts.watch_resumes += 1
+
+    def _publish(self, run: _Run) -> None:
+        try:
+            snapshot = run.state.snapshot()
+        except ProviderFailure as exc:
+            run.failed = True
+            run.sink.fail(exc)
+            return
+        run.failed = False
+        run.backoff.reset()
+        self._counts.publishes += 1
+        run.sink.publish(snapshot)
+
+    def _confirm(self, run: _Run) -> None:
+        if run.failed:
+            self._publish(run)
+        else:
+            run.backoff.reset()
+            run.sink.refresh()
+
+    async def _follow(self, run: _Run) -> None:
+        """Follow one stream until it fails (raise) or is compacted (``_Compacted``)."""
+        head = self._layout.service_prefix(run.state.service)
+        async with self._client.watch(
+            head,
+            prefix_range_end(head),
+            start_revision=run.state.revision + 1,
+            open_deadline=self._deadline(),
+        ) as stream:
+            self._counts.watch_streams_opened += 1
+            run.failure = None
+            compacted = False
+            async with anyio.create_task_group() as group:
+
+                async def read() -> None:
+                    nonlocal compacted
+                    try:
+                        await self._read(run, stream)
+                    except _Compacted:
+                        compacted = True
+                    except ProviderFailure as exc:
+                        run.failure = exc
+                    group.cancel_scope.cancel()
+
+                async def probe() -> None:
+                    try:
+                        await self._probe(run, head)
+                    except ProviderFailure as exc:
+                        run.failure = exc
+                    group.cancel_scope.cancel()
+
+                group.start_soon(read)
+                group.start_soon(probe)
+        if compacted:
+            raise _Compacted
+        if run.failure is not None:
+            raise run.failure
+
+    async def _read(self, run: _Run, stream: WatchStream) -> None:
+        state = run.state
+        while True:
+            batch = await stream.next_batch()
+            changed = progressed = False
+            for message in batch:
+                if message.canceled:
+                    if message.compact_revision:
+                        logger.info(
+                            "etcd watch of %r: revision %d compacted (now %d), ranging again",
+                            state.service,
+                            state.revision + 1,
+                            message.compact_revision,
+                        )
+                        raise _Compacted
+                    status = GatewayStatus.from_cancel_reason(message.cancel_reason)
+                    if status.permission_denied or status.credentials_missing:
+                        raise IdentityRevoked(f"etcd watch of {state.service!r}: {status}")
+                    raise IncompleteSnapshot(f"etcd watch of {state.service!r} canceled: {status}")
+                if message.created:
+                    continue
+                if message.events:
+                    changed |= state.apply(message)
+                elif message.is_progress:
+                    state.progress(message.header.revision)
+                    progressed = True
+            if changed:
+                self._publish(run)
+            elif progressed:
+                self._confirm(run)
+
+    async def _probe(self, run: _Run, head: bytes) -> None:
+        interval = self._settings.probe_interval_ms / 1000
+        # Right after a failure, confirm at once: the stream may have nothing to say.
+        if not run.failed:
+            await anyio.sleep(interval)
+        while True:
+            self._counts.probes += 1
+            answer = await self._client.range(
+                head, prefix_range_end(head), keys_only=True, deadline=self._deadline()
+            )
+            verdict = run.state.judge_probe(answer.header.revision, answer.kvs)
+            if verdict is ProbeVerdict.CONFIRMED:
+                self._confirm(run)
+            elif verdict is ProbeVerdict.STALLED:
+                raise IncompleteSnapshot(
+                    f"etcd watch of {run.state.service!r} stalled below revision "
+                    f"{answer.header.revision}"
+                )
+            await anyio.sleep(interval)
+
+    # --------------------------------------------------------- registration
+
+    def _lease_of(self, registered: Registered) -> int:
+        try:
+            lease = int(registered.handle)
+        except ValueError:
+            lease = 0
+        if lease <= 0:
+            raise RegistrationError(
+                registered.record.registration,
+                f"handle {registered.handle!r} is not an etcd lease id",
+            )
+        return lease
+
+    async def register(self, record: RegistrationRecord, deadline: float) -> Registered:
+        """Grant a lease of ``ttl_seconds`` and put the record on it."""
+        self._check_open()
+        problems = check_record(record)
+        if problems:
+            raise RegistrationError(record.registration, "; ".join(problems))
+        key = self._layout.instance_key(record.service, record.instance_id)
+        grant = await self._client.lease_grant(self._settings.ttl_seconds, deadline=deadline)
+        if grant.error or grant.ID == 0:
+            raise RegistrationRejected(
+                f"registration {record.registration!r}: lease grant refused: {grant.error}"
+            )
+        try:
+            await self._client.put(key, encode_record(record), lease=grant.ID, deadline=deadline)
+        except OutcomeUnknown as exc:
+            if await self._revoke_quietly(grant.ID):
+                # Known not applied (a put on a revoked lease cannot land, and
+                # the revoke removed the key if it had): retryable.
+                raise IncompleteSnapshot(
+                    f"registration {record.registration!r}: not registered; the put's answer "
+                    f"was lost, and its lease {grant.ID} was revoked so it cannot take effect"
+                ) from exc
+            raise
+        except ProviderFailure:
+            await self._revoke_quietly(grant.ID)
+            raise
+        logger.info(
+            "registered %r as %s on lease %d (connection %r)",
+            record.registration,
+            key.decode("utf-8", "replace"),
+            grant.ID,
+            self._context.name,
+        )
+        return Registered(record=record, handle=str(grant.ID))
+
+    async def _revoke_quietly(self, lease: int) -> bool:
+        """Best-effort revoke, shielded and bounded; True if the lease is gone."""
+        with anyio.move_on_after(self._context.request_timeout, shield=True):
+            try:
+                await self._client.lease_revoke(lease, deadline=self._deadline())
+            except ProviderFailure:
+                return False
+            return True
+        return False
+
+    async def renew(self, registered: Registered, deadline: float) -> Registered:
+        """One keepalive; ``LeaseLost`` when the server no longer holds the lease."""
+        self._check_open()
+        lease = self._lease_of(registered)
+        ttl = await self._client.lease_keepalive(lease, deadline=deadline)
+        if ttl <= 0:
+            raise LeaseLost(
+                f"registration {registered.record.registration!r}: lease {lease} expired "
+                "or was revoked"
+            )
+        return registered
+
+    async def check(self, registered: Registered, deadline: float) -> HealthStatus:
+        """HEALTHY while the lease lives and the key holds our value on it."""
+        self._check_open()
+        lease = self._lease_of(registered)
+        alive = await self._client.lease_time_to_live(lease, deadline=deadline)
+        if alive.TTL <= 0:
+            return HealthStatus.MISSING
+        record = registered.record
+        key = self._layout.instance_key(record.service, record.instance_id)
+        answer = await self._client.range(key, None, deadline=deadline)
+        for kv in answer.kvs:
+            if kv.key != key or kv.lease != lease:
+                continue
+            try:
+                value = base64.b64decode(kv.value, validate=True)
+            except (binascii.Error, ValueError):
+                return HealthStatus.MISSING
+            if value == encode_record(record):
+                return HealthStatus.HEALTHY
+        return HealthStatus.MISSING
+
+    async def deregister(self, registered: Registered, deadline: float) -> None:
+        """Delete the key if it is still on our lease, then revoke the lease."""
+        self._check_open()
+        lease = self._lease_of(registered)
+        record = registered.record
+        key = self._layout.instance_key(record.service, record.instance_id)
+        await self._client.delete_if_lease(key, lease, deadline=deadline)
+        await self._client.lease_revoke(lease, deadline=deadline)
+        logger.info(
+            "deregistered %r (lease %d, connection %r)",
+            record.registration,
+            lease,
+            self._context.name,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP pool. Idempotent; later calls raise ``LifecycleError``."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._client.aclose()
+
+
+class EtcdProviderFactory:
+    """What the ``etcd`` entry point names: builds an :class:`EtcdProvider`."""
+
+    @property
+    def name(self) -> str:
+        return "etcd"
+
+    @property
+    def settings_model(self) -> type[BaseModel]:
+        return EtcdSettings
+
+    def create(self, context: ConnectionContext, settings: BaseModel) -> EtcdProvider:
+        if not isinstance(settings, EtcdSettings):
+            raise ConfigError(
+                f"discovery.connections.{context.name}.etcd",
+                f"expected EtcdSettings, got {type(settings).__name__}",
+            )
+        return EtcdProvider(context, settings)
+
+    def __repr__(self) -> str:
+        return "<EtcdProviderFactory name='etcd'>"
+
+
+#: The ``nadisc.providers`` entry point ``etcd = "nadisc_etcd:factory"``.
+factory = EtcdProviderFactory()

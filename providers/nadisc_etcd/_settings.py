@@ -1,0 +1,139 @@
+"""The ``etcd`` provider block of a connection: a frozen, validated value object.
+
+Every field has its default here and nowhere else. The password is a
+:class:`pydantic.SecretStr`: it never appears in ``repr``, logs or error
+messages, and it is only unwrapped at the moment the provider authenticates.
+
+::
+
+    connections:
+      primary:
+        provider: etcd
+        etcd:
+          endpoints: ["http://127.0.0.1:2379"]
+          prefix: services          # keys: services/<service>/<instance-id>
+          username: app             # optional; both or neither
+          password: ...
+          ttl_seconds: 15           # lease TTL of our own registrations
+          services:
+            orders: {name: order-worker}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+__all__ = ["EtcdServiceBinding", "EtcdSettings"]
+
+
+def _check_path_text(value: str, what: str) -> str:
+    if value != value.strip():
+        raise ValueError(f"{what} must not start or end with whitespace")
+    if value.startswith("/") or value.endswith("/"):
+        raise ValueError(f"{what} must not start or end with '/' (the layout adds separators)")
+    if "//" in value:
+        raise ValueError(f"{what} must not contain an empty path segment ('//')")
+    return value
+
+
+class EtcdServiceBinding(BaseModel):
+    """One service alias bound on this connection: its remote (registry) name.
+
+    ``name`` defaults to the alias itself.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str | None = Field(default=None, min_length=1, max_length=512)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_path(cls, value: str | None) -> str | None:
+        return None if value is None else _check_path_text(value, "service name")
+
+
+class EtcdSettings(BaseModel):
+    """Settings of one etcd connection (see the module docstring for the layout)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: Client URLs of the cluster members (``http://`` or ``https://``). The
+    #: provider talks to the first one that accepts a connection.
+    endpoints: tuple[str, ...] = Field(min_length=1, max_length=32)
+    #: Key prefix; instance keys are ``<prefix>/<service>/<instance-id>``. An
+    #: empty prefix makes the service name the whole gRPC resolver target.
+    prefix: str = Field(default="services", max_length=512)
+    #: Kept out of ``repr`` and messages too (nadisc treats it as secret-looking).
+    username: str | None = Field(default=None, min_length=1, max_length=256, repr=False)
+    password: SecretStr | None = None
+    #: Lease TTL of registrations this process writes. The provider declares
+    #: ``Capabilities.renew_within = ttl_seconds / 3``, so the owner sends a
+    #: keepalive at least three times per TTL whatever ``monitor_interval_ms``
+    #: says: two lost keepalives in a row do not drop the registration.
+    ttl_seconds: int = Field(default=15, ge=1, le=86_400)
+    #: Service aliases bound on this connection -> remote service names.
+    services: Mapping[str, EtcdServiceBinding] = Field(default_factory=dict)
+    #: TCP connect budget of one request (the whole request is bounded by the
+    #: connection's ``request_timeout``).
+    connect_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
+    #: How often a watch checks the server with a small keys-only read: it
+    #: detects a stopped server, a stalled stream and revoked permissions
+    #: (etcd 3.4 keeps streaming to a watcher whose permission was revoked).
+    probe_interval_ms: int = Field(default=5000, ge=50, le=3_600_000)
+    #: Reconnect backoff of a watch: exponential, jittered between half the
+    #: current cap and the cap.
+    retry_initial_backoff_ms: int = Field(default=1000, ge=1, le=3_600_000)
+    retry_max_backoff_ms: int = Field(default=30_000, ge=1, le=86_400_000)
+    #: A record value longer than this is a confirmed invalid candidate.
+    max_record_bytes: int = Field(default=65_536, ge=64, le=16 * 1024 * 1024)
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints_are_http_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        cleaned: list[str] = []
+        for index, url in enumerate(value):
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"endpoints[{index}]: {url!r} is not an http(s) URL with a host")
+            if parts.username is not None or parts.password is not None:
+                raise ValueError(
+                    f"endpoints[{index}]: credentials belong in username/password, not the URL"
+                )
+            if parts.query or parts.fragment or parts.path not in ("", "/"):
+                raise ValueError(f"endpoints[{index}]: {url!r} must not carry a path or query")
+            cleaned.append(f"{parts.scheme}://{parts.netloc}")
+        if len(set(cleaned)) != len(cleaned):
+            raise ValueError("endpoints: duplicate URL")
+        return tuple(cleaned)
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_is_a_path(cls, value: str) -> str:
+        return _check_path_text(value, "prefix") if value else value
+
+    @model_validator(mode="after")
+    def _credentials_come_in_pairs(self) -> EtcdSettings:
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password must be given together")
+        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms:
+            raise ValueError("retry_max_backoff_ms must be >= retry_initial_backoff_ms")
+        return self
+
+    @field_validator("services")
+    @classmethod
+    def _aliases_are_path_safe(
+        cls, value: Mapping[str, EtcdServiceBinding]
+    ) -> Mapping[str, EtcdServiceBinding]:
+        for alias, binding in value.items():
+            if not alias:
+                raise ValueError("service aliases must be non-empty")
+            if binding.name is None:
+                _check_path_text(alias, f"service alias {alias!r} (used as the remote name)")
+        return value
+
+    def remote_name(self, alias: str) -> str:
+        """The registry name bound to ``alias`` (``KeyError`` if it is not bound)."""
+        return self.services[alias].name or alias

@@ -1,0 +1,19 @@
+"""Smoke run of the dispatch-overhead benchmark: it runs and prints a sane table."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import dispatch_overhead
+
+
+def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    result = dispatch_overhead.main(["--smoke"])
+    out = capsys.readouterr().out
+    assert "Balance.dispatch" in out and "hand loop" in out and "ratio" in out
+    assert result.ops == 3000
+    assert result.balance_ns > 0 and result.hand_ns > 0
+    # Not the 1.5 target (a smoke run on a busy machine is noisy), but a
+    # gross regression of the hot path shows up even here.
+    assert result.ratio < 4.0, out
+    assert f"{result.ratio:.2f}" in out

@@ -1,0 +1,17 @@
+"""Smoke run of the observe fan-out benchmark."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import observe_fanout
+
+
+def test_smoke_run_makes_one_query_for_every_caller(capsys: pytest.CaptureFixture[str]) -> None:
+    result = observe_fanout.main(["--smoke"])
+    out = capsys.readouterr().out
+    assert "provider queries" in out and "added wait p99" in out
+    assert result.calls == 500
+    assert result.queries == 1
+    assert 0.0 <= result.p50 <= result.p99 <= result.max
+    assert f"{result.p99 * 1000:.2f} ms" in out

@@ -1,0 +1,481 @@
+"""The observation shell: single flight, deadlines, evidence rules over time."""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import anyio
+import pytest
+
+from nadisc import (
+    CapacityRejected,
+    DeadlineExceeded,
+    EvidenceKind,
+    EvidenceUnavailable,
+    IdentityRevoked,
+    IncompleteSnapshot,
+    InvalidSnapshot,
+    Observation,
+    ProviderSnapshot,
+)
+from nadisc.testing import MemoryProvider
+
+from .owner_support import inst, memory_owner, policy
+
+
+def provider(**kwargs: object) -> MemoryProvider:
+    p = MemoryProvider(services={"orders": "order-worker"}, **kwargs)  # type: ignore[arg-type]
+    p.set("order-worker", [inst("a", 1), inst("b", 2)])
+    return p
+
+
+def reason_of(observation: Observation, *, strict: bool = False) -> str:
+    with pytest.raises(EvidenceUnavailable) as info:
+        observation.snapshot(strict=strict)
+    return info.value.reason
+
+
+async def test_concurrent_observers_share_one_query(autojump_clock: object) -> None:
+    p = provider()
+    p.set_latency(1.0)
+    async with memory_owner({"primary": p}) as owner:
+        handle = owner.client()
+        results: list[Observation] = []
+
+        async def one() -> None:
+            results.append(await handle.observe("orders", anyio.current_time() + 5))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(50):
+                tg.start_soon(one)
+        assert len(results) == 50
+        assert p.query_counts["order-worker"] == 1
+        revisions = {r.snapshot().revision for r in results}
+        assert revisions == {1}
+        assert owner.observer().snapshot().connection("primary").queries == 1
+
+
+async def test_a_waiter_that_gives_up_does_not_cancel_the_others(autojump_clock: object) -> None:
+    p = provider()
+    p.set_latency(2.0)
+    async with memory_owner({"primary": p}) as owner:
+        handle = owner.client()
+        outcome: dict[str, object] = {}
+
+        async def impatient() -> None:
+            try:
+                await handle.observe("orders", anyio.current_time() + 0.5)
+            except DeadlineExceeded as exc:
+                outcome["impatient"] = exc
+
+        async def patient() -> None:
+            await anyio.sleep(0.1)
+            obs = await handle.observe("orders", anyio.current_time() + 5)
+            outcome["patient"] = obs.snapshot().identities()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(impatient)
+            tg.start_soon(patient)
+        assert isinstance(outcome["impatient"], DeadlineExceeded)
+        assert outcome["patient"] == ("a", "b")
+        assert p.query_counts["order-worker"] == 1
+
+
+async def test_a_cancelled_first_caller_does_not_stop_the_query(autojump_clock: object) -> None:
+    p = provider()
+    p.set_latency(2.0)
+    async with memory_owner({"primary": p}) as owner:
+        handle = owner.client()
+        with anyio.move_on_after(0.5):
+            await handle.observe("orders", anyio.current_time() + 10)
+        obs = await handle.observe("orders", anyio.current_time() + 10)
+        assert obs.snapshot().identities() == ("a", "b")
+        assert p.query_counts["order-worker"] == 1
+
+
+@pytest.mark.parametrize("deadline_offset", [-1.0, 0.0, math.nan])
+async def test_expired_deadline_touches_nothing(
+    autojump_clock: object, deadline_offset: float
+) -> None:
+    p = provider()
+    async with memory_owner({"primary": p}) as owner:
+        handle = owner.client()
+        with pytest.raises(DeadlineExceeded):
+            await handle.observe("orders", anyio.current_time() + deadline_offset)
+        assert p.query_counts["order-worker"] == 0
+        assert owner.observer().snapshot().connection("primary").services == ()
+        # with an existing slot: no access time recorded either
+        obs = await handle.observe("orders", anyio.current_time() + 5)
+        slot = owner._connections["primary"].slots["orders"]
+        touched = slot.last_access
+        await anyio.sleep(1)
+        with pytest.raises(DeadlineExceeded):
+            await handle.observe("orders", anyio.current_time() + deadline_offset)
+        assert slot.last_access == touched
+        assert p.query_counts["order-worker"] == 1
+        del obs
+
+
+async def test_deadline_is_checked_again_after_waiting(autojump_clock: object) -> None:
+    p = provider()
+    p.set_latency(1.0)
+    async with memory_owner({"primary": p}) as owner:
+        with pytest.raises(DeadlineExceeded):
+            # the listing lands exactly at the deadline: too late
+            await owner.client().observe("orders", anyio.current_time() + 1.0)
+
+
+async def test_complete_empty_list_revokes_at_once(autojump_clock: object) -> None:
+    p = provider()
+    async with memory_owner(
+        {"primary": p},
+        policies={"primary": policy(snapshot={"max_age_ms": 15000, "stale_if_error_ms": 10000})},
+    ) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        p.set_empty("order-worker")
+        await anyio.sleep(5.5)  # one poll
+        assert reason_of(obs) == "empty"
+        p.set("order-worker", [inst("c", 3)])
+        await anyio.sleep(5)
+        assert obs.snapshot().identities() == ("c",)
+
+
+async def test_failures_give_grace_from_last_success_only(autojump_clock: object) -> None:
+    p = provider()
+    pol = policy(snapshot={"max_age_ms": 15000, "stale_if_error_ms": 8000})
+    async with memory_owner({"primary": p}, policies={"primary": pol}) as owner:
+        start = anyio.current_time()
+        obs = await owner.client().observe("orders", start + 5)
+        success_at = obs.snapshot().confirmed_at
+        p.fail("order-worker", IncompleteSnapshot("paging broke"))
+        await anyio.sleep_until(success_at + 5.5)  # the poll at +5 failed
+        snap = obs.snapshot()
+        assert snap.degraded and snap.identities() == ("a", "b")
+        assert reason_of(obs, strict=True) == "incomplete"
+        # retries (with backoff) keep failing; none of them extends the grace
+        await anyio.sleep_until(success_at + 7.99)
+        assert p.query_counts["order-worker"] >= 3
+        assert obs.snapshot().degraded
+        await anyio.sleep_until(success_at + 8.0)
+        assert reason_of(obs) == "stale"
+        p.fail("order-worker", None)
+        await anyio.sleep(40)
+        assert obs.snapshot(strict=True).identities() == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    ("failure", "reason"),
+    [(IdentityRevoked("403"), "revoked"), (InvalidSnapshot("bad records"), "invalid")],
+)
+async def test_no_grace_for_revocation_and_invalid(
+    autojump_clock: object, failure: Exception, reason: str
+) -> None:
+    p = provider()
+    pol = policy(snapshot={"max_age_ms": 15000, "stale_if_error_ms": 15000})
+    async with memory_owner({"primary": p}, policies={"primary": pol}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        p.fail("order-worker", failure)  # type: ignore[arg-type]
+        await anyio.sleep(5.5)
+        assert reason_of(obs) == reason
+        assert reason_of(obs, strict=True) == reason
+
+
+async def test_capacity_rejection_gets_grace(autojump_clock: object) -> None:
+    p = provider()
+    pol = policy(snapshot={"max_age_ms": 15000, "stale_if_error_ms": 8000})
+    async with memory_owner({"primary": p}, policies={"primary": pol}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        p.fail("order-worker", CapacityRejected("body over 4 MiB"))
+        await anyio.sleep(5.5)
+        assert obs.snapshot().degraded
+        assert reason_of(obs, strict=True) == "capacity"
+        await anyio.sleep(3)
+        assert reason_of(obs) == "capacity"
+
+
+async def test_malformed_listing_is_incomplete_not_revocation(autojump_clock: object) -> None:
+    p = provider()
+    p.set_malformed("order-worker", {"not": "a listing"})
+    async with memory_owner({"primary": p}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        assert reason_of(obs) == "incomplete"
+        p.fail("order-worker", ValueError("decoder blew up"))  # type: ignore[arg-type]
+        await anyio.sleep(2)
+        assert reason_of(obs) == "incomplete"
+        p.fail("order-worker", None)
+        p.set("order-worker", [inst("a")])
+        await anyio.sleep(30)
+        assert obs.snapshot().identities() == ("a",)
+
+
+async def test_slow_query_times_out_as_incomplete(autojump_clock: object) -> None:
+    p = provider()
+    p.set_latency(100.0)
+    async with memory_owner({"primary": p}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 10)
+        assert anyio.current_time() == pytest.approx(3.0)  # request_timeout_ms
+        assert reason_of(obs) == "incomplete"
+
+
+async def test_submit_if_current(autojump_clock: object) -> None:
+    p = provider()
+    pol = policy(snapshot={"max_age_ms": 15000, "stale_if_error_ms": 8000})
+    async with memory_owner({"primary": p}, policies={"primary": pol}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        assert obs.submit_if_current(lambda s: s.instances[0].address) == "10.0.0.1:8080"
+        assert obs.submit_if_current_strict(lambda s: len(s.instances)) == 2
+        p.fail("order-worker", IncompleteSnapshot("timeout"))
+        await anyio.sleep(5.5)
+        assert obs.submit_if_current(lambda s: len(s.instances)) == 2
+        calls: list[object] = []
+        with pytest.raises(EvidenceUnavailable):
+            obs.submit_if_current_strict(calls.append)
+        assert calls == []
+        await anyio.sleep(3)
+        with pytest.raises(EvidenceUnavailable):
+            obs.submit_if_current(calls.append)
+        assert calls == []
+
+
+async def test_changed_returns_on_a_real_change(autojump_clock: object) -> None:
+    p = provider()
+    async with memory_owner({"primary": p}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        start = anyio.current_time()
+        p.set("order-worker", [inst("c", 3)])
+        await obs.changed(anyio.current_time() + 60)
+        assert anyio.current_time() - start == pytest.approx(5.0)  # the next poll
+        assert obs.snapshot().identities() == ("c",)
+        # an unchanged listing is not a change
+        with pytest.raises(DeadlineExceeded):
+            await obs.changed(anyio.current_time() + 12)
+
+
+async def test_changed_returns_at_a_real_expiry(autojump_clock: object) -> None:
+    p = provider()
+    pol = policy(snapshot={"max_age_ms": 15000, "stale_if_error_ms": 8000})
+    async with memory_owner({"primary": p}, policies={"primary": pol}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        success_at = obs.snapshot().confirmed_at
+        p.fail("order-worker", IncompleteSnapshot("timeout"))
+        await obs.changed(anyio.current_time() + 60)  # the failure itself
+        assert obs.snapshot().degraded
+        await obs.changed(anyio.current_time() + 60)  # the grace running out
+        assert anyio.current_time() == pytest.approx(success_at + 8.0)
+        assert reason_of(obs) == "stale"
+
+
+async def test_changed_rejects_past_and_nan_deadlines(autojump_clock: object) -> None:
+    p = provider()
+    async with memory_owner({"primary": p}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        p.set("order-worker", [inst("z")])
+        await anyio.sleep(6)  # a change is pending
+        for bad in (anyio.current_time() - 1, math.nan, anyio.current_time()):
+            with pytest.raises(DeadlineExceeded):
+                await obs.changed(bad)
+        await obs.changed(anyio.current_time() + 1)  # still pending: returns
+
+
+async def test_static_evidence_never_expires_by_waiting(autojump_clock: object) -> None:
+    p = MemoryProvider(services={"orders": "orders"}, evidence=EvidenceKind.STATIC_FACT)
+    p.set("orders", [inst("a")])
+    async with memory_owner({"primary": p}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        with pytest.raises(DeadlineExceeded):
+            await obs.changed(anyio.current_time() + 3600)
+        assert obs.snapshot(strict=True).identities() == ("a",)
+        assert p.query_counts["orders"] == 1  # a static fact is asked for once
+
+
+async def test_close_is_seen_by_every_handle(autojump_clock: object) -> None:
+    p = provider()
+    async with memory_owner({"primary": p}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        waiter = owner.begin_close(anyio.current_time() + 5)
+        assert reason_of(obs) == "closed"
+        await obs.changed(anyio.current_time() + 5)
+        with pytest.raises(EvidenceUnavailable) as info:
+            await obs.changed(anyio.current_time() + 5)
+        assert info.value.reason == "closed"
+        await waiter.wait()
+
+
+async def test_idle_observation_is_reclaimed(autojump_clock: object) -> None:
+    p = provider()
+    pol = policy(idle_timeout_ms=30000)
+    async with memory_owner({"primary": p}, policies={"primary": pol}) as owner:
+        connection = owner._connections["primary"]
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        # a live handle holds the slot beyond the idle timeout
+        await anyio.sleep(100)
+        assert "orders" in connection.slots
+        dropped_at = anyio.current_time()
+        del obs
+        gc.collect()
+        await anyio.sleep(29)
+        assert "orders" in connection.slots
+        await anyio.sleep(6 + 0.1)  # idle timeout + at most one check interval
+        assert "orders" not in connection.slots
+        queries = p.query_counts["order-worker"]
+        await anyio.sleep(60)
+        assert p.query_counts["order-worker"] == queries  # its task is gone
+        assert owner.observer().snapshot().live_tasks == 0
+        assert anyio.current_time() - dropped_at > 30
+        # a new observe starts a fresh slot
+        again = await owner.client().observe("orders", anyio.current_time() + 5)
+        assert again.snapshot().identities() == ("a", "b")
+
+
+async def test_recent_access_holds_an_unheld_slot(autojump_clock: object) -> None:
+    p = provider()
+    pol = policy(idle_timeout_ms=30000)
+    async with memory_owner({"primary": p}, policies={"primary": pol}) as owner:
+        connection = owner._connections["primary"]
+        for _ in range(4):
+            await owner.client().observe("orders", anyio.current_time() + 5)  # dropped at once
+            gc.collect()
+            await anyio.sleep(20)
+            assert "orders" in connection.slots
+
+
+async def test_backoff_spaces_out_failed_queries(autojump_clock: object) -> None:
+    p = provider()
+    pol = policy(retry={"initial_backoff_ms": 1000, "max_backoff_ms": 8000})
+    async with memory_owner({"primary": p}, policies={"primary": pol}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        p.fail("order-worker", IncompleteSnapshot("down"))
+        before = p.query_counts["order-worker"]
+        await anyio.sleep(5.01)  # the first failing poll
+        await anyio.sleep(60)
+        failed = p.query_counts["order-worker"] - before
+        # caps 1, 2, 4, 8, 8...: between 60/8 and 1 + 60/(0.5) queries, and far
+        # fewer than an unbounded retry loop would make
+        assert 8 <= failed <= 20
+        assert reason_of(obs) == "stale"
+
+
+async def test_watch_mode_sees_changes_without_polling(autojump_clock: object) -> None:
+    p = provider(watch=True)
+    async with memory_owner({"primary": p}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        await anyio.sleep(0.1)
+        assert p.active_watches("order-worker") == 1
+        start = anyio.current_time()
+        p.set("order-worker", [inst("c", 3)])
+        await obs.changed(anyio.current_time() + 1)
+        assert anyio.current_time() == start
+        assert obs.snapshot().identities() == ("c",)
+        p.watch_fail("order-worker", IdentityRevoked("token revoked"))
+        assert reason_of(obs) == "revoked"
+        # the watch ends; the slot backs off and starts a new one
+        p.end_watches("order-worker", IncompleteSnapshot("stream reset"))
+        await anyio.sleep(3)
+        assert p.watch_counts["order-worker"] == 2
+        assert obs.snapshot().identities() == ("c",)
+        assert owner.observer().snapshot().capacity.watch_streams == 1
+
+
+async def test_watch_confirmation_queries_run_every_poll_interval(autojump_clock: object) -> None:
+    p = provider(watch=True)
+    async with memory_owner({"primary": p}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        await anyio.sleep(20.5)
+        assert p.query_counts["order-worker"] == 5  # initial + 4 confirmations
+        assert obs.snapshot(strict=True).identities() == ("a", "b")
+
+
+async def test_queued_watch_keeps_polling_until_streams_free(autojump_clock: object) -> None:
+    from nadisc import LimitsConfig
+
+    p = MemoryProvider(services={"one": "one", "two": "two"}, watch=True)
+    p.set("one", [inst("a")])
+    p.set("two", [inst("b")])
+    limits = LimitsConfig(max_watch_streams=1)
+    pol = policy(idle_timeout_ms=10000)
+    async with memory_owner({"primary": p}, limits=limits, policies={"primary": pol}) as owner:
+        handle = owner.client()
+        first = await handle.observe("one", anyio.current_time() + 5)
+        second = await handle.observe("two", anyio.current_time() + 5)
+        await anyio.sleep(10.5)
+        assert p.active_watches("one") == 1
+        assert p.watch_counts["two"] == 0
+        assert p.query_counts["two"] == 3  # queued: periodic queries
+        assert owner.observer().snapshot().capacity.watch_streams_queued == 1
+        p.set("two", [inst("c")])
+        await anyio.sleep(5)
+        assert second.snapshot().identities() == ("c",)
+        del first
+        gc.collect()
+        await anyio.sleep(30)  # "one" is reclaimed, its stream goes to "two"
+        assert p.active_watches("two") == 1
+        assert p.watch_counts["two"] == 1
+
+
+async def test_invalid_records_are_counted(autojump_clock: object) -> None:
+    p = MemoryProvider(services={"orders": "orders"})
+    p.set("orders", [inst("a")], invalid={"rec-7": "port missing"})
+    async with memory_owner({"primary": p}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        assert obs.snapshot().identities() == ("a",)
+        connection = owner.observer().snapshot().connection("primary")
+        assert connection.invalid_records == 1
+        (service,) = connection.services
+        assert service.invalid_records == (("rec-7", "port missing"),)
+        # A later listing without malformed records clears the per-service view.
+        p.set("orders", [inst("a"), inst("b")])
+        await obs.changed(anyio.current_time() + 30)
+        (service,) = owner.observer().snapshot().connection("primary").services
+        assert service.invalid_records == ()
+
+
+async def test_snapshot_record_is_immutable(autojump_clock: object) -> None:
+    p = provider()
+    async with memory_owner({"primary": p}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        snap = obs.snapshot()
+        with pytest.raises(AttributeError):
+            snap.instances = ()  # type: ignore[misc]
+        assert isinstance(p.listing("order-worker"), ProviderSnapshot)
+        assert obs.connection == "primary" and obs.service == "orders"
+
+
+async def test_a_broken_provider_ends_only_its_observation(autojump_clock: object) -> None:
+    class Broken(MemoryProvider):
+        def __init__(self) -> None:
+            super().__init__(services={"orders": "orders"})
+
+        async def query(self, service: str, deadline: float) -> ProviderSnapshot:
+            raise RuntimeError("bug")
+
+    healthy = provider()
+    async with memory_owner({"primary": Broken(), "other": healthy}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        assert reason_of(obs) == "incomplete"  # the exception became a typed outcome
+        other = await owner.client("other").observe("orders", anyio.current_time() + 5)
+        await anyio.sleep(30)
+        assert other.snapshot().identities() == ("a", "b")
+
+
+async def test_a_defect_in_one_slot_does_not_stop_the_owner(
+    autojump_clock: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from nadisc._observation import Slot
+
+    original = Slot._poll_cycle
+
+    async def defective(self: Slot, *args: object) -> str:
+        if self.alias == "orders" and self.connection.name == "primary":
+            raise RuntimeError("defect")
+        return await original(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Slot, "_poll_cycle", defective)
+    async with memory_owner({"primary": provider(), "other": provider()}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        assert reason_of(obs) == "closed"
+        assert "the observation failed" in caplog.text
+        other = await owner.client("other").observe("orders", anyio.current_time() + 5)
+        await anyio.sleep(10)
+        assert other.snapshot().identities() == ("a", "b")
+        assert owner.observer().snapshot().live_tasks == 1

@@ -1,0 +1,370 @@
+"""DiscoveryTransport against real loopback HTTP servers (no mocked transport)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from nadisc import (
+    DeadlineExceeded,
+    DiscoveryOwner,
+    DiscoveryTransport,
+    EvidenceUnavailable,
+    IdentityRevoked,
+    Instance,
+    NotDiscoveryUrl,
+    ObservationSnapshot,
+    QualifierError,
+    RestConfig,
+    RestOptions,
+    UnknownService,
+)
+from nadisc._route import Attempt, InstanceService, Route
+from nadisc.testing import MemoryProvider
+from tests.nadisc.owner_support import memory_owner, policy
+from tests.support_http import HttpBackend, serve_backends
+
+SERVICE = "orders"
+
+
+def provider(*instances: Instance) -> MemoryProvider:
+    memory = MemoryProvider(services={SERVICE: SERVICE}, watch=True)
+    memory.set(SERVICE, instances)
+    return memory
+
+
+@asynccontextmanager
+async def discovery(
+    memory: MemoryProvider, **rest: Any
+) -> AsyncIterator[tuple[DiscoveryOwner, DiscoveryTransport, httpx.AsyncClient]]:
+    async with memory_owner(
+        {"primary": memory}, policies={"primary": policy(rest=RestConfig(**rest))}
+    ) as owner:
+        transport = DiscoveryTransport(owner)
+        async with httpx.AsyncClient(mounts={"nadisc://": transport}) as http:
+            yield owner, transport, http
+
+
+def closed_port_instance(identity: str) -> Instance:
+    """An instance on a loopback port nothing listens on (connection refused)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return Instance(identity, "127.0.0.1", port)
+
+
+async def test_round_robin_rewrites_url_and_host_per_instance() -> None:
+    async with serve_backends(HttpBackend("a"), HttpBackend("b")) as (a, b):
+        memory = provider(a.instance(), b.instance())
+        async with discovery(memory) as (_, transport, http):
+            bodies = []
+            for _ in range(6):
+                response = await http.get("nadisc://primary/orders/v1/items?limit=5")
+                assert response.status_code == 200
+                assert str(response.request.url) == "nadisc://primary/orders/v1/items?limit=5"
+                assert response.extensions["nadisc.instance"].identity == response.text
+                bodies.append(response.text)
+            assert sorted(bodies) == ["a", "a", "a", "b", "b", "b"]
+            assert bodies[0] != bodies[1]
+            assert {(r.method, r.path) for r in a.requests} == {("GET", "/v1/items")}
+            assert {r.host for r in b.requests} == {f"127.0.0.1:{b.port}"}
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            stats = route.statistics()
+            assert stats.sent == {"a": 3, "b": 3}
+            assert stats.in_flight == {"a": 0, "b": 0}
+
+
+async def test_other_schemes_and_malformed_urls_never_reach_discovery() -> None:
+    async with serve_backends(HttpBackend("a")) as (a,):
+        memory = provider(a.instance())
+        async with discovery(memory) as (_, transport, _http):
+            for url in (
+                a.url + "/orders/x",
+                "nadisc://primary/",
+                "nadisc://primary:80/orders/x",
+            ):
+                with pytest.raises(NotDiscoveryUrl):
+                    await transport.handle_async_request(httpx.Request("GET", url))
+            assert sum(memory.query_counts.values()) == 0
+            assert a.served == 0
+            with pytest.raises(QualifierError):
+                await transport.handle_async_request(
+                    httpx.Request("GET", "nadisc://elsewhere/orders/x")
+                )
+            with pytest.raises(UnknownService):
+                await transport.handle_async_request(
+                    httpx.Request("GET", "nadisc://primary/payments/x")
+                )
+            assert sum(memory.query_counts.values()) == 0
+
+
+async def test_drain_during_load_loses_no_request_and_drained_gets_nothing() -> None:
+    backends = [HttpBackend(name, latency=0.002) for name in ("a", "b", "c")]
+    async with serve_backends(*backends) as (a, b, c):
+        memory = provider(a.instance(), b.instance(), c.instance())
+        async with discovery(memory) as (_, transport, http):
+            statuses: list[int] = []
+            total = 300
+            issued = 0
+            sent_to_b_at_drain: int | None = None
+
+            async def worker() -> None:
+                nonlocal issued, sent_to_b_at_drain
+                while issued < total:
+                    issued += 1
+                    if issued == total // 3:
+                        memory.set(SERVICE, [a.instance(), c.instance()])
+                        route = transport.route("primary", SERVICE)
+                        assert route is not None
+                        sent_to_b_at_drain = route.statistics().sent.get("b", 0)
+                    response = await http.get("nadisc://primary/orders/work")
+                    statuses.append(response.status_code)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(16):
+                    tg.start_soon(worker)
+            assert statuses == [200] * total
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            stats = route.statistics()
+            assert sent_to_b_at_drain is not None and sent_to_b_at_drain > 0
+            # Nothing was handed to b after the drain, and b saw exactly what was sent.
+            assert stats.sent["b"] == sent_to_b_at_drain == b.served
+            assert set(stats.in_flight) == {"a", "c"}
+            assert a.served + b.served + c.served == total
+
+
+async def test_revoked_and_emptied_listings_send_nothing() -> None:
+    async with serve_backends(HttpBackend("a")) as (a,):
+        memory = provider(a.instance())
+        async with discovery(memory) as (_, _transport, http):
+            assert (await http.get("nadisc://primary/orders/x")).status_code == 200
+            memory.watch_fail(SERVICE, IdentityRevoked("token revoked"))
+            with pytest.raises(EvidenceUnavailable) as info:
+                await http.get("nadisc://primary/orders/x")
+            assert info.value.reason == "revoked"
+            memory.set(SERVICE, [a.instance()])
+            assert (await http.get("nadisc://primary/orders/x")).status_code == 200
+            memory.set_empty(SERVICE)
+            with pytest.raises(EvidenceUnavailable) as info:
+                await http.get("nadisc://primary/orders/x")
+            assert info.value.reason == "empty"
+            assert a.served == 2
+
+
+async def test_instance_revoked_between_selection_and_send_is_never_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with serve_backends(HttpBackend("a"), HttpBackend("b")) as (a, b):
+        memory = provider(a.instance(), b.instance())
+        async with discovery(memory) as (_, transport, http):
+            assert (await http.get("nadisc://primary/orders/x")).text == "a"
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            # Let the balance keep its old pool up to the moment of sending, as if
+            # the revocation landed between selection and hand-over.
+            selected: list[str] = []
+            real_call = InstanceService.call
+
+            def stale_snapshot(self: Route) -> ObservationSnapshot:
+                return self.observation.snapshot()
+
+            async def spy(self: InstanceService, attempt: Attempt) -> httpx.Response:
+                selected.append(self.key)
+                return await real_call(self, attempt)
+
+            monkeypatch.setattr(Route, "snapshot", stale_snapshot)
+            monkeypatch.setattr(InstanceService, "call", spy)
+            memory.set(SERVICE, [a.instance()])
+            response = await http.get("nadisc://primary/orders/x")
+            assert selected == ["b", "a"]  # b was picked, declined, and never sent to
+            assert response.text == "a"
+            assert b.served == 0
+            assert route.statistics().sent == {"a": 2}
+            # The declined pick's guard was cancelled: nothing is left in flight.
+            assert route.streaming.balance.statistics().in_flight == 0
+
+
+async def test_unchanged_instance_keeps_its_endpoint_and_a_changed_one_is_rebuilt() -> None:
+    async with serve_backends(HttpBackend("a"), HttpBackend("b")) as (a, b):
+        memory = provider(a.instance(), b.instance())
+        async with discovery(memory, lb_strategy="weighted") as (_, transport, http):
+            await http.get("nadisc://primary/orders/x")
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            balance = route.streaming.discovery
+            before_a, before_b = balance.endpoint("a"), balance.endpoint("b")
+            memory.set(SERVICE, [a.instance(), b.instance(weight=3.0)])
+            await http.get("nadisc://primary/orders/x")
+            assert balance.endpoint("a") is before_a
+            assert balance.endpoint("b") is not before_b
+            assert balance.endpoint("b").weight == 3.0
+
+
+async def test_get_is_retried_on_another_instance_for_retryable_status() -> None:
+    async with serve_backends(HttpBackend("bad", status=503), HttpBackend("good")) as (bad, good):
+        memory = provider(bad.instance(), good.instance())
+        async with discovery(memory, max_attempts=2, retry_get_head_on_retryable_status=True) as (
+            _,
+            transport,
+            http,
+        ):
+            for _ in range(4):
+                response = await http.get("nadisc://primary/orders/x")
+                assert response.status_code == 200 and response.text == "good"
+            # Without the switch, or for POST, the 503 is the answer.
+            response = await http.post("nadisc://primary/orders/x", content=b"order")
+            posts = [r for r in bad.requests + good.requests if r.method == "POST"]
+            assert len(posts) == 1
+            assert response.status_code in (200, 503)
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            assert route.statistics().in_flight == {"bad": 0, "good": 0}
+
+
+async def test_post_is_never_retried_even_on_transport_errors() -> None:
+    async with serve_backends(HttpBackend("good")) as (good,):
+        dead = closed_port_instance("dead")
+        memory = provider(dead, good.instance())
+        async with discovery(
+            memory,
+            max_attempts=4,
+            retry_get_head_on_transport_error=True,
+            retry_get_head_on_retryable_status=True,
+        ) as (_, transport, http):
+            with pytest.raises(httpx.ConnectError):
+                await http.post("nadisc://primary/orders/x", content=b"once")
+            assert good.served == 0
+            # The same failure on GET moves on to the other instance.
+            for _ in range(2):
+                response = await http.get("nadisc://primary/orders/x")
+                assert response.status_code == 200
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            assert route.statistics().sent == {"dead": 2, "good": 2}
+
+
+async def test_attempts_never_exceed_max_attempts() -> None:
+    backends = tuple(HttpBackend(f"s{i}", status=503) for i in range(5))
+    async with serve_backends(*backends) as served:
+        memory = provider(*(b.instance() for b in served))
+        async with discovery(memory, max_attempts=3, retry_get_head_on_retryable_status=True) as (
+            _,
+            _transport,
+            http,
+        ):
+            response = await http.get("nadisc://primary/orders/x")
+            assert response.status_code == 503
+            hits = [b.served for b in served]
+            assert sum(hits) == 3 and max(hits) == 1  # three different instances
+
+
+async def test_retries_share_one_budget() -> None:
+    slow = (HttpBackend("s1", latency=5.0), HttpBackend("s2", latency=5.0))
+    async with serve_backends(*slow) as (s1, s2):
+        memory = provider(s1.instance(), s2.instance())
+        async with discovery(
+            memory,
+            request_timeout_ms=600,
+            connect_timeout_ms=100,
+            max_attempts=16,
+            retry_get_head_on_transport_error=True,
+        ) as (_, transport, http):
+            started = anyio.current_time()
+            with pytest.raises(DeadlineExceeded):
+                await http.get("nadisc://primary/orders/x")
+            elapsed = anyio.current_time() - started
+            assert 0.55 <= elapsed < 1.0
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            assert sum(route.statistics().sent.values()) <= 16
+            assert route.statistics().in_flight == {"s1": 0, "s2": 0}
+
+
+async def test_cancelled_caller_releases_the_load_guard() -> None:
+    async with serve_backends(HttpBackend("slow", latency=5.0)) as (slow,):
+        memory = provider(slow.instance())
+        async with discovery(memory) as (_, transport, http):
+            route_seen: list[int] = []
+
+            async def watch() -> None:
+                await anyio.sleep(0.2)  # the request is at the backend by now
+                assert slow.active == 1
+                route = transport.route("primary", SERVICE)
+                assert route is not None
+                route_seen.append(route.statistics().in_flight["slow"])
+
+            with anyio.move_on_after(0.3) as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(watch)
+                    await http.get("nadisc://primary/orders/x")
+            assert scope.cancelled_caught
+            assert route_seen == [1]
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            assert route.statistics().in_flight == {"slow": 0}
+            assert route.streaming.balance.statistics().in_flight == 0
+
+
+async def test_open_response_body_keeps_load_counted_until_closed() -> None:
+    async with serve_backends(HttpBackend("s", chunks=3, chunk_delay=0.01)) as (s,):
+        memory = provider(s.instance())
+        async with discovery(memory, lb_strategy="p2c_peak_ewma") as (_, transport, http):
+            request = http.build_request("GET", "nadisc://primary/orders/stream")
+            response = await http.send(request, stream=True)
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            assert route.statistics().in_flight == {"s": 1}
+            await anyio.sleep(0.05)  # the body is still open: the load stays counted
+            assert route.statistics().in_flight == {"s": 1}
+            await response.aclose()
+            assert route.statistics().in_flight == {"s": 0}
+            # A body read to the end also ends the guard.
+            async with http.stream("GET", "nadisc://primary/orders/stream") as streamed:
+                assert await streamed.aread() == b"ssss"
+            assert route.statistics().in_flight == {"s": 0}
+
+
+async def test_options_override_applies_to_every_connection() -> None:
+    async with serve_backends(HttpBackend("a")) as (a,):
+        memory = provider(a.instance())
+        async with memory_owner({"primary": memory}) as owner:
+            options = RestOptions(request_timeout=2.0, connect_timeout=0.5)
+            async with DiscoveryTransport(owner, options=options, qualifiers=["primary"]) as t:
+                assert t.options_for("primary") is options
+                response = await t.handle_async_request(
+                    httpx.Request("GET", "nadisc://primary/orders/x")
+                )
+                await response.aread()
+                await response.aclose()
+                assert response.status_code == 200
+            with pytest.raises(Exception, match="closed"):
+                await t.handle_async_request(httpx.Request("GET", "nadisc://primary/orders/x"))
+
+
+async def test_head_is_retried_too_and_the_instance_scheme_is_used() -> None:
+    async with serve_backends(HttpBackend("bad", status=502), HttpBackend("good")) as (bad, good):
+        memory = provider(bad.instance(), good.instance())
+        async with discovery(memory, max_attempts=2, retry_get_head_on_retryable_status=True) as (
+            _,
+            _transport,
+            http,
+        ):
+            for _ in range(2):
+                assert (await http.head("nadisc://primary/orders/x")).status_code == 200
+            # Round robin offers "bad" first both times; each retry moves to "good".
+            assert [r.method for r in bad.requests] == ["HEAD", "HEAD"]
+            assert [r.method for r in good.requests] == ["HEAD", "HEAD"]
+        # https towards a plain-http instance: the TLS handshake fails, nothing is served.
+        async with discovery(memory, instance_scheme="https") as (_, _transport, http):
+            with pytest.raises(httpx.ConnectError):
+                await http.get("nadisc://primary/orders/x")
+        assert bad.served + good.served == 4

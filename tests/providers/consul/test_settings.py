@@ -1,0 +1,86 @@
+"""Settings validation: frozen, strict, secrets hidden, Consul's own limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import certifi
+import pytest
+from nadisc_consul import ConsulProvider, ConsulSettings, ServiceBinding
+from pydantic import ValidationError
+
+from nadisc import ConfigError
+from tests.providers.consul.conftest import context
+
+
+def settings(**values: Any) -> ConsulSettings:
+    return ConsulSettings.model_validate(values)
+
+
+def test_defaults_follow_the_documented_options() -> None:
+    value = settings()
+    assert str(value.url) == "http://127.0.0.1:8500/"
+    assert value.wait == 30.0 and value.catalog_wait == 300.0
+    assert value.reregister_interval == 30.0
+    assert value.health_check_interval == 10.0
+    assert value.deregister_critical_service_after == 60.0
+    assert value.consistency == "default" and value.enabled
+    assert not value.allow_loopback
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"unknown": 1}, "unknown"),
+        ({"deregister_critical_service_after": 30}, "deregister_critical_service_after"),
+        ({"wait": 0}, "wait"),
+        ({"wait": 601}, "wait"),
+        ({"consistency": "eventual"}, "consistency"),
+        ({"meta": {"nadisc.version": "1"}}, "meta"),
+        ({"meta": {"consul-x": "1"}}, "meta"),
+        ({"health_check_path": "health"}, "health_check_path"),
+        ({"services": {"a": {"name": "x", "extra": 1}}}, "services"),
+        ({"url": "ftp://consul"}, "url"),
+    ],
+)
+def test_bad_values_name_the_field(values: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as error:
+        settings(**values)
+    assert field in str(error.value)
+
+
+def test_frozen() -> None:
+    value = settings()
+    with pytest.raises(ValidationError):
+        value.wait = 5.0
+
+
+def test_token_is_secret() -> None:
+    value = settings(token="abcd-1234-secret")
+    assert "abcd-1234-secret" not in repr(value)
+    assert "abcd-1234-secret" not in str(value.model_dump())
+    assert value.token is not None and value.token.get_secret_value() == "abcd-1234-secret"
+
+
+def test_bindings_resolve_alias_then_unique_remote_name() -> None:
+    value = settings(services={"orders": {"name": "order-worker", "tag": "grpc"}})
+    assert value.binding("orders") == ServiceBinding(name="order-worker", tag="grpc")
+    assert value.binding("order-worker").tag == "grpc"
+    assert value.binding("other") == ServiceBinding(name="other")
+
+
+async def test_ca_file_is_used_for_https_and_bad_bundles_are_config_errors() -> None:
+    with pytest.raises(ValidationError, match="https"):
+        settings(url="http://consul:8500", ca_file=certifi.where())
+    good = ConsulProvider(context(), settings(url="https://consul:8501", ca_file=certifi.where()))
+    await good.aclose()
+    with pytest.raises(ConfigError, match=r"consul\.ca_file"):
+        ConsulProvider(context(), settings(url="https://consul:8501", ca_file="/nonexistent.pem"))
+
+
+async def test_binding_name_defaults_to_the_alias_and_bindings_are_exposed() -> None:
+    value = settings(services={"orders": {"tag": "grpc"}, "db": {"name": "postgres"}})
+    assert value.binding("orders") == ServiceBinding(name="orders", tag="grpc")
+    provider = ConsulProvider(context(), value)
+    assert provider.bindings() == {"orders": "orders", "db": "postgres"}
+    await provider.aclose()

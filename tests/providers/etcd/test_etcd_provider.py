@@ -1,0 +1,563 @@
+"""Provider-level tests against a real etcd server (loopback, throw-away).
+
+These run on real time: the server is real. Timeouts, TTLs and backoffs are
+kept small so the module stays well under a minute.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import socket
+
+import pytest
+import trio
+
+from nadisc import (
+    CapacityRejected,
+    DeadlineExceeded,
+    EvidenceKind,
+    HealthStatus,
+    IdentityRevoked,
+    IncompleteSnapshot,
+    LeaseLost,
+    LifecycleError,
+    OutcomeUnknown,
+    Registered,
+    RegistrationError,
+    RegistrationRecord,
+)
+
+from .conftest import EtcdServer, ProviderMaker, RawEtcd, RecordingSink, make_context
+
+pytestmark = pytest.mark.real_server
+
+
+def soon(seconds: float = 3.0) -> float:
+    return trio.current_time() + seconds
+
+
+def record(
+    instance_id: str = "i-1", *, service: str = "orders", **fields: object
+) -> RegistrationRecord:
+    values: dict[str, object] = {
+        "registration": "web",
+        "service": service,
+        "instance_id": instance_id,
+        "host": "127.0.0.1",
+        "port": 8080,
+    }
+    values.update(fields)
+    return RegistrationRecord(**values)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- discovery
+
+
+async def test_query_lists_records_in_grpc_layout(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server)
+    head = f"{provider.settings.prefix}/orders"
+    await raw.put_record(f"{head}/a", "10.0.0.1:8080")
+    await raw.put_record(f"{head}/b", "[::1]:9090", {"weight": 3, "tags": ["x"], "zone": "z1"})
+    await raw.put_record(f"{head}/c", "10.0.0.3:81", "opaque")
+    # A sibling service whose name extends ours must not leak into the listing.
+    await raw.put_record(f"{provider.settings.prefix}/orders-other/d", "10.0.0.4:1")
+
+    snapshot = await provider.query("orders", soon())
+
+    assert snapshot.service == "orders"
+    assert snapshot.evidence is EvidenceKind.LEASE
+    assert snapshot.identities() == ("a", "b", "c")
+    a, b, c = snapshot.instances
+    assert (a.host, a.port, a.weight, a.tags, dict(a.metadata)) == ("10.0.0.1", 8080, 1.0, (), {})
+    assert (b.host, b.port, b.weight, b.tags, dict(b.metadata)) == (
+        "::1",
+        9090,
+        3.0,
+        ("x",),
+        {"zone": "z1"},
+    )
+    assert dict(c.metadata) == {"Metadata": "opaque"}
+    assert snapshot.invalid == {}
+
+
+async def test_query_of_an_empty_service_is_a_complete_empty_listing(
+    etcd_server: EtcdServer, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server)
+    snapshot = await provider.query("nobody", soon())
+    assert snapshot.instances == () and snapshot.invalid == {}
+
+
+async def test_watch_sees_put_and_delete_within_one_round_trip(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server, probe_interval_ms=10_000)
+    head = f"{provider.settings.prefix}/orders"
+    await raw.put_record(f"{head}/a", "10.0.0.1:8080")
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        assert sink.ids() == {"a"}  # started() comes after the first complete listing
+
+        # Each change is in the very next publish: one event, one round trip.
+        changes = [
+            (f"{head}/b", "10.0.0.2:8080", {"a": 8080, "b": 8080}),
+            (f"{head}/b", "10.0.0.2:9999", {"a": 8080, "b": 9999}),
+            (f"{head}/a", None, {"b": 9999}),
+        ]
+        for key, addr, expected in changes:
+            before = len(sink.publishes)
+            if addr is None:
+                await raw.delete(key)
+            else:
+                await raw.put_record(key, addr)
+            await sink.wait_for(lambda: len(sink.publishes) > before, 1.0)  # noqa: B023
+            first = sink.publishes[before]
+            assert {i.identity: i.port for i in first.instances} == expected
+        nursery.cancel_scope.cancel()
+    assert sink.failures == []
+    stats = provider.statistics()
+    assert (stats.watch_ranges, stats.watch_streams_opened) == (1, 1)
+
+
+async def test_idle_watch_is_confirmed_by_progress(
+    etcd_server: EtcdServer, make_provider: ProviderMaker
+) -> None:
+    # Server progress notifications every second and probes every 300 ms both
+    # confirm the listing without publishing it again.
+    provider = make_provider(etcd_server)
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "idle", sink)
+        await sink.wait_for(lambda: sink.refreshes >= 2, 3.0)
+        nursery.cancel_scope.cancel()
+    assert len(sink.publishes) == 1 and sink.failures == []
+
+
+async def test_burst_of_1000_puts_converges_to_the_exact_newest_state(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server)
+    head = f"{provider.settings.prefix}/burst"
+    sink = RecordingSink()
+    expected = {f"i{n:04d}" for n in range(1000) if n % 7}
+
+    async def writer(worker: int) -> None:
+        for n in range(worker, 1000, 20):
+            await raw.put_record(f"{head}/i{n:04d}", f"10.1.{n // 250}.{n % 250 + 1}:80")
+            if n % 7 == 0:
+                await raw.delete(f"{head}/i{n:04d}")
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "burst", sink)
+        async with trio.open_nursery() as writers:
+            for worker in range(20):
+                writers.start_soon(writer, worker)
+        await sink.wait_for(lambda: sink.ids() == expected, 20.0)
+        nursery.cancel_scope.cancel()
+    final = await provider.query("burst", soon())
+    assert final == sink.latest
+    assert sink.latest.invalid == {}
+    # At most one publish per received batch of events (plus the first listing);
+    # events arriving together are published once.
+    assert len(sink.publishes) <= 1 + 1000 + 143
+
+
+async def test_malformed_records_are_invalid_and_the_valid_rest_stands(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server, max_record_bytes=256)
+    head = f"{provider.settings.prefix}/orders"
+    await raw.put_record(f"{head}/good", "10.0.0.1:80")
+    await raw.put(f"{head}/not-json", "{nope")
+    await raw.put(f"{head}/not-object", "[1, 2]")
+    await raw.put(f"{head}/no-addr", json.dumps({"Op": 0}))
+    await raw.put_record(f"{head}/no-port", "10.0.0.2")
+    await raw.put(f"{head}/delete-op", json.dumps({"Op": 1, "Addr": "10.0.0.3:80"}))
+    await raw.put_record(f"{head}/bad-weight", "10.0.0.4:80", {"weight": -1})
+    await raw.put_record(f"{head}/too-big", "10.0.0.5:80", {"blob": "x" * 400})
+    await raw.put(f"{head}/binary", b"\xff\xfe\x00")
+
+    snapshot = await provider.query("orders", soon())
+
+    assert snapshot.identities() == ("good",)
+    invalid_ids = {key.rsplit("/", 1)[1] for key in snapshot.invalid}
+    assert invalid_ids == {
+        "not-json",
+        "not-object",
+        "no-addr",
+        "no-port",
+        "delete-op",
+        "bad-weight",
+        "too-big",
+        "binary",
+    }
+    assert "max_record_bytes" in snapshot.invalid[f"{head}/too-big"]
+    assert "port" in snapshot.invalid[f"{head}/no-port"]
+
+    # The watch applies the same rule to events: a bad record joins ``invalid``,
+    # fixing it moves it back among the instances.
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        assert sink.latest == snapshot
+        await raw.put(f"{head}/good", "garbage")
+        await sink.wait_for(lambda: sink.ids() == set(), 1.0)
+        assert f"{head}/good" in sink.latest.invalid
+        await raw.put_record(f"{head}/no-port", "10.0.0.2:8")
+        await sink.wait_for(lambda: sink.ids() == {"no-port"}, 1.0)
+        assert f"{head}/no-port" not in sink.latest.invalid
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_response_over_the_byte_limit_is_capacity_rejected(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server, context=make_context(max_response_bytes=2000))
+    head = f"{provider.settings.prefix}/orders"
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        # One event larger than the limit: the stream refuses the message.
+        await raw.put_record(f"{head}/fat", "10.0.0.1:80", {"blob": "x" * 3000})
+        await sink.wait_for(lambda: bool(sink.failures), 2.0)
+        nursery.cancel_scope.cancel()
+    assert isinstance(sink.failures[0], CapacityRejected)
+    with pytest.raises(CapacityRejected, match="max_response_bytes"):
+        await provider.query("orders", soon())
+
+
+async def test_more_instances_than_the_limit_is_capacity_rejected(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server, context=make_context(max_instances_per_service=2))
+    head = f"{provider.settings.prefix}/orders"
+    for n in range(3):
+        await raw.put_record(f"{head}/i{n}", f"10.0.0.{n + 1}:80")
+    with pytest.raises(CapacityRejected, match="max_instances_per_service=2"):
+        await provider.query("orders", soon())
+
+
+async def test_watch_reports_an_unreachable_server_and_still_starts(
+    make_provider: ProviderMaker,
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    provider = make_provider(f"http://127.0.0.1:{port}")
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        assert sink.publishes == []
+        assert isinstance(sink.failures[0], IncompleteSnapshot)
+        await sink.wait_for(lambda: len(sink.failures) >= 2, 2.0)  # it keeps retrying
+        nursery.cancel_scope.cancel()
+    with pytest.raises(IncompleteSnapshot, match="no endpoint accepted"):
+        await provider.query("orders", soon())
+    # Nothing was sent: a write is known not to have applied (not OutcomeUnknown).
+    with pytest.raises(IncompleteSnapshot, match="not sent"):
+        await provider.register(record(), soon())
+    with pytest.raises(IncompleteSnapshot, match="not sent"):
+        await provider.renew(Registered(record(), "12345"), soon())
+
+
+async def test_deadlines_are_checked_before_any_request(
+    etcd_server: EtcdServer, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server)
+    with pytest.raises(DeadlineExceeded):
+        await provider.query("orders", trio.current_time() - 1)
+    with pytest.raises(DeadlineExceeded):
+        await provider.register(record(), math.nan)
+    assert provider.statistics().requests == 0
+
+
+async def test_a_closed_provider_refuses_work(
+    etcd_server: EtcdServer, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server)
+    await provider.aclose()
+    await provider.aclose()  # idempotent
+    with pytest.raises(LifecycleError):
+        await provider.query("orders", soon())
+
+
+# ------------------------------------------------------------- registration
+
+
+async def test_register_writes_a_grpc_compatible_record_on_a_lease(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server)
+    mine = record(weight=2.5, tags=("blue",), metadata={"zone": "z1"})
+    registered = await provider.register(mine, soon())
+
+    [kv] = await raw.get(f"{provider.settings.prefix}/orders/i-1")
+    assert int(kv["lease"]) == int(registered.handle)
+    assert json.loads(base64.b64decode(kv["value"])) == {
+        "Op": 0,
+        "Addr": "127.0.0.1:8080",
+        "Metadata": {"zone": "z1", "weight": 2.5, "tags": ["blue"]},
+    }
+    [instance] = (await provider.query("orders", soon())).instances
+    assert (instance.identity, instance.weight, instance.tags) == ("i-1", 2.5, ("blue",))
+    assert await provider.check(registered, soon()) is HealthStatus.HEALTHY
+    assert await provider.renew(registered, soon()) == registered
+
+
+async def test_deregister_revokes_the_lease_and_removes_the_key(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server)
+    registered = await provider.register(record(), soon())
+    await provider.deregister(registered, soon())
+    assert await raw.get(f"{provider.settings.prefix}/orders/i-1") == []
+    assert await provider.check(registered, soon()) is HealthStatus.MISSING
+    with pytest.raises(LeaseLost):
+        await provider.renew(registered, soon())
+    await provider.deregister(registered, soon())  # already gone: harmless
+
+
+async def test_deregister_leaves_a_record_someone_else_rewrote(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server)
+    registered = await provider.register(record(), soon())
+    key = f"{provider.settings.prefix}/orders/i-1"
+    await raw.put_record(key, "127.0.0.1:9999")  # a newer process, no lease
+    assert await provider.check(registered, soon()) is HealthStatus.MISSING
+    await provider.deregister(registered, soon())
+    [kv] = await raw.get(key)
+    assert json.loads(base64.b64decode(kv["value"]))["Addr"] == "127.0.0.1:9999"
+
+
+async def test_keepalive_on_a_revoked_lease_is_lease_lost(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server)
+    registered = await provider.register(record(), soon())
+    await raw.revoke(int(registered.handle))
+    with pytest.raises(LeaseLost, match="expired or was revoked"):
+        await provider.renew(registered, soon())
+    assert await provider.check(registered, soon()) is HealthStatus.MISSING
+
+
+async def test_lease_lives_while_renewed_and_expires_when_keepalives_stop(
+    etcd_server: EtcdServer, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server, ttl_seconds=2)
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        registered = await provider.register(record(), soon())
+        await sink.wait_for(lambda: sink.ids() == {"i-1"}, 1.0)
+        for _ in range(6):  # 3 s of renewals outlive the 2 s TTL
+            await trio.sleep(0.5)
+            await provider.renew(registered, soon())
+        assert sink.ids() == {"i-1"}
+        stopped = trio.current_time()
+        await sink.wait_for(lambda: sink.ids() == set(), 5.0)
+        assert trio.current_time() - stopped >= 1.0
+        nursery.cancel_scope.cancel()
+    assert await provider.check(registered, soon()) is HealthStatus.MISSING
+    with pytest.raises(LeaseLost):
+        await provider.renew(registered, soon())
+
+
+async def test_invalid_registrations_are_refused_before_any_write(
+    etcd_server: EtcdServer, make_provider: ProviderMaker
+) -> None:
+    provider = make_provider(etcd_server)
+    with pytest.raises(RegistrationError, match="reserved"):
+        await provider.register(record(metadata={"weight": "9"}), soon())
+    with pytest.raises(RegistrationError, match="reachable"):
+        await provider.register(record(host="0.0.0.0"), soon())
+    with pytest.raises(RegistrationError, match="instance_id"):
+        await provider.register(record("a/b"), soon())
+    with pytest.raises(RegistrationError, match="lease id"):
+        await provider.renew(Registered(record(), "not-a-lease"), soon())
+    assert provider.statistics().requests == 0
+
+
+# ------------------------------------------------------------------- faults
+
+
+async def test_a_stopped_server_is_incomplete_then_recovers(
+    own_etcd: EtcdServer, raw_factory, make_provider: ProviderMaker
+) -> None:
+    raw = raw_factory(own_etcd)
+    provider = make_provider(own_etcd, context=make_context(request_timeout=0.5))
+    head = f"{provider.settings.prefix}/orders"
+    await raw.put_record(f"{head}/a", "10.0.0.1:80")
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        own_etcd.pause()
+        try:
+            await sink.wait_for(lambda: bool(sink.failures), 3.0)
+            assert isinstance(sink.failures[0], IncompleteSnapshot)
+            began = trio.current_time()
+            with pytest.raises(IncompleteSnapshot, match="deadline"):
+                await provider.query("orders", soon(10))
+            with pytest.raises(OutcomeUnknown):
+                await provider.register(record(), soon(10))
+            assert trio.current_time() - began < 2.0  # bounded by request_timeout
+            published = len(sink.publishes)
+        finally:
+            own_etcd.resume()
+        # Recovery: a complete listing again, then changes flow as before.
+        await sink.wait_for(lambda: len(sink.publishes) > published, 5.0)
+        assert sink.ids() == {"a"}
+        await raw.put_record(f"{head}/b", "10.0.0.2:80")
+        await sink.wait_for(lambda: sink.ids() == {"a", "b"}, 2.0)
+        nursery.cancel_scope.cancel()
+
+
+async def test_watch_resumes_after_a_restart_without_losing_events(
+    own_etcd: EtcdServer, raw_factory, make_provider: ProviderMaker
+) -> None:
+    raw = raw_factory(own_etcd)
+    # A long backoff leaves a window after the restart in which we write
+    # before the provider reconnects.
+    provider = make_provider(
+        own_etcd,
+        retry_initial_backoff_ms=3000,
+        retry_max_backoff_ms=3000,
+        context=make_context(request_timeout=0.5),
+    )
+    head = f"{provider.settings.prefix}/orders"
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        await raw.put_record(f"{head}/a", "10.0.0.1:80")
+        await sink.wait_for(lambda: sink.ids() == {"a"}, 1.0)
+
+        own_etcd.kill()
+        await sink.wait_for(lambda: bool(sink.failures), 3.0)
+        assert isinstance(sink.failures[0], IncompleteSnapshot)
+        own_etcd.start()
+        # Events between the last revision seen and the reconnect...
+        await raw.put_record(f"{head}/b", "10.0.0.2:80")
+        await raw.delete(f"{head}/a")
+        await sink.wait_for(lambda: sink.ids() == {"b"}, 6.0)
+        # ...and right after it.
+        await raw.put_record(f"{head}/c", "10.0.0.3:80")
+        await sink.wait_for(lambda: sink.ids() == {"b", "c"}, 2.0)
+        nursery.cancel_scope.cancel()
+    stats = provider.statistics()
+    assert stats.watch_ranges == 1  # resumed from revision + 1, never re-ranged
+    assert stats.watch_resumes >= 1 and stats.watch_streams_opened >= 2
+    assert own_etcd.starts == 2
+
+
+async def test_compacted_resume_revision_forces_a_fresh_range(
+    own_etcd: EtcdServer, raw_factory, make_provider: ProviderMaker
+) -> None:
+    raw = raw_factory(own_etcd)
+    provider = make_provider(
+        own_etcd,
+        retry_initial_backoff_ms=3000,
+        retry_max_backoff_ms=3000,
+        context=make_context(request_timeout=0.5),
+    )
+    head = f"{provider.settings.prefix}/orders"
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        await raw.put_record(f"{head}/a", "10.0.0.1:80")
+        await sink.wait_for(lambda: sink.ids() == {"a"}, 1.0)
+
+        own_etcd.pause()  # the probe times out, the stream is abandoned
+        await sink.wait_for(lambda: bool(sink.failures), 3.0)
+        own_etcd.resume()
+        # While the provider backs off: change things and compact them away.
+        await raw.put_record(f"{head}/b", "10.0.0.2:80")
+        await raw.delete(f"{head}/a")
+        await raw.put_record(f"{head}/c", "10.0.0.3:80")
+        await raw.put_record(f"{head}/c", "10.0.0.3:81")
+        await raw.compact(await raw.revision())
+
+        await sink.wait_for(lambda: sink.ids() == {"b", "c"}, 6.0)
+        assert sink.latest.instances[1].port == 81
+        await raw.put_record(f"{head}/d", "10.0.0.4:80")
+        await sink.wait_for(lambda: sink.ids() == {"b", "c", "d"}, 2.0)
+        nursery.cancel_scope.cancel()
+    stats = provider.statistics()
+    assert (stats.compaction_resyncs, stats.watch_ranges) == (1, 2)
+
+
+# --------------------------------------------------------------------- auth
+
+
+async def test_auth_token_refresh_and_revoked_permission(
+    own_etcd: EtcdServer, raw_factory, make_provider: ProviderMaker
+) -> None:
+    raw = raw_factory(own_etcd)
+    prefix = "secured/services"
+    start, end = b"secured/services/", b"secured/services0"
+    for path, body in [
+        ("/v3/auth/user/add", {"name": "root", "password": "root-pw"}),
+        ("/v3/auth/role/add", {"name": "root"}),
+        ("/v3/auth/user/grant", {"user": "root", "role": "root"}),
+        ("/v3/auth/user/add", {"name": "app", "password": "s3cret-app-pw"}),
+        ("/v3/auth/role/add", {"name": "svc"}),
+        (
+            "/v3/auth/role/grant",
+            {
+                "name": "svc",
+                "perm": {"permType": "READWRITE", "key": raw.b64(start), "range_end": raw.b64(end)},
+            },
+        ),
+        ("/v3/auth/user/grant", {"user": "app", "role": "svc"}),
+        ("/v3/auth/enable", {}),
+    ]:
+        await raw.call(path, body)
+
+    provider = make_provider(
+        own_etcd,
+        prefix=prefix,
+        username="app",
+        password="s3cret-app-pw",
+        services={"orders": {"name": "orders"}},
+    )
+    assert "s3cret" not in repr(provider.settings) and "s3cret" not in repr(provider)
+    await provider.prepare(soon())
+    registered = await provider.register(record(), soon())
+    assert (await provider.query("orders", soon())).identities() == ("i-1",)
+    assert provider.statistics().authentications == 1
+
+    # Wrong password: refused as a revoked identity, and the password stays secret.
+    intruder = make_provider(own_etcd, prefix=prefix, username="app", password="wrong-pw")
+    with pytest.raises(IdentityRevoked) as refused:
+        await intruder.prepare(soon())
+    assert "wrong-pw" not in str(refused.value)
+
+    # Turning auth off and on again drops every token the server handed out:
+    # ours is refused once and refreshed transparently.
+    await raw.authenticate("root", "root-pw")
+    await raw.call("/v3/auth/disable", {})
+    raw.token = None
+    await raw.call("/v3/auth/enable", {})
+    assert await provider.check(registered, soon()) is HealthStatus.HEALTHY
+    assert provider.statistics().authentications == 2
+
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        assert sink.ids() == {"i-1"}
+        await raw.authenticate("root", "root-pw")
+        await raw.call(
+            "/v3/auth/role/revoke",
+            {"role": "svc", "key": raw.b64(start), "range_end": raw.b64(end)},
+        )
+        # etcd 3.4 keeps streaming to the old watcher; the probe notices.
+        await sink.wait_for(lambda: any(isinstance(f, IdentityRevoked) for f in sink.failures))
+        nursery.cancel_scope.cancel()
+    with pytest.raises(IdentityRevoked, match="permission denied"):
+        await provider.query("orders", soon())
+    with pytest.raises(IdentityRevoked):
+        await provider.prepare(soon())
