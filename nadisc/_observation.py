@@ -584,6 +584,16 @@ def _check_submit(submit: object) -> None:
         )
 
 
+def _submitted(result: T) -> T:
+    if inspect.iscoroutine(result):
+        result.close()
+        raise TypeError(
+            "submit returned a coroutine: its work would start after the evidence "
+            "check; submit synchronously inside the closure instead"
+        )
+    return result
+
+
 class Observation:
     """A handle on a shared observation. Has no close rights.
 
@@ -633,16 +643,19 @@ class Observation:
         An ``async`` closure (``async def``, an object with ``async def
         __call__``, a ``functools.partial`` of either) is refused with
         ``TypeError`` before the check: its body would run later, after the
-        evidence may have changed. A synchronous closure's return value is
-        handed back as is.
+        evidence may have changed. So is a closure that *returns* an awaitable
+        coroutine (it is closed unrun): the work it stands for would start
+        only when awaited. Hand the request over inside the closure, or
+        return the chosen instance and send right after, with no await in
+        between.
         """
         _check_submit(submit)
-        return submit(self._usable(False))
+        return _submitted(submit(self._usable(False)))
 
     def submit_if_current_strict(self, submit: Callable[[ObservationSnapshot], T]) -> T:
         """As :meth:`submit_if_current`, refusing any evidence after a failure."""
         _check_submit(submit)
-        return submit(self._usable(True))
+        return _submitted(submit(self._usable(True)))
 
     async def changed(self, deadline: float) -> None:
         """Wait for a real change or a real expiry of the evidence.

@@ -28,9 +28,11 @@ own refresh task (in the owner's task group) is the only background work.
 :class:`RestOptions` holds the per-connection calling settings (the seed's
 ``rest`` block, in seconds).
 
-Cost per attempt on a stable listing: one evidence view (``snapshot()``),
-one readiness scan (O(endpoints)), one policy pick, one more evidence view
-in ``submit_if_current``; no allocation proportional to the listing.
+Cost per attempt on a stable listing (:attr:`Route.reconciled`): one
+readiness scan (O(endpoints)), one policy pick and one evidence view in
+``submit_if_current``; after a change, one more evidence view
+(``snapshot()``) and the reconcile step. No allocation proportional to the
+listing.
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import math
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -216,3 +218,30 @@ async def test_a_synchronous_closure_still_works(autojump_clock: object) -> None
         assert orders.submit_if_current_strict(functools.partial(pick_sync, ">")) == ">a"
         with pytest.raises(TypeError, match="callable"):
             orders.submit_if_current("not callable")  # type: ignore[arg-type]
+
+
+async def test_a_closure_returning_a_coroutine_is_refused_and_the_coroutine_closed(
+    autojump_clock: object,
+) -> None:
+    provider = MemoryProvider(services={"orders": "orders"})
+    provider.set("orders", [inst("a")])
+    started: list[str] = []
+
+    async def send(identity: str) -> None:
+        started.append(identity)
+
+    async with memory_owner({"primary": provider}) as owner:
+        orders = await owner.client().observe("orders", anyio.current_time() + 5)
+        coroutines: list[Coroutine[Any, Any, None]] = []
+
+        def later(s: ObservationSnapshot) -> Coroutine[Any, Any, None]:
+            coroutines.append(send(s.identities()[0]))
+            return coroutines[-1]
+
+        with pytest.raises(TypeError, match="returned a coroutine"):
+            _ = orders.submit_if_current(later)
+        with pytest.raises(TypeError, match="returned a coroutine"):
+            _ = orders.submit_if_current_strict(later)
+        # Both were closed unrun: nothing was sent.
+        assert [inspect.getcoroutinestate(c) for c in coroutines] == [inspect.CORO_CLOSED] * 2
+    assert started == []
