@@ -230,9 +230,21 @@ class ConsulProvider:
         return response, parse_index(response.headers.get("x-consul-index"), what=what)
 
     async def decode(
-        self, service: str, body: bytes, *, binding: ServiceBinding | None = None
+        self,
+        service: str,
+        body: bytes,
+        *,
+        binding: ServiceBinding | None = None,
+        previous: ProviderSnapshot | None = None,
     ) -> ProviderSnapshot:
-        """Decode a health answer for ``service``; large ones cooperatively."""
+        """Decode a health answer for ``service``; large ones cooperatively.
+
+        ``previous``, the last snapshot published for the same service, lets
+        unchanged instances be reused rather than rebuilt: the result is the
+        same, but a watch loop over thousands of instances stops creating
+        thousands of long-lived objects per update (and the garbage
+        collector passes they would set off, which stall the event loop).
+        """
         binding = binding if binding is not None else self._settings.binding(service)
         max_instances = self._context.max_instances_per_service
         scope = self._settings.identity_scope
@@ -243,6 +255,7 @@ class ConsulProvider:
                 max_instances=max_instances,
                 tag=binding.tag,
                 identity_scope=scope,
+                previous=previous,
             )
         else:
             snapshot = decode_health_service(
@@ -251,6 +264,7 @@ class ConsulProvider:
                 max_instances=max_instances,
                 tag=binding.tag,
                 identity_scope=scope,
+                previous=previous,
             )
         if snapshot.service != service:
             snapshot = ProviderSnapshot(
@@ -280,6 +294,7 @@ class ConsulProvider:
         backoff = self.new_backoff()
         wait = self._settings.wait
         started = False
+        last: ProviderSnapshot | None = None
         while True:
             delay = bucket.reserve(anyio.current_time())
             if delay > 0:
@@ -296,7 +311,7 @@ class ConsulProvider:
                 )
                 outcome = cursor.observe(new_index)
                 if outcome is IndexOutcome.CHANGED:
-                    snapshot = await self.decode(service, response.body)
+                    snapshot = await self.decode(service, response.body, previous=last)
             except ProviderFailure as failure:
                 cursor_note = f" (index {cursor.index})" if cursor.index else ""
                 logger.info("consul watch of %r failed%s: %s", service, cursor_note, failure)
@@ -313,6 +328,7 @@ class ConsulProvider:
             backoff.succeeded()
             if outcome is IndexOutcome.CHANGED:
                 sink.publish(snapshot)
+                last = snapshot
             elif outcome is IndexOutcome.UNCHANGED:
                 sink.refresh()
             else:

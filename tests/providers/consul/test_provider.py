@@ -104,6 +104,27 @@ async def test_watch_publishes_on_change_and_refreshes_on_quiet_returns(
     assert all(q["wait"] == "10s" and int(q["index"]) >= 1 for q in sent[1:])
 
 
+async def test_watch_reuses_unchanged_instances_across_updates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Thousands of instances rebuilt per update would make long-lived garbage
+    # and event-loop stalls; the loop hands the decoder its last snapshot.
+    fake = ConsulFake()
+    fake.register(WEB, now=0.0)
+    provider = in_process(fake, wait=10.0)
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "web", sink)
+        fake.register({**WEB, "ID": "web-2", "Address": "10.0.0.6"}, now=1.0)
+        await sink.wait_for(lambda: len(sink.published) == 2)
+        first, second = sink.published
+        (kept,) = first.instances
+        assert second.identities() == ("web-1", "web-2")
+        assert second.instances[0] is kept
+        nursery.cancel_scope.cancel()
+    await provider.aclose()
+
+
 async def test_index_going_backwards_triggers_a_fresh_non_blocking_read(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
