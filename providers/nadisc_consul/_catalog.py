@@ -23,6 +23,21 @@ so no change is lost, and its connection is released before the pass ends.
 
 A failed pass keeps the last snapshot, records the error and retries with
 backoff; a rebuild that produces an equal snapshot publishes nothing.
+
+One service's trouble does not cost the others their entries. A per-service
+read that fails in a way that concerns only that service is recorded in
+``CatalogStatistics.rejected`` (name -> reason) and the rest publishes::
+
+    InvalidSnapshot   (only invalid candidates)      -> ()  (never served)
+    CapacityRejected  (over max_instances_per_service
+                       or max_response_bytes)        -> that service's previous
+                                                        instances, else ()
+    AclFiltered       (token lacks service:read)     -> left out of the snapshot
+
+Anything else (transport, 5xx, an unknown token's 403) fails the pass.
+``/v1/catalog/services`` itself is read as Consul filters it: a
+least-privilege token sees only what it may read, which is normal there and
+never a revocation.
 """
 
 from __future__ import annotations
@@ -36,10 +51,11 @@ from typing import Literal
 import anyio
 from anyio.abc import TaskStatus
 
-from nadisc import Instance, InvalidSnapshot, LifecycleError, ProviderFailure
+from nadisc import CapacityRejected, Instance, InvalidSnapshot, LifecycleError, ProviderFailure
 from poise import CellReader, LatestCell, Subscription
 
 from ._blocking import BlockingCursor, IndexOutcome, TokenBucket, read_timeout
+from ._http import AclFiltered
 from ._provider import COOPERATIVE_BYTES, ConsulProvider
 from ._wire import (
     decode_catalog_services,
@@ -60,6 +76,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _EMPTY: Mapping[str, tuple[Instance, ...]] = MappingProxyType({})
+_NO_REJECTIONS: Mapping[str, str] = MappingProxyType({})
 
 Query = Literal["topology", "health"]
 
@@ -120,6 +137,11 @@ class CatalogStatistics:
     queries_in_flight: int
     services: int
     last_error: str | None
+    #: Services the last rebuild could not read on their own (name -> reason);
+    #: the rest of that rebuild was published.
+    rejected: Mapping[str, str] = field(default_factory=lambda: _NO_REJECTIONS)
+    #: Per-service rejections over the catalog's life.
+    rejections: int = 0
 
 
 class ConsulCatalog:
@@ -143,6 +165,8 @@ class ConsulCatalog:
         self._failures = 0
         self._in_flight = 0
         self._last_error: str | None = None
+        self._rejected: Mapping[str, str] = _NO_REJECTIONS
+        self._rejections = 0
 
     def __repr__(self) -> str:
         snapshot = self._cell.get()
@@ -206,6 +230,8 @@ class ConsulCatalog:
             queries_in_flight=self._in_flight,
             services=len(self._cell.get().services),
             last_error=self._last_error,
+            rejected=self._rejected,
+            rejections=self._rejections,
         )
 
     # -- the worker ------------------------------------------------------------
@@ -348,7 +374,9 @@ class ConsulCatalog:
             what="GET /v1/catalog/services",
         )
         names = decode_catalog_services(response.body)
+        previous = self._cell.get().services
         services: dict[str, tuple[Instance, ...]] = {}
+        rejected: dict[str, str] = {}
         failures: list[ProviderFailure] = []
         limiter = anyio.CapacityLimiter(provider.settings.catalog_parallelism)
 
@@ -359,7 +387,17 @@ class ConsulCatalog:
                 except InvalidSnapshot as failure:
                     # Only invalid candidates: nothing usable, but the pass is complete.
                     logger.info("catalog: %s", failure)
+                    rejected[name] = f"invalid: {failure}"
                     services[name] = ()
+                    return
+                except CapacityRejected as failure:
+                    logger.warning("catalog: %s", failure)
+                    rejected[name] = f"capacity: {failure}"
+                    services[name] = previous.get(name, ())
+                    return
+                except AclFiltered as failure:
+                    logger.info("catalog: %s", failure)
+                    rejected[name] = f"filtered: {failure}"
                     return
                 except ProviderFailure as failure:
                     failures.append(failure)
@@ -372,6 +410,8 @@ class ConsulCatalog:
                 group.start_soon(fetch, name, group.cancel_scope)
         if failures:
             raise failures[0]
+        self._rejected = MappingProxyType(dict(sorted(rejected.items())))
+        self._rejections += len(rejected)
         self._rebuilds += 1
         ordered = {name: services[name] for name in sorted(services)}
         if self._publishes and dict(self._cell.get().services) == ordered:

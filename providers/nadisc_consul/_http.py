@@ -8,6 +8,9 @@ misbehaving server cannot make us hold more than the budget in memory.
 Failure translation (reads / writes)::
 
     403 (plain text "Permission denied", "ACL not found")  IdentityRevoked
+    200 + X-Consul-Results-Filtered-By-ACLs: true          AclFiltered (an IdentityRevoked)
+        raised by the provider for /v1/health/service reads only; a filtered
+        /v1/catalog/services answer is a normal least-privilege listing
     connect/read/timeout/truncated body                    IncompleteSnapshot / OutcomeUnknown
     5xx, 429, other non-2xx                                IncompleteSnapshot / OutcomeUnknown
     400 on a write                                         RegistrationRejected
@@ -39,7 +42,20 @@ from nadisc import (
 
 from ._settings import ConsulSettings
 
-__all__ = ["ConsulHttp", "ConsulResponse"]
+__all__ = ["FILTERED_HEADER", "AclFiltered", "ConsulHttp", "ConsulResponse"]
+
+#: Consul sets this header (value ``true``) on a read whose results it trimmed
+#: because the token may not read all of them; the status stays 200.
+FILTERED_HEADER = "x-consul-results-filtered-by-acls"
+
+
+class AclFiltered(IdentityRevoked):
+    """A read answered 200 but Consul left results out for lack of ``read``
+    permission (``X-Consul-Results-Filtered-By-ACLs: true``): the listing is
+    not the service's membership, so it is a trimmed permission, never an
+    explicit empty listing. Unlike a 403 ``ACL not found`` the token itself is
+    valid, which is why the catalog can skip just that service."""
+
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +70,10 @@ class ConsulResponse:
 
     def text(self) -> str:
         return _snippet(self.body)
+
+    @property
+    def filtered_by_acls(self) -> bool:
+        return self.headers.get(FILTERED_HEADER, "").strip().lower() == "true"
 
 
 def _snippet(body: bytes) -> str:

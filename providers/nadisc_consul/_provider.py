@@ -10,6 +10,13 @@ blocking-query loop (see :mod:`nadisc_consul._blocking` for the rules)::
         failure   -> sink.fail(typed), backoff, then a non-blocking read
     every request first takes a token from the rate-limit bucket
 
+A health read that Consul trimmed for lack of ``service:read`` (200 with
+``X-Consul-Results-Filtered-By-ACLs: true``, which real Consul answers to a
+valid token instead of a 403) raises :class:`AclFiltered`, an
+``IdentityRevoked``: the permission was trimmed, the listing is not an
+explicit empty one. (A read of a service with no instances at all carries no
+such header in Consul, so it stays an explicit empty listing.)
+
 An instance is healthy only when every check of its entry passes, the node's
 ``serfHealth`` included (the server filters with ``?passing`` and we check
 again). Identity is ``Service.ID`` (or ``<node>/<Service.ID>`` with
@@ -65,7 +72,7 @@ from nadisc import (
 )
 
 from ._blocking import Backoff, BlockingCursor, IndexOutcome, TokenBucket, read_timeout
-from ._http import ConsulHttp, ConsulResponse
+from ._http import AclFiltered, ConsulHttp, ConsulResponse
 from ._registration import HealthEndpoint, RegistrationContributor, build_registration
 from ._settings import ConsulSettings, ServiceBinding
 from ._wire import (
@@ -227,6 +234,11 @@ class ConsulProvider:
         response = await self._http.get(
             f"/v1/health/service/{quote(binding.name, safe='')}", params, budget=budget, what=what
         )
+        if response.filtered_by_acls:
+            raise AclFiltered(
+                f"{what}: results filtered by ACLs (the token lacks service:read "
+                f"on {binding.name!r})"
+            )
         return response, parse_index(response.headers.get("x-consul-index"), what=what)
 
     async def decode(
@@ -434,10 +446,7 @@ class ConsulProvider:
             what=what,
             allow=(404, 500),
         )
-        if response.status == 404 or (
-            response.status == 500
-            and ("unknown check" in response.text().lower() or "ttl" in response.text().lower())
-        ):
+        if response.status == 404 or (response.status == 500 and _check_is_gone(response.text())):
             raise LeaseLost(f"{what}: the agent no longer holds the check ({response.text()})")
         if response.status != 200:
             raise OutcomeUnknown(f"{what}: Consul answered HTTP {response.status}")
@@ -479,6 +488,17 @@ class ConsulProvider:
             return
         self._closed = True
         await self._http.aclose()
+
+
+#: How a Consul agent says a TTL check it was asked to pass is not there (any
+#: more): ``Unknown check ID "…"`` (404 on current agents, 500 on older ones)
+#: and ``CheckID "…" does not have associated TTL`` (the ID names no TTL check).
+_CHECK_GONE = ("unknown check", "does not have associated ttl")
+
+
+def _check_is_gone(text: str) -> bool:
+    lowered = text.lower()
+    return any(marker in lowered for marker in _CHECK_GONE)
 
 
 def _remaining(deadline: float) -> float:

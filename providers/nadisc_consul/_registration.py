@@ -5,8 +5,11 @@ connection settings, contributions and the host's health endpoint go in, one
 JSON-ready ``dict`` comes out, or :class:`~nadisc.RegistrationError` names
 what is wrong before anything is written.
 
-Address: ``advertised_host`` wins. Otherwise wildcard binds (``0.0.0.0``,
-``::``, ``[::]``, ``*``, empty) and loopback hosts are refused, because
+Address: ``advertised_host`` wins (its settings validator already refused an
+unspecified address, and a loopback one without ``allow_loopback``).
+Otherwise wildcard binds (any spelling :mod:`ipaddress` reads as unspecified:
+``0.0.0.0``, ``::``, ``[::0]``, ``0:0:0:0:0:0:0:0``; plus ``*`` and empty)
+and loopback hosts (``localhost``, ``127.0.0.0/8``, ``::1``) are refused, because
 advertising them makes the instance unreachable for everyone else; with
 ``allow_loopback`` (local development) wildcards are rewritten to
 ``localhost`` and loopback hosts are kept.
@@ -38,7 +41,6 @@ is exactly one writer per registration::
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import math
 import re
@@ -51,6 +53,7 @@ from anyio.abc import TaskStatus
 
 from nadisc import HealthCheck, ProviderFailure, Registered, RegistrationError, RegistrationRecord
 
+from ._hosts import is_loopback_host, is_unspecified_host
 from ._settings import MIN_DEREGISTER_AFTER, ConsulSettings
 from ._wire import format_duration
 
@@ -77,7 +80,6 @@ META_VERSION = "nadisc-version"
 META_CLUSTER = "nadisc-cluster"
 
 _META_KEY = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-_WILDCARDS = frozenset({"", "*", "0.0.0.0", "::", "[::]"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +114,7 @@ def advertised_address(host: str, settings: ConsulSettings, registration: str) -
     if settings.advertised_host is not None:
         return settings.advertised_host
     token = host.strip()
-    if token in _WILDCARDS:
+    if is_unspecified_host(token):
         if settings.allow_loopback:
             return "localhost"
         raise RegistrationError(
@@ -121,7 +123,7 @@ def advertised_address(host: str, settings: ConsulSettings, registration: str) -
             "(or allow_loopback for local development)",
             path="consul.advertised_host",
         )
-    if _is_loopback(token) and not settings.allow_loopback:
+    if is_loopback_host(token) and not settings.allow_loopback:
         raise RegistrationError(
             registration,
             f"refusing to advertise the loopback host {host!r}; set advertised_host "
@@ -129,15 +131,6 @@ def advertised_address(host: str, settings: ConsulSettings, registration: str) -
             path="consul.advertised_host",
         )
     return token.strip("[]") if token.startswith("[") else token
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def merge_contributions(

@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from ._hosts import is_loopback_host, is_unspecified_host
+
 __all__ = ["ConsulSettings", "ServiceBinding"]
 
 _META_KEY = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -49,7 +51,9 @@ class ConsulSettings(BaseModel):
     ``deregister_critical_service_after``. Catalog: ``catalog_wait``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    #: ``hide_input_in_errors``: a rejected value (a url with a password in
+    #: it, a token pasted in the wrong field) is never echoed by the error.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     url: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8500")
     token: SecretStr | None = None
@@ -130,6 +134,13 @@ class ConsulSettings(BaseModel):
                 )
         return value
 
+    @field_validator("url")
+    @classmethod
+    def _no_credentials_in_url(cls, value: AnyHttpUrl) -> AnyHttpUrl:
+        if value.username is not None or value.password is not None:
+            raise ValueError("credentials do not belong in url; use token")
+        return value
+
     @field_validator("health_check_path")
     @classmethod
     def _path_is_absolute(cls, value: str | None) -> str | None:
@@ -160,6 +171,16 @@ class ConsulSettings(BaseModel):
             raise ValueError("ca_file is only meaningful with an https url")
         if self.initial_backoff > self.max_backoff:
             raise ValueError("initial_backoff must not exceed max_backoff")
+        if self.advertised_host is not None:
+            if is_unspecified_host(self.advertised_host):
+                raise ValueError(
+                    "advertised_host must be a routable host, not an unspecified (wildcard) address"
+                )
+            if is_loopback_host(self.advertised_host) and not self.allow_loopback:
+                raise ValueError(
+                    "advertised_host is a loopback host, unreachable for other "
+                    "machines; set allow_loopback for local development"
+                )
         return self
 
     def binding(self, service: str) -> ServiceBinding:

@@ -56,9 +56,13 @@ class EtcdServiceBinding(BaseModel):
 
 
 class EtcdSettings(BaseModel):
-    """Settings of one etcd connection (see the module docstring for the layout)."""
+    """Settings of one etcd connection (see the module docstring for the layout).
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Validation errors never echo the rejected input (``hide_input_in_errors``)
+    nor an endpoint URL: a URL may carry credentials.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     #: Client URLs of the cluster members (``http://`` or ``https://``). The
     #: provider talks to the first one that accepts a connection.
@@ -97,13 +101,13 @@ class EtcdSettings(BaseModel):
         for index, url in enumerate(value):
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"endpoints[{index}]: {url!r} is not an http(s) URL with a host")
+                raise ValueError(f"endpoints[{index}]: not an http(s) URL with a host")
             if parts.username is not None or parts.password is not None:
                 raise ValueError(
                     f"endpoints[{index}]: credentials belong in username/password, not the URL"
                 )
             if parts.query or parts.fragment or parts.path not in ("", "/"):
-                raise ValueError(f"endpoints[{index}]: {url!r} must not carry a path or query")
+                raise ValueError(f"endpoints[{index}]: must not carry a path, query or fragment")
             cleaned.append(f"{parts.scheme}://{parts.netloc}")
         if len(set(cleaned)) != len(cleaned):
             raise ValueError("endpoints: duplicate URL")

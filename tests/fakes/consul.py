@@ -19,9 +19,13 @@ HTTP API documentation describes, odd parts included:
   returning early when that endpoint's index moves. A bad ``wait`` or
   ``index`` is a 400 with a plain-text body.
 * ACLs (off until :meth:`ConsulFake.enable_acl`): tokens from
-  ``X-Consul-Token`` or ``Authorization: Bearer``; denial is a 403 with a
-  plain-text body (``Permission denied: ...`` / ``ACL not found``); list
-  endpoints filter instead of denying.
+  ``X-Consul-Token`` or ``Authorization: Bearer``. As in Consul, reads are
+  *filtered*, not denied: ``/v1/health/service``, ``/v1/health/checks``,
+  ``/v1/health/state`` and ``/v1/catalog/services`` leave out what the token
+  may not read and, when they left something out, answer 200 with the header
+  ``X-Consul-Results-Filtered-By-ACLs: true``. An unknown (or deleted)
+  token is a 403 ``ACL not found`` on every endpoint; a write without
+  ``service:write`` is a 403 ``Permission denied: ...`` (plain text).
 
 Fault injection (:meth:`ConsulFake.inject`): status codes, dropped
 connections, truncated bodies (Content-Length larger than what is sent, then
@@ -640,6 +644,15 @@ class ConsulFake:
             str(uuid.UUID(int=self._random.getrandbits(128))), read, write
         )
 
+    def set_token_rules(
+        self, secret: str, *, read: tuple[str, ...], write: tuple[str, ...] = ()
+    ) -> None:
+        """Change what an existing token may read/write (its policy was edited);
+        blocked reads re-run at once and see the new rules."""
+        token = self._tokens[secret]
+        self._tokens[secret] = _Token(token.accessor, read, write)
+        self._notify()
+
     def revoke_token(self, secret: str) -> None:
         self._tokens.pop(secret, None)
         self._notify()
@@ -756,9 +769,13 @@ class ConsulFake:
         passing: bool = False,
         tags: tuple[str, ...] = (),
         token: _Token | None = None,
-    ) -> tuple[int, list[dict[str, Any]]]:
-        """``GET /v1/health/service/<name>``: (index, entries)."""
-        self._require(token, "read", name)
+    ) -> tuple[int, list[dict[str, Any]], bool]:
+        """``GET /v1/health/service/<name>``: (index, entries, filtered-by-ACL).
+
+        Without ``service:read`` on ``name`` every entry is left out; the
+        flag is set only when something was left out (as Consul does)."""
+        readable = self._can(token, "read", name)
+        filtered = False
         lowered = name.lower()
         members = sorted(
             (s for s in self.services.values() if s.name.lower() == lowered),
@@ -773,6 +790,9 @@ class ConsulFake:
                 continue
             if any(t not in service.tags for t in tags):
                 continue
+            if not readable:
+                filtered = True
+                continue
             entries.append(
                 {
                     "Node": self._node_json(self.nodes[service.node]),
@@ -782,7 +802,7 @@ class ConsulFake:
             )
         if not members and index == 0:
             index = self._services_index
-        return max(index, 1), entries
+        return max(index, 1), entries, filtered
 
     def catalog_services(
         self, token: _Token | None = None
@@ -802,28 +822,31 @@ class ConsulFake:
 
     def health_state(
         self, state: str, token: _Token | None = None
-    ) -> tuple[int, list[dict[str, Any]]]:
-        """``GET /v1/health/state/<state>``: (index, checks)."""
+    ) -> tuple[int, list[dict[str, Any]], bool]:
+        """``GET /v1/health/state/<state>``: (index, checks, filtered-by-ACL)."""
         if state not in ("any", *STATUSES):
             raise FakeError(400, f"Unsupported state: {state}")
+        matching = [
+            c
+            for c in sorted(self.checks.values(), key=lambda c: (c.node, c.check_id))
+            if state == "any" or c.status == state
+        ]
         checks = [
             self._check_json(c)
-            for c in sorted(self.checks.values(), key=lambda c: (c.node, c.check_id))
-            if (state == "any" or c.status == state)
-            and (not c.service_name or self._can(token, "read", c.service_name))
+            for c in matching
+            if not c.service_name or self._can(token, "read", c.service_name)
         ]
-        return max(self._checks_index, 1), checks
+        return max(self._checks_index, 1), checks, len(checks) < len(matching)
 
     def health_checks(
         self, name: str, token: _Token | None = None
-    ) -> tuple[int, list[dict[str, Any]]]:
-        self._require(token, "read", name)
-        checks = [
-            self._check_json(c)
-            for c in self.checks.values()
-            if c.service_name.lower() == name.lower()
-        ]
-        return max(self._checks_index, self._service_tombstones.get(name.lower(), 0), 1), checks
+    ) -> tuple[int, list[dict[str, Any]], bool]:
+        """``GET /v1/health/checks/<name>``: (index, checks, filtered-by-ACL)."""
+        matching = [c for c in self.checks.values() if c.service_name.lower() == name.lower()]
+        readable = self._can(token, "read", name)
+        checks = [self._check_json(c) for c in matching] if readable else []
+        index = max(self._checks_index, self._service_tombstones.get(name.lower(), 0), 1)
+        return index, checks, len(checks) < len(matching)
 
     # ------------------------------------------------------------------ ASGI
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -990,13 +1013,12 @@ class ConsulFake:
                 name = path.removeprefix("/v1/health/service/")
 
                 def read_health() -> tuple[int, Any, bool]:
-                    index, entries = self.health_service(
+                    return self.health_service(
                         name,
                         passing="passing" in query and query["passing"] != "false",
                         tags=tags,
                         token=self._token(secret),
                     )
-                    return index, entries, False
 
                 blocking_reads[path] = read_health
             elif path == "/v1/catalog/services":
@@ -1009,16 +1031,14 @@ class ConsulFake:
                 state = path.removeprefix("/v1/health/state/")
 
                 def read_state() -> tuple[int, Any, bool]:
-                    index, checks = self.health_state(state, self._token(secret))
-                    return index, checks, False
+                    return self.health_state(state, self._token(secret))
 
                 blocking_reads[path] = read_state
             elif path.startswith("/v1/health/checks/"):
                 name = path.removeprefix("/v1/health/checks/")
 
                 def read_checks() -> tuple[int, Any, bool]:
-                    index, checks = self.health_checks(name, self._token(secret))
-                    return index, checks, False
+                    return self.health_checks(name, self._token(secret))
 
                 blocking_reads[path] = read_checks
             if path in blocking_reads:
@@ -1245,12 +1265,17 @@ async def open_consul_fake(**options: Any) -> AsyncIterator[ConsulFake]:
 
 
 @asynccontextmanager
-async def run_consul_fake(**options: Any) -> AsyncIterator[ConsulFake]:
+async def run_consul_fake(
+    *, tls: tuple[str, str] | None = None, **options: Any
+) -> AsyncIterator[ConsulFake]:
     """The fake served by hypercorn on ``127.0.0.1:<ephemeral>``; ``fake.url``
-    is its base URL."""
+    is its base URL. ``tls=(certfile, keyfile)`` serves HTTPS with that PEM
+    certificate and key (``fake.url`` is then ``https://...``)."""
     fake = ConsulFake(**options)
     config = Config()
     config.bind = ["127.0.0.1:0"]
+    if tls is not None:
+        config.certfile, config.keyfile = tls
     config.accesslog = None
     config.errorlog = None
     config.loglevel = "CRITICAL"
@@ -1265,7 +1290,7 @@ async def run_consul_fake(**options: Any) -> AsyncIterator[ConsulFake]:
                 task_status=task_status,
             )
         )
-        fake.url = binds[0]
+        fake.url = binds[0].replace("http://", "https://", 1) if tls is not None else binds[0]
         await nursery.start(fake.run_background)
         try:
             yield fake

@@ -339,32 +339,61 @@ async def test_index_reset_goes_backwards(autojump_clock: trio.testing.MockClock
     assert high > 1 and low == 1
 
 
-async def test_acl_denial_is_plain_text_403(fake: ConsulFake) -> None:
+async def test_acl_reads_filter_and_unknown_tokens_are_denied(fake: ConsulFake) -> None:
+    """Consul's documented ACL shapes: a valid token without ``service:read``
+    gets 200 with the unreadable results left out and
+    ``X-Consul-Results-Filtered-By-ACLs: true``; an unknown or deleted token
+    gets 403 ``ACL not found``; a write without ``service:write`` gets 403
+    ``Permission denied`` (plain text)."""
     fake.register(WEB, now=0.0)
+    db_check = {"CheckID": "service:db-1", "TTL": "15s", "Status": "passing"}
+    fake.register({**WEB, "Name": "db", "ID": "db-1", "Check": db_check}, now=0.0)
     fake.enable_acl()
     fake.add_token("reader", read=("web",), write=())
+    fake.add_token("other", read=("db",), write=())
     fake.add_token("writer")
+    web = "/v1/health/service/web"
+
     async with client_for(fake) as client:
-        anonymous = await client.get("/v1/health/service/web")
-        unknown = await client.get("/v1/health/service/web", headers={"X-Consul-Token": "nope"})
-        header = await client.get("/v1/health/service/web", headers={"X-Consul-Token": "reader"})
-        bearer = await client.get(
-            "/v1/health/service/web", headers={"Authorization": "Bearer reader"}
-        )
+
+        async def get(path: str, token: str | None) -> httpx.Response:
+            headers = {"X-Consul-Token": token} if token is not None else {}
+            return await client.get(path, headers=headers)
+
+        anonymous = await get(web, None)
+        unknown = await get(web, "nope")
+        allowed = await get(web, "reader")
+        bearer = await client.get(web, headers={"Authorization": "Bearer reader"})
+        trimmed = await get(web, "other")
+        trimmed_checks = await get("/v1/health/checks/web", "other")
+        trimmed_state = await get("/v1/health/state/any", "other")
+        allowed_checks = await get("/v1/health/checks/web", "reader")
         no_write = await client.put(
             "/v1/agent/service/register", json=WEB, headers={"X-Consul-Token": "reader"}
         )
-        listing = await client.get("/v1/catalog/services", headers={"X-Consul-Token": "reader"})
+        listing = await get("/v1/catalog/services", "reader")
+        full_listing = await get("/v1/catalog/services", "writer")
         fake.revoke_token("reader")
-        revoked = await client.get("/v1/health/service/web", headers={"X-Consul-Token": "reader"})
-    assert anonymous.status_code == 403 and anonymous.text.startswith("Permission denied")
-    assert anonymous.headers["content-type"].startswith("text/plain")
+        revoked = await get(web, "reader")
+        revoked_listing = await get("/v1/catalog/services", "reader")
+    flag = "x-consul-results-filtered-by-acls"
+    for filtered in (anonymous, trimmed, trimmed_checks):
+        assert filtered.status_code == 200 and filtered.json() == []
+        assert filtered.headers[flag] == "true"
+    assert trimmed_state.status_code == 200 and trimmed_state.headers[flag] == "true"
+    assert {c["ServiceName"] for c in trimmed_state.json()} == {"", "db"}
     assert unknown.status_code == 403 and unknown.text == "ACL not found"
-    assert header.status_code == 200 and bearer.status_code == 200
+    assert unknown.headers["content-type"].startswith("text/plain")
+    for readable in (allowed, bearer):
+        assert readable.status_code == 200 and flag not in readable.headers
+        assert [e["Service"]["ID"] for e in readable.json()] == ["web-1"]
+    assert allowed_checks.status_code == 200 and flag not in allowed_checks.headers
     assert no_write.status_code == 403 and no_write.text.startswith("Permission denied")
     assert listing.json() == {"web": ["primary", "v1"]}  # lists filter instead of denying
-    assert listing.headers["x-consul-results-filtered-by-acls"] == "true"
+    assert listing.headers[flag] == "true"
+    assert {"db", "web"} <= set(full_listing.json()) and flag not in full_listing.headers
     assert revoked.status_code == 403 and revoked.text == "ACL not found"
+    assert revoked_listing.status_code == 403 and revoked_listing.text == "ACL not found"
 
 
 async def test_agent_health_by_id_maps_status_codes(fake: ConsulFake) -> None:

@@ -2,15 +2,56 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from nadisc_consul import ConsulProvider, ConsulSettings
 
 from nadisc import ConnectionContext, ProviderFailure, ProviderSnapshot
 from tests.fakes.consul import ConsulFake
+
+
+@pytest.fixture(scope="session")
+def self_signed_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A throw-away self-signed certificate for 127.0.0.1: (cert.pem, key.pem).
+
+    Made with the ``openssl`` command line (a hard requirement of this test
+    suite: its absence fails the test rather than skipping it)."""
+    openssl = shutil.which("openssl")
+    assert openssl is not None, "the openssl command is required for the TLS tests"
+    folder = tmp_path_factory.mktemp("consul-tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-days",
+            "1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    assert Path(cert).stat().st_size > 0 and Path(key).stat().st_size > 0
+    return str(cert), str(key)
 
 
 def context(**overrides: Any) -> ConnectionContext:

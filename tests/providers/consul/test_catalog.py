@@ -12,7 +12,7 @@ from nadisc_consul import CatalogSnapshot, ConsulCatalog, catalog_for
 
 from nadisc import LifecycleError
 from tests.fakes.consul import ConsulFake, Fault, run_consul_fake
-from tests.providers.consul.conftest import in_process, over_loopback
+from tests.providers.consul.conftest import context, in_process, over_loopback
 
 
 def orders(n: int, **extra: Any) -> dict[str, Any]:
@@ -265,5 +265,134 @@ async def test_index_reset_re_primes_both_queries_and_keeps_converging(
         snapshot = catalog.snapshot()
         assert "after-reset" in snapshot.services
         assert snapshot.topology_index < high
+        nursery.cancel_scope.cancel()
+    await provider.aclose()
+
+
+async def test_one_service_over_the_instance_limit_does_not_empty_the_catalog(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = ConsulFake(seed=1)
+    fake.register(orders(1), now=0.0)
+    for n in range(3):
+        fake.register({"Name": "big", "ID": f"big-{n}", "Port": 80}, now=0.0)
+    provider = in_process(fake, ctx=context(max_instances_per_service=3))
+    catalog = ConsulCatalog(provider)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(catalog.run)
+        assert [i.identity for i in catalog.snapshot().services["big"]] == [
+            "big-0",
+            "big-1",
+            "big-2",
+        ]
+        changes = catalog.changes()
+        fake.register({"Name": "big", "ID": "big-3", "Port": 80}, now=trio.current_time())
+        fake.register(orders(2), now=trio.current_time())
+        snapshot = await changes.receive()
+        # The rest publishes; the oversized service keeps what it had.
+        assert [i.identity for i in snapshot.services["orders"]] == ["orders-1", "orders-2"]
+        assert [i.identity for i in snapshot.services["big"]] == ["big-0", "big-1", "big-2"]
+        stats = catalog.statistics()
+        assert set(stats.rejected) == {"big"} and stats.rejected["big"].startswith("capacity")
+        assert stats.rejections >= 1 and stats.failures == 0 and stats.last_error is None
+        passes = stats.rebuilds
+        await trio.sleep(300)  # no retry storm: rebuilds follow changes only
+        assert catalog.statistics().rebuilds - passes <= 1
+        fake.deregister("big-3")
+        await trio.sleep(5)  # an equal snapshot: nothing published, the record clears
+        assert catalog.statistics().rejected == {}
+        nursery.cancel_scope.cancel()
+    await provider.aclose()
+
+
+async def test_an_oversized_service_never_seen_before_is_empty_not_fatal(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = ConsulFake(seed=1)
+    fake.register(orders(1), now=0.0)
+    for n in range(5):
+        fake.register({"Name": "big", "ID": f"big-{n}", "Port": 80}, now=0.0)
+    provider = in_process(fake, ctx=context(max_instances_per_service=4))
+    catalog = ConsulCatalog(provider)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(catalog.run)
+        assert catalog.snapshot().services["big"] == ()
+        resolved = catalog.resolve("orders")
+        assert resolved is not None and resolved.instance.identity == "orders-1"
+        assert catalog.resolve("big") is None
+        assert "big" in catalog.statistics().rejected
+        nursery.cancel_scope.cancel()
+    await provider.aclose()
+
+
+async def test_least_privilege_token_builds_the_readable_part_of_the_catalog(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = populated()
+    fake.enable_acl()
+    fake.add_token("orders-only", read=("orders",), write=())
+    provider = in_process(fake, token="orders-only")
+    catalog = ConsulCatalog(provider)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(catalog.run)
+        # /v1/catalog/services is filtered for this token: normal, not a revocation.
+        assert set(catalog.snapshot().services) == {"orders"}
+        stats = catalog.statistics()
+        assert stats.failures == 0 and stats.rejected == {}
+        nursery.cancel_scope.cancel()
+    await provider.aclose()
+
+
+async def test_a_service_whose_health_read_is_acl_filtered_is_left_out_with_a_reason(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = populated()
+    fake.enable_acl()
+    fake.add_token("t", read=("",), write=())
+    provider = in_process(fake, token="t")
+    catalog = ConsulCatalog(provider)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(catalog.run)
+        assert {"db", "orders"} <= set(catalog.snapshot().services)
+        # The catalog listing still names "db" (read on the catalog prefix) but
+        # the per-service health read of "db" is now trimmed by the ACLs.
+        original = fake.health_service
+
+        def trimmed(name: str, **options: Any) -> tuple[int, list[dict[str, Any]], bool]:
+            index, entries, filtered = original(name, **options)
+            return (index, [], True) if name == "db" and entries else (index, entries, filtered)
+
+        fake.health_service = trimmed  # type: ignore[method-assign]
+        changes = catalog.changes()
+        fake.register(orders(4), now=trio.current_time())
+        snapshot = await changes.receive()
+        assert "db" not in snapshot.services
+        assert len(snapshot.services["orders"]) == 4
+        stats = catalog.statistics()
+        assert stats.rejected["db"].startswith("filtered") and stats.failures == 0
+        nursery.cancel_scope.cancel()
+    await provider.aclose()
+
+
+async def test_snapshots_are_read_only_and_old_ones_never_change(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = ConsulFake(seed=1)
+    fake.register(orders(1), now=0.0)
+    provider = in_process(fake, catalog_wait=60.0)
+    catalog = ConsulCatalog(provider)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(catalog.run)
+        old = catalog.snapshot()
+        with pytest.raises(TypeError):
+            old.services["intruder"] = ()  # type: ignore[index]
+        built = CatalogSnapshot(services={"orders": ()})
+        with pytest.raises(TypeError):
+            built.services["intruder"] = ()  # type: ignore[index]
+        changes = catalog.changes()
+        fake.register(orders(2), now=trio.current_time())
+        new = await changes.receive()
+        assert [i.identity for i in old.services["orders"]] == ["orders-1"]
+        assert [i.identity for i in new.services["orders"]] == ["orders-1", "orders-2"]
         nursery.cancel_scope.cancel()
     await provider.aclose()

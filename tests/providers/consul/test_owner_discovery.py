@@ -268,6 +268,37 @@ async def test_acl_revocation_refuses_at_once_without_grace(
     assert all_tasks() == before
 
 
+async def test_trimmed_service_read_refuses_at_once_as_revoked_without_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Real Consul answers a valid token that lost ``service:read`` with 200
+    ``[]`` and ``X-Consul-Results-Filtered-By-ACLs: true``: that is a trimmed
+    permission, never an explicit empty listing."""
+    before = all_tasks()
+    async with open_consul_fake() as fake:
+        fake.register(instance(1), now=0.0)
+        fake.enable_acl()
+        fake.add_token("s3cr3t-token", read=("orders",), write=())
+        cfg = config(fake.url, token="s3cr3t-token")
+        async with open_discovery(cfg, providers=in_process(cfg, fake)) as owner:
+            observation = await owner.client().observe("orders", trio.current_time() + 5)
+            assert identities(observation) == ("orders-1",)
+            trimmed_at = trio.current_time()
+            fake.set_token_rules("s3cr3t-token", read=("billing",))
+            await wait_until(observation, lambda: refusal(observation) is not None)
+            assert refusal(observation) == "revoked"
+            # Consul's index does not move when a policy changes, so the blocked
+            # watch sleeps on; the next confirmation read (poll interval, 5 s)
+            # sees the trimmed answer and refuses at once: no 10 s grace.
+            assert trio.current_time() - trimmed_at <= 5.0 + 0.01
+            with pytest.raises(EvidenceUnavailable) as info:
+                observation.snapshot()
+            assert "s3cr3t" not in str(info.value)
+            stats = owner.observer().snapshot().connection("primary")
+            assert stats.identity_revocations >= 1
+    assert all_tasks() == before
+
+
 async def test_index_reset_is_followed_end_to_end(autojump_clock: trio.testing.MockClock) -> None:
     before = all_tasks()
     async with open_consul_fake() as fake:

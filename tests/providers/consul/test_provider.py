@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from importlib.metadata import entry_points
 
 import anyio
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -252,7 +254,7 @@ async def test_large_answers_decode_cooperatively_with_the_same_result() -> None
     fake = ConsulFake()
     for i in range(120):
         fake.register({**WEB, "ID": f"web-{i:03}", "Meta": {"pad": "x" * 400}}, now=0.0)
-    _, entries = fake.health_service("web", passing=True)
+    _, entries, _ = fake.health_service("web", passing=True)
     assert len(json.dumps(entries)) > COOPERATIVE_BYTES
     provider = in_process(fake)
     snapshot = await provider.query("web", trio.current_time() + 5)
@@ -285,10 +287,58 @@ async def test_the_token_is_sent_but_never_shown() -> None:
         await good.query("web", trio.current_time() + 5)
     assert "ACL not found" in str(revoked.value) and "s3cr3t" not in str(revoked.value)
     anonymous = in_process(fake)
-    with pytest.raises(IdentityRevoked, match="Permission denied"):
+    with pytest.raises(IdentityRevoked, match="filtered by ACLs"):
         await anonymous.query("web", trio.current_time() + 5)
     await good.aclose()
     await anonymous.aclose()
+
+
+async def test_acl_filtered_health_read_is_a_revocation_not_an_empty_listing() -> None:
+    def filtered(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200,
+            content=b"[]",
+            headers={
+                "Content-Type": "application/json",
+                "X-Consul-Index": "42",
+                "X-Consul-KnownLeader": "true",
+                "X-Consul-Results-Filtered-By-ACLs": "true",
+            },
+        )
+
+    provider = ConsulProvider(context(), ConsulSettings(), transport=httpx.MockTransport(filtered))
+    with pytest.raises(IdentityRevoked, match="filtered by ACLs"):
+        await provider.query("web", trio.current_time() + 5)
+    await provider.aclose()
+
+
+async def test_fake_acl_filtering_reaches_the_provider_as_revocation(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = ConsulFake()
+    fake.register(WEB, now=0.0)
+    fake.enable_acl()
+    fake.add_token("db-reader", read=("db",), write=())
+    fake.add_token("web-reader", read=("web",), write=())
+    trimmed = in_process(fake, token="db-reader")
+    with pytest.raises(IdentityRevoked, match="lacks service:read on 'web'"):
+        await trimmed.query("web", trio.current_time() + 5)
+    # As in Consul, nothing is left out of a service with no instances: no
+    # header, so that is an explicit empty listing.
+    assert (await trimmed.query("nothing", trio.current_time() + 5)).instances == ()
+    allowed = in_process(fake, token="web-reader")
+    assert (await allowed.query("web", trio.current_time() + 5)).identities() == ("web-1",)
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(allowed.watch, "web", sink))
+        await sink.wait_for(lambda: len(sink.published) == 1)
+        fake.set_token_rules("web-reader", read=("db",))
+        await sink.wait_for(lambda: bool(sink.failures))
+        nursery.cancel_scope.cancel()
+    assert isinstance(sink.failures[0], IdentityRevoked)
+    assert [s.identities() for s in sink.published] == [("web-1",)]  # never an empty publish
+    await trimmed.aclose()
+    await allowed.aclose()
 
 
 async def test_prepare_checks_reachability_and_rights() -> None:
@@ -362,3 +412,21 @@ async def test_disabled_registration_is_declared_and_refused() -> None:
     assert isinstance(info.value.__cause__, RegistrationError)
     assert ("fake-node-1", "web-9") not in fake.services
     await provider.aclose()
+
+
+async def test_tls_with_the_configured_ca_file_and_refused_without_it(
+    self_signed_cert: tuple[str, str],
+) -> None:
+    cert, key = self_signed_cert
+    async with run_consul_fake(tls=(cert, key)) as fake:
+        assert fake.url.startswith("https://127.0.0.1:")
+        fake.register(WEB, now=trio.current_time())
+        trusted = over_loopback(fake, ca_file=cert)
+        snapshot = await trusted.query("web", trio.current_time() + 5)
+        assert snapshot.identities() == ("web-1",)
+        await trusted.aclose()
+        # The system trust store does not know this CA: the read is incomplete.
+        untrusted = over_loopback(fake)
+        with pytest.raises(IncompleteSnapshot, match=r"(?i)certificate|ssl|tls|transport"):
+            await untrusted.query("web", trio.current_time() + 5)
+        await untrusted.aclose()

@@ -150,12 +150,40 @@ def test_tcp_checks_and_ipv6_addresses() -> None:
     assert payload["Check"]["TCP"] == "[2001:db8::7]:8080"  # type: ignore[index]
 
 
-@pytest.mark.parametrize(
-    "host", ["0.0.0.0", "::", "[::]", "*", "", "127.0.0.1", "[::1]", "localhost"]
-)
+UNSPECIFIED = [
+    "0.0.0.0",
+    "::",
+    "[::]",
+    "::0",
+    "[::0]",
+    "0:0:0:0:0:0:0:0",
+    "0000::",
+    "::ffff:0.0.0.0",
+    " 0.0.0.0 ",
+    "*",
+    "",
+]
+LOOPBACK = ["127.0.0.1", "127.1.2.3", "[::1]", "::1", "0:0:0:0:0:0:0:1", "localhost", "LOCALHOST"]
+
+
+@pytest.mark.parametrize("host", UNSPECIFIED + LOOPBACK)
 def test_wildcard_and_loopback_are_never_advertised_by_default(host: str) -> None:
     with pytest.raises(RegistrationError, match="advertised_host"):
         build_registration(record(host=host), settings())
+
+
+@pytest.mark.parametrize("host", UNSPECIFIED)
+def test_every_spelling_of_a_wildcard_bind_is_rewritten_only_with_allow_loopback(
+    host: str,
+) -> None:
+    payload, _, _ = build_registration(record(host=host), settings(allow_loopback=True))
+    assert payload["Address"] == "localhost"
+
+
+@pytest.mark.parametrize("host", ["10.0.0.1", "2001:db8::1", "[2001:db8::1]", "app.internal"])
+def test_routable_hosts_are_advertised_as_given(host: str) -> None:
+    payload, _, _ = build_registration(record(host=host), settings())
+    assert payload["Address"] == host.strip("[]")
 
 
 def test_advertised_host_overrides_and_allow_loopback_keeps_the_local_rewrite() -> None:
@@ -245,6 +273,31 @@ async def test_ttl_pass_on_a_missing_check_is_lease_lost() -> None:
     )
     fake.inject("/v1/agent/check/pass/", Fault("status", status=404, body=b"Unknown check ID"))
     with pytest.raises(LeaseLost):
+        await provider.renew(registered, trio.current_time() + 5)
+    await provider.aclose()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (500, b'CheckID "service:web-1" does not have associated TTL', LeaseLost),
+        (500, b'Unknown check ID "service:web-1". Ensure that the check ID is passed', LeaseLost),
+        (404, b"anything", LeaseLost),
+        # Server trouble that merely mentions a TTL is not a lost check.
+        (500, b"rpc error: timed out updating TTL: leadership lost", OutcomeUnknown),
+        (500, b"No cluster leader", OutcomeUnknown),
+    ],
+)
+async def test_only_consuls_missing_check_answers_are_lease_lost(
+    status: int, body: bytes, expected: type[Exception]
+) -> None:
+    fake = ConsulFake()
+    provider = in_process(fake)
+    registered = await provider.register(
+        record(check=HealthCheck(kind="ttl", ttl=30.0)), trio.current_time() + 5
+    )
+    fake.inject("/v1/agent/check/pass/", Fault("status", status=status, body=body))
+    with pytest.raises(expected):
         await provider.renew(registered, trio.current_time() + 5)
     await provider.aclose()
 

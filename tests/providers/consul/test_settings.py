@@ -84,3 +84,48 @@ async def test_binding_name_defaults_to_the_alias_and_bindings_are_exposed() -> 
     provider = ConsulProvider(context(), value)
     assert provider.bindings() == {"orders": "orders", "db": "postgres"}
     await provider.aclose()
+
+
+@pytest.mark.parametrize(
+    "host", ["0.0.0.0", "::", "::0", "[::0]", "[::]", "0:0:0:0:0:0:0:0", "::ffff:0.0.0.0", "*"]
+)
+def test_an_unspecified_advertised_host_is_refused_always(host: str) -> None:
+    for allow_loopback in (False, True):
+        with pytest.raises(ValidationError, match="advertised_host must be a routable host"):
+            settings(advertised_host=host, allow_loopback=allow_loopback)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.1.1", "::1", "[::1]", "localhost"])
+def test_a_loopback_advertised_host_needs_allow_loopback(host: str) -> None:
+    with pytest.raises(ValidationError, match="allow_loopback"):
+        settings(advertised_host=host)
+    assert settings(advertised_host=host, allow_loopback=True).advertised_host == host
+
+
+@pytest.mark.parametrize("host", ["10.1.2.3", "2001:db8::5", "app.internal"])
+def test_a_routable_advertised_host_is_accepted(host: str) -> None:
+    assert settings(advertised_host=host).advertised_host == host
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://admin:hunter2@consul:8500",
+        "https://:hunter2@consul:8501",
+        "http://hunter2@consul:8500",
+    ],
+)
+def test_credentials_in_the_url_are_refused_without_echoing_them(url: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        settings(url=url)
+    assert "credentials do not belong in url; use token" in str(info.value)
+    assert "hunter2" not in str(info.value) and "hunter2" not in repr(info.value)
+
+
+def test_rejected_input_is_never_echoed_and_the_token_never_shown() -> None:
+    with pytest.raises(ValidationError) as info:
+        settings(token="hunter2", wait="hunter2-not-a-number")
+    assert "hunter2" not in str(info.value)
+    good = settings(token="hunter2", url="https://consul.example:8501")
+    assert "hunter2" not in repr(good) and "hunter2" not in str(good)
+    assert "hunter2" not in repr(good.model_dump())

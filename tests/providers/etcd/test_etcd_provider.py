@@ -138,6 +138,23 @@ async def test_idle_watch_is_confirmed_by_progress(
     assert len(sink.publishes) == 1 and sink.failures == []
 
 
+async def test_progress_notifications_alone_confirm_an_idle_watch(
+    etcd_server: EtcdServer, make_provider: ProviderMaker
+) -> None:
+    # Probes effectively off (one a minute): only the server's progress
+    # notifications (every second in this fixture; etcd 3.4's default is
+    # every 10 minutes) can confirm the idle listing.
+    assert etcd_server.progress_notify == "1s"
+    provider = make_provider(etcd_server, probe_interval_ms=60_000)
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "idle", sink)
+        await sink.wait_for(lambda: sink.refreshes >= 2, 3.5)
+        nursery.cancel_scope.cancel()
+    assert len(sink.publishes) == 1 and sink.failures == []
+    assert provider.statistics().probes == 0
+
+
 async def test_burst_of_1000_puts_converges_to_the_exact_newest_state(
     etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
 ) -> None:

@@ -140,6 +140,9 @@ def test_layout_names_instances_under_the_service_only() -> None:
     assert layout.instance_id("orders", b"services/orders/i-1") == "i-1"
     assert layout.instance_id("orders", b"services/orders/") is None
     assert layout.instance_id("orders", b"services/orders-x/i") is None
+    # Nested keys belong to every enclosing prefix, as with gRPC's etcd resolver.
+    assert layout.instance_id("orders", b"services/orders/eu/i-1") == "eu/i-1"
+    assert layout.instance_id("orders/eu", b"services/orders/eu/i-1") == "i-1"
     assert layout.instance_id("orders", b"services/orders/\xff") is None
     assert Layout("").service_prefix("foo/bar") == b"foo/bar/"
 
@@ -351,6 +354,34 @@ def test_settings_hide_the_password_and_reject_bad_input() -> None:
     )
     assert bound.remote_name("orders") == "order-worker"
     assert bound.remote_name("self") == "self"  # name defaults to the alias
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "ftp://root:hunter2@etcd:2379",
+        "http://root:hunter2@etcd:2379",
+        "http://:hunter2@etcd:2379",
+        "http://etcd:2379/hunter2",
+        "http://etcd:2379/?token=hunter2",
+        "hunter2",
+    ],
+)
+def test_a_rejected_endpoint_is_never_echoed(endpoint: str) -> None:
+    with pytest.raises(pydantic.ValidationError) as info:
+        settings_of(endpoints=["http://ok:1", endpoint])
+    assert "endpoints[1]" in str(info.value)
+    assert "hunter2" not in str(info.value) and "hunter2" not in repr(info.value)
+
+
+def test_a_rejected_password_or_field_is_never_echoed() -> None:
+    with pytest.raises(pydantic.ValidationError) as info:
+        EtcdSettings.model_validate(
+            {"endpoints": ["http://x:1"], "password": ["hunter2"], "ttl_seconds": "hunter2"}
+        )
+    assert "hunter2" not in str(info.value)
+    settings = settings_of(endpoints=["http://x:1"], username="u", password="hunter2")
+    assert "hunter2" not in str(settings) and "hunter2" not in repr(settings)
 
 
 def test_the_config_documents_provider_block_validates() -> None:
