@@ -23,6 +23,18 @@ Two sources:
 
 ``Eligibility.always()`` is eligible until the registration quiesces; it is
 meant for tests and hosts without a lifecycle of their own.
+
+Errors. Misuse raises :class:`EligibilityError` at the call that misused it
+(``update``, ``take_controller``, ``from_check``). Those calls happen on the
+host's side of the seam, before or outside any registration plan, and one
+source may feed several registrations, so the error cannot name a
+registration or its config path; give the source a ``name`` (by convention
+the ``eligibility_ref`` the config uses, e.g. ``"web"``) and the error names
+it (``EligibilityError.source``). A registration that references a missing
+or wrong eligibility fails when the plan is resolved or frozen, with a
+:class:`~nadisc.RegistrationError` naming the registration and
+``discovery.registrations.<name>.eligibility_ref``. Being ineligible is a
+registration state, never an error.
 """
 
 from __future__ import annotations
@@ -46,15 +58,37 @@ MAX_DURATION = 30.0
 
 class EligibilityError(DiscoveryError, ValueError):
     """Misuse of an eligibility channel (bad duration, second controller,
-    update after close)."""
+    update after close). ``source`` is the name given to the channel or
+    check, if any (see the module docstring for why no registration is
+    named)."""
+
+    def __init__(self, message: str, *, source: str | None = None) -> None:
+        super().__init__(f"eligibility {source!r}: {message}" if source else message)
+        self.source = source
+        self.detail = message
+
+
+def _check_name(name: str | None) -> str | None:
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise EligibilityError(f"an eligibility name must be a non-empty string, got {name!r}")
+    return name
 
 
 class _ChannelState:
     """Shared by one controller and its eligibility; plain data plus a wake-up event."""
 
-    __slots__ = ("__weakref__", "closed", "controller_taken", "eligible_until", "event", "revision")
+    __slots__ = (
+        "__weakref__",
+        "closed",
+        "controller_taken",
+        "eligible_until",
+        "event",
+        "name",
+        "revision",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name
         self.eligible_until: float | None = None
         self.closed = False
         self.controller_taken = False
@@ -87,23 +121,25 @@ class EligibilityController:
         """Grant (``eligible=True``) or withdraw eligibility for ``duration``
         seconds from ``now`` (default: the event loop's clock). ``duration``
         must be between 1 ms and 30 s."""
+        state = self._state
+        source = state.name
         if not isinstance(eligible, bool):
-            raise EligibilityError("eligible must be a bool")
+            raise EligibilityError("eligible must be a bool", source=source)
         if isinstance(duration, bool) or not isinstance(duration, int | float):
-            raise EligibilityError("duration must be a number of seconds")
+            raise EligibilityError("duration must be a number of seconds", source=source)
         if not (math.isfinite(duration) and MIN_DURATION <= duration <= MAX_DURATION):
             raise EligibilityError(
-                f"duration {duration!r} s is outside {MIN_DURATION} s to {MAX_DURATION} s"
+                f"duration {duration!r} s is outside {MIN_DURATION} s to {MAX_DURATION} s",
+                source=source,
             )
-        state = self._state
         if state.closed:
-            raise EligibilityError("the eligibility controller is closed")
+            raise EligibilityError("the eligibility controller is closed", source=source)
         if now is None:
             try:
                 at = anyio.current_time()
             except Exception as exc:  # no event loop running here
                 raise EligibilityError(
-                    "update() outside the event loop needs an explicit now="
+                    "update() outside the event loop needs an explicit now=", source=source
                 ) from exc
         else:
             at = now
@@ -130,19 +166,21 @@ class EligibilityController:
             event.set()
 
     def __repr__(self) -> str:
-        return f"<EligibilityController closed={self._state.closed}>"
+        named = f" name={self._state.name!r}" if self._state.name else ""
+        return f"<EligibilityController{named} closed={self._state.closed}>"
 
 
 class Eligibility:
     """Read side of local eligibility. See the module docstring."""
 
-    __slots__ = ("_check", "_state")
+    __slots__ = ("_check", "_name", "_state")
 
     def __init__(
         self,
         *,
         _state: _ChannelState | None = None,
         _check: Callable[[], bool] | None = None,
+        _name: str | None = None,
     ) -> None:
         if (_state is None) == (_check is None):
             raise EligibilityError(
@@ -150,19 +188,28 @@ class Eligibility:
             )
         self._state = _state
         self._check = _check
+        self._name = _state.name if _state is not None else _name
 
     @classmethod
-    def channel(cls) -> tuple[EligibilityController, Eligibility]:
-        """A new channel: its unique controller and the eligibility it drives."""
-        eligibility = cls(_state=_ChannelState())
+    def channel(cls, name: str | None = None) -> tuple[EligibilityController, Eligibility]:
+        """A new channel: its unique controller and the eligibility it drives.
+        ``name`` (optional) labels the channel in errors and reprs."""
+        eligibility = cls(_state=_ChannelState(_check_name(name)))
         return eligibility.take_controller(), eligibility
 
     @classmethod
-    def from_check(cls, check: Callable[[], bool]) -> Eligibility:
-        """Eligibility decided by a synchronous ``check()`` on every read."""
+    def from_check(cls, check: Callable[[], bool], *, name: str | None = None) -> Eligibility:
+        """Eligibility decided by a synchronous ``check()`` on every read.
+        ``name`` (optional) labels it in errors and reprs."""
+        label = _check_name(name)
         if not callable(check):
-            raise EligibilityError("from_check needs a callable")
-        return cls(_check=check)
+            raise EligibilityError("from_check needs a callable", source=label)
+        return cls(_check=check, _name=label)
+
+    @property
+    def name(self) -> str | None:
+        """The label given at creation, if any."""
+        return self._name
 
     @classmethod
     def always(cls) -> Eligibility:
@@ -174,9 +221,11 @@ class Eligibility:
         (or asking a check-based eligibility) raises :class:`EligibilityError`."""
         state = self._state
         if state is None:
-            raise EligibilityError("a check-based eligibility has no controller")
+            raise EligibilityError("a check-based eligibility has no controller", source=self._name)
         if state.controller_taken:
-            raise EligibilityError("this eligibility channel already has its controller")
+            raise EligibilityError(
+                "this eligibility channel already has its controller", source=state.name
+            )
         state.controller_taken = True
         return EligibilityController(state)
 
@@ -191,10 +240,17 @@ class Eligibility:
         try:
             answer = self._check()
         except Exception:
-            logger.warning("eligibility check raised; treating as ineligible", exc_info=True)
+            logger.warning(
+                "eligibility check %s raised; treating as ineligible",
+                repr(self._name) if self._name else "(unnamed)",
+                exc_info=True,
+            )
             return False
         if answer is not True and answer is not False:
-            logger.warning("eligibility check returned a non-bool; treating as ineligible")
+            logger.warning(
+                "eligibility check %s returned a non-bool; treating as ineligible",
+                repr(self._name) if self._name else "(unnamed)",
+            )
             return False
         return answer
 
@@ -219,9 +275,13 @@ class Eligibility:
         await state.event.wait()
 
     def __repr__(self) -> str:
+        named = f" name={self._name!r}" if self._name else ""
         if self._state is None:
-            return "<Eligibility check>"
-        return f"<Eligibility channel closed={self._state.closed} revision={self._state.revision}>"
+            return f"<Eligibility check{named}>"
+        return (
+            f"<Eligibility channel{named} closed={self._state.closed} "
+            f"revision={self._state.revision}>"
+        )
 
 
 def _always() -> bool:

@@ -80,6 +80,7 @@ from ._errors import (
     RegistrationError,
 )
 from ._observation import Slot, check_deadline, check_deadline_value
+from ._probe import EligibilityProbe
 from ._provider import ConnectionContext, Provider
 from ._registration import (
     OwnerRegistrations,
@@ -307,9 +308,11 @@ class DiscoveryOwner:
         shutdown_timeout: float,
         registrations: RegistrationComponent | None,
         planned: Sequence[object] = (),
+        eligibility_probe: bool = False,
     ) -> None:
         self._phase = Phase.BUILT
         self._limits = limits
+        self._eligibility_probe = bool(eligibility_probe)
         self._runtime = _Runtime(self, limits)
         self._connections: dict[str, Connection] = {
             name: Connection(name, provider, policy, bindings, self._runtime)
@@ -536,6 +539,25 @@ class DiscoveryOwner:
             if isinstance(result, Mapping):
                 return result
         return MappingProxyType({})
+
+    def eligibility_probe(self) -> EligibilityProbe:
+        """The ASGI app answering ``GET /discovery/eligible/{registration}``.
+
+        The host mounts or serves it (see ``docs/registration.md``). It is
+        enabled only when the config's ``eligibility_probe`` is true (or the
+        builder enabled it); otherwise every path answers 404. Keyed by
+        registration name, it reads a live view of each registration's local
+        eligibility only (never the registration's own state or overall
+        readiness, so no cycle); it knows the registrations once the plan is
+        frozen, and nothing without a registration component.
+        """
+        source = getattr(self._registrations, "eligibilities", None)
+        mapping: Mapping[str, Eligibility] = MappingProxyType({})
+        if callable(source):
+            found = source()
+            if isinstance(found, Mapping):
+                mapping = found
+        return EligibilityProbe(mapping, enabled=self._eligibility_probe)
 
     async def identity_revoked(self, qualifier: str, *, after_epoch: int | None = None) -> int:
         """Wait until the identity of connection ``qualifier`` is revoked
@@ -887,6 +909,7 @@ class OwnerBuilder:
         self._default: str | None = None
         self._registrations: RegistrationComponent | None = None
         self._planned: tuple[RegistrationSpec, ...] = ()
+        self._eligibility_probe = False
 
     def connection(self, spec: ConnectionSpec) -> OwnerBuilder:
         """Add a connection with a ready provider object."""
@@ -923,6 +946,11 @@ class OwnerBuilder:
     def default_connection(self, name: str) -> OwnerBuilder:
         """Legacy: the connection unqualified selection uses (wins over ``primary``)."""
         self._default = name
+        return self
+
+    def enable_eligibility_probe(self, enabled: bool = True) -> OwnerBuilder:
+        """Serve ``owner.eligibility_probe()`` (config ``eligibility_probe``)."""
+        self._eligibility_probe = bool(enabled)
         return self
 
     def registrations(self, component: RegistrationComponent) -> OwnerBuilder:
@@ -988,6 +1016,7 @@ class OwnerBuilder:
         builder = cls(limits=config.limits, shutdown_timeout=config.shutdown_timeout_ms / 1000.0)
         if config.default_connection is not None:
             builder.default_connection(config.default_connection)
+        builder.enable_eligibility_probe(config.eligibility_probe)
         for name, connection in config.connections.items():
             services = dict(binding_names(connection))
             if name in injected:
@@ -1039,6 +1068,7 @@ class OwnerBuilder:
                 shutdown_timeout=self._shutdown_timeout,
                 registrations=self._registrations,
                 planned=self._planned,
+                eligibility_probe=self._eligibility_probe,
             )
         except BaseException:
             # Close what was created, and every ready-made provider handed

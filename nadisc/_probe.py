@@ -16,10 +16,14 @@ besides answering and costs one dictionary lookup per request. Restrict
 its network exposure: it tells whoever can reach it which registrations the
 process currently offers.
 
-Mount it in any ASGI server (hypercorn, uvicorn) or under a prefix of an
-application router::
+Serve it with any ASGI server (hypercorn, uvicorn) or mount it under a
+prefix of an application router (Starlette/FastAPI ``Mount``). Under a
+mount the router keeps the full ``path`` and puts the prefix in
+``root_path``; the probe routes on what lies below ``root_path`` (a router
+that strips the prefix from ``path`` works too)::
 
-    app = eligibility_probe_app(registration_set.eligibilities(), enabled=config.eligibility_probe)
+    app = owner.eligibility_probe()     # enabled by config eligibility_probe
+    app = eligibility_probe_app(registration_set.eligibilities(), enabled=True)
 """
 
 from __future__ import annotations
@@ -79,6 +83,17 @@ class EligibilityProbe:
 
     def _answer(self, scope: Scope) -> tuple[int, dict[str, object]]:
         path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        # ASGI: a mounting router keeps the full path and puts its prefix in
+        # root_path (Starlette's Mount does); route on what lies below it.
+        if (
+            isinstance(path, str)
+            and isinstance(root, str)
+            and root
+            and path.startswith(root)
+            and path[len(root) : len(root) + 1] in ("", "/")
+        ):
+            path = path[len(root) :]
         if not self._enabled or not isinstance(path, str) or not path.startswith(PREFIX):
             return 404, {"error": "not found"}
         name = path[len(PREFIX) :]

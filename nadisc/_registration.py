@@ -48,12 +48,14 @@ work per event; :meth:`RegistrationSet.registrations` is O(n).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import ipaddress
 import logging
 import math
 import random
 import re
+import socket
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -114,7 +116,13 @@ _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
 )
-_LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost", "ip6-loopback"})
+_LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback", "localhost.localdomain"})
+#: A last label resolvers and URL parsers read as (part of) an IPv4 number.
+_NUMERIC_LABEL = re.compile(r"^(?:[0-9]+|0x[0-9a-f]*)$")
+_THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
+#: NAT64 prefixes (well-known and local-use) sit inside the reserved ::/8
+#: but carry routable IPv4 addresses.
+_NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
 
 
 _PosArgs = TypeVarTuple("_PosArgs")
@@ -353,22 +361,7 @@ def _check_address(name: str, ip: str, *, allow_loopback: bool) -> None:
     try:
         address = ipaddress.ip_address(ip)
     except ValueError:
-        lowered = ip.lower()
-        if lowered in _LOOPBACK_NAMES:
-            if allow_loopback:
-                return
-            raise RegistrationError(
-                name,
-                f"{ip!r} is a loopback name that peers cannot reach; {hint} "
-                "(or set allow_loopback for local development)",
-                path=_path(name, "ip"),
-            ) from None
-        if not _HOSTNAME.match(ip):
-            raise RegistrationError(
-                name,
-                f"{ip!r} is neither an IP address nor a host name; {hint}",
-                path=_path(name, "ip"),
-            ) from None
+        _check_host_name(name, ip, allow_loopback=allow_loopback, hint=hint)
         return
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
@@ -383,12 +376,54 @@ def _check_address(name: str, ip: str, *, allow_loopback: bool) -> None:
         problem = "is the broadcast address"
     elif address.is_link_local:
         problem = "is link-local and not routable"
-    elif address.is_reserved and isinstance(address, ipaddress.IPv4Address):
+    elif isinstance(address, ipaddress.IPv4Address) and address in _THIS_NETWORK:
+        problem = "is in 0.0.0.0/8 ('this network'), which is not routable"
+    elif isinstance(address, ipaddress.IPv6Address) and address.is_site_local:
+        problem = "is an IPv6 site-local address (deprecated, not routable)"
+    elif address.is_loopback:
+        if not allow_loopback:
+            problem = "is a loopback address (set allow_loopback for local development)"
+    elif address.is_reserved and not (
+        isinstance(address, ipaddress.IPv6Address) and any(address in n for n in _NAT64)
+    ):
         problem = "is a reserved address"
-    elif address.is_loopback and not allow_loopback:
-        problem = "is a loopback address (set allow_loopback for local development)"
     if problem is not None:
         raise RegistrationError(name, f"{ip} {problem}; {hint}", path=_path(name, "ip"))
+
+
+def _check_host_name(name: str, host: str, *, allow_loopback: bool, hint: str) -> None:
+    """A host name must look like one, and must not be a name resolvers turn
+    into an unroutable address: numeric shorthands (``"0"``, ``"127.1"``,
+    ``"2130706433"``, ``"0x7f000001"``), or loopback names (``localhost``,
+    ``*.localhost``) unless ``allow_loopback``."""
+    path = _path(name, "ip")
+    if not _HOSTNAME.match(host):
+        raise RegistrationError(
+            name, f"{host!r} is neither an IP address nor a host name; {hint}", path=path
+        )
+    bare = host.lower().rstrip(".")
+    last = bare.rsplit(".", 1)[-1]
+    numeric: str | None = None
+    with contextlib.suppress(OSError):
+        numeric = socket.inet_ntoa(socket.inet_aton(bare))
+    if numeric is not None or _NUMERIC_LABEL.match(last):
+        what = f" (read as {numeric})" if numeric is not None else ""
+        raise RegistrationError(
+            name,
+            f"{host!r} is a numeric host name{what} that resolvers and URL parsers "
+            f"interpret as an IPv4 number, not a name; {hint} as a dotted-quad "
+            "address or a real host name",
+            path=path,
+        )
+    if bare in _LOOPBACK_NAMES or last == "localhost":
+        if allow_loopback:
+            return
+        raise RegistrationError(
+            name,
+            f"{host!r} is a loopback name that peers cannot reach; {hint} "
+            "(or set allow_loopback for local development)",
+            path=path,
+        )
 
 
 def _freeze_one(
@@ -684,6 +719,9 @@ class RegistrationSet:
     def __init__(self, *, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()
         self._regs: dict[str, _Registration] = {}
+        # Filled by freeze; the probe holds the read-only view from the start.
+        self._eligibility: dict[str, Eligibility] = {}
+        self._eligibility_view: Mapping[str, Eligibility] = MappingProxyType(self._eligibility)
         self._frozen = False
         self._published = False
         self._quiescing = False
@@ -716,6 +754,7 @@ class RegistrationSet:
             raise LifecycleError("registrations are quiescing")
         frozen = freeze_plan(specs, connections, listeners=listeners, eligibility=eligibility)
         self._regs = {item.name: _Registration(item) for item in frozen}
+        self._eligibility.update((item.name, item.eligibility) for item in frozen)
         self._epochs = {item.qualifier: 0 for item in frozen}
         self._frozen = True
         return frozen
@@ -725,8 +764,12 @@ class RegistrationSet:
         return self._frozen
 
     def eligibilities(self) -> Mapping[str, Eligibility]:
-        """Registration name -> its local eligibility (for the probe)."""
-        return MappingProxyType({n: r.frozen.eligibility for n, r in self._regs.items()})
+        """Registration name -> its local eligibility, for the probe.
+
+        A live read-only view: empty until :meth:`freeze`, filled by it, so a
+        probe built before the plan is frozen answers for it afterwards. It
+        holds local eligibility only, never a registration's own state."""
+        return self._eligibility_view
 
     # -------------------------------------------------------------- publish
 
@@ -1030,7 +1073,17 @@ class RegistrationSet:
         ends the wait early."""
         end = anyio.current_time() + delay
         while (now := anyio.current_time()) < end:
-            reason = await self._pause(reg, end - now, eligibility_wakes=until_eligible)
+            step = end - now
+            if until_eligible:
+                # A check-based eligibility never signals: poll it.
+                step = min(step, _ELIGIBILITY_POLL)
+            reason = await self._pause(reg, step, eligibility_wakes=until_eligible)
+            if (
+                until_eligible
+                and reason == "timeout"
+                and self._observe_eligibility(reg, anyio.current_time())
+            ):
+                return
             if reason == "revoked":
                 if reg.records.handle and reg.records.write in (
                     sm.WriteOutcome.ACKED,
@@ -1099,6 +1152,14 @@ class RegistrationSet:
             if action is sm.Action.WAIT:
                 # Ineligible: nothing is submitted (withholding the renewal
                 # withholds the health publication); keep observing.
+                records = reg.records
+                if records.handle and records.write in (
+                    sm.WriteOutcome.ACKED,
+                    sm.WriteOutcome.UNKNOWN,
+                ):
+                    # The health publication pauses: Active again only after
+                    # a renewal is acknowledged and a later check is HEALTHY.
+                    self._apply(reg, sm.RenewWithheld(), anyio.current_time())
                 if reg.records.write is sm.WriteOutcome.ACKED:
                     await self._check(reg, provider)
                     await self._idle(reg, provider, timing.monitor_interval, until_eligible=True)
@@ -1369,6 +1430,11 @@ class OwnerRegistrations:
 
     def report(self) -> tuple[RegistrationCloseEntry, ...]:
         return self.registrations.report()
+
+    def eligibilities(self) -> Mapping[str, Eligibility]:
+        """Registration name -> local eligibility: the live read-only view of
+        :meth:`RegistrationSet.eligibilities` (filled when the plan freezes)."""
+        return self.registrations.eligibilities()
 
     # The optional parts of the seam: identities and the readiness view.
 

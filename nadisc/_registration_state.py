@@ -11,6 +11,11 @@ folded into one another, plus a few flags:
   the deadline ``healthy_until`` a HEALTHY check granted and the identity
   epoch under which it was obtained;
 * **eligible** — local eligibility (the host's own view);
+* **withheld** — a renewal (the health publication) fell due while the
+  registration was ineligible and was not sent. Until a renewal is
+  acknowledged again, and a HEALTHY check started after it, the
+  registration is not ``ACTIVE`` even once eligible: the registry may have
+  stopped advertising it (a TTL or lease may even have run out);
 * **residual_risk** — a write whose answer was lost may still land. Once
   set it is never cleared: an acknowledged deregistration then reports
   ``RESIDUAL`` and nothing is re-created on the strength of that ack.
@@ -34,6 +39,11 @@ the async shell what it may do next. No I/O happens here.
        │   ACTIVE ──────────────► OUTCOME_UNKNOWN ── RenewAcked ──────┘ re-register
        │                                            + fresh check ──► ACTIVE
        │   ACTIVE/DEGRADED ── locally ineligible ──► INELIGIBLE (no renewals sent)
+       │   INELIGIBLE ── eligible again, no renewal fell due meanwhile ──► ACTIVE
+       │   INELIGIBLE ── a renewal fell due: RenewWithheld (withheld) ──┐
+       │                                                               ▼
+       │   eligible again ──► DEGRADED ── RenewAcked + HEALTHY check ──► ACTIVE
+       │                      (withheld)   started after that renewal
        │
        └─ Quiesce ─► DEREGISTERING ── ack ──► DEREGISTERED   (RESIDUAL if
                                    └─ timeout/failure ──► OUTCOME_UNKNOWN
@@ -44,8 +54,11 @@ Rules the table enforces (and the exhaustive tests check):
 * a first registration whose outcome is unknown is never written again;
 * only a renewal (we hold an acknowledged handle) may be repeated after a
   lost answer, and only by providers with idempotent renewal;
-* after a lost renewal answer, ``ACTIVE`` needs both a new acknowledged
-  renewal and a HEALTHY check started after it;
+* after a lost renewal answer, or after renewals were withheld while
+  ineligible, ``ACTIVE`` needs both a new acknowledged renewal and a
+  HEALTHY check started after it;
+* a HEALTHY check grants evidence for ``grace`` seconds from the moment it
+  *started* (a slow answer buys no extra time);
 * a transient check failure keeps, and never extends, the last HEALTHY
   deadline; UNHEALTHY / MISSING / DISABLED / invalid evidence / revocation
   drop it at once;
@@ -95,6 +108,7 @@ __all__ = [
     "RenewFailed",
     "RenewLeaseLost",
     "RenewUnknown",
+    "RenewWithheld",
     "Retired",
     "WriteOutcome",
     "apply",
@@ -198,6 +212,10 @@ class RegistrationRecords:
     #: renewal recovers from a lost answer).
     fresh_after: float = _NEG_INF
     quiescing: bool = False
+    #: Renewals (the health publication) were withheld while ineligible:
+    #: ``ACTIVE`` needs an acknowledged renewal and a HEALTHY check started
+    #: after it first.
+    withheld: bool = False
     #: Consecutive attempts in the current backoff sequence.
     attempt: int = 0
     #: Kind (class name) of the last failure, for diagnostics; never a message.
@@ -312,6 +330,11 @@ class EligibilityObserved:
 
 
 @dataclass(frozen=True, slots=True)
+class RenewWithheld:
+    """A renewal fell due while locally ineligible and was not sent."""
+
+
+@dataclass(frozen=True, slots=True)
 class QuiesceBegan:
     """No more registrations, renewals or confirmations."""
 
@@ -354,6 +377,7 @@ Event: TypeAlias = (
     | CheckInvalid
     | IdentityRevokedEvent
     | EligibilityObserved
+    | RenewWithheld
     | QuiesceBegan
     | DeregisterStarted
     | DeregisterAcked
@@ -413,8 +437,10 @@ def _on_register_acked(r: RegistrationRecords, e: Event, now: float) -> Registra
     _require(r, e, _W.PENDING)
     if r.quiescing:
         # The write raced with quiesce; it landed and must be removed.
-        return replace(r, write=_W.ACKED, handle=True, acked_once=True, attempt=0)
-    return replace(r, write=_W.ACKED, handle=True, acked_once=True, attempt=0, last_error=None)
+        return replace(r, write=_W.ACKED, handle=True, acked_once=True, attempt=0, withheld=False)
+    return replace(
+        r, write=_W.ACKED, handle=True, acked_once=True, attempt=0, last_error=None, withheld=False
+    )
 
 
 def _on_register_unknown(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
@@ -442,9 +468,10 @@ def _on_renew_acked(r: RegistrationRecords, e: Event, now: float) -> Registratio
     _require(r, e, _W.ACKED, _W.UNKNOWN)
     if not r.handle:
         raise LifecycleError("a renewal needs an acknowledged registration handle")
-    if r.write is _W.UNKNOWN:
-        # Recovery from a lost answer: the old evidence may predate it, so a
-        # HEALTHY check started from now on is needed to become Active again.
+    if r.write is _W.UNKNOWN or r.withheld:
+        # Recovery from a lost answer (or from withheld renewals): the old
+        # evidence may predate it, so a HEALTHY check started from now on is
+        # needed to become Active again.
         return replace(
             r,
             write=_W.ACKED,
@@ -453,6 +480,7 @@ def _on_renew_acked(r: RegistrationRecords, e: Event, now: float) -> Registratio
             healthy_until=None,
             fresh_after=now,
             last_error=None,
+            withheld=False,
         )
     return replace(r, attempt=0)
 
@@ -495,11 +523,15 @@ def _on_check_healthy(r: RegistrationRecords, e: Event, now: float) -> Registrat
         return r
     if not (math.isfinite(e.grace) and e.grace > 0):
         raise LifecycleError("observation grace must be finite and > 0")
-    confirmed = r.confirmed or (r.write is _W.ACKED and r.eligible)
+    # The answer may describe the registry as of any moment after the check
+    # started, so the grace counts from the start: a slow answer never buys
+    # extra time.
+    until = e.started_at + e.grace
+    confirmed = r.confirmed or (r.write is _W.ACKED and r.eligible and now < until)
     return replace(
         r,
         health=_H.HEALTHY,
-        healthy_until=now + e.grace,
+        healthy_until=until,
         health_epoch=r.epoch,
         confirmed=confirmed,
     )
@@ -544,6 +576,13 @@ def _on_eligibility(r: RegistrationRecords, e: Event, now: float) -> Registratio
     if r.eligible is e.eligible:
         return r
     return replace(r, eligible=e.eligible)
+
+
+def _on_renew_withheld(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
+    _require_active(r, e, _W.ACKED, _W.UNKNOWN)
+    if r.eligible or not r.handle:
+        raise LifecycleError("a renewal is withheld only while ineligible, with a handle")
+    return r if r.withheld else replace(r, withheld=True)
 
 
 def _on_quiesce(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
@@ -605,6 +644,7 @@ TRANSITIONS: dict[type[Event], Handler] = {
     CheckInvalid: _on_check_invalid,
     IdentityRevokedEvent: _on_identity_revoked,
     EligibilityObserved: _on_eligibility,
+    RenewWithheld: _on_renew_withheld,
     QuiesceBegan: _on_quiesce,
     DeregisterStarted: _on_deregister_started,
     DeregisterAcked: _on_deregister_acked,
@@ -653,6 +693,8 @@ def derive_state(records: RegistrationRecords, now: float) -> RegistrationState:
     if not records.eligible:
         return RegistrationState.INELIGIBLE
     if write is _W.LOST:
+        return RegistrationState.DEGRADED
+    if records.withheld:
         return RegistrationState.DEGRADED
     if health_valid(records, now):
         return RegistrationState.ACTIVE

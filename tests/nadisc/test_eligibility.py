@@ -124,3 +124,31 @@ def test_repr_shows_no_internals() -> None:
     controller, eligibility = Eligibility.channel()
     assert "closed=False" in repr(controller)
     assert "channel" in repr(eligibility)
+
+
+def test_named_sources_are_named_in_errors_and_reprs() -> None:
+    controller, eligibility = Eligibility.channel("web")
+    assert (
+        eligibility.name == "web" and "'web'" in repr(eligibility) and "'web'" in repr(controller)
+    )
+    with pytest.raises(EligibilityError, match=r"^eligibility 'web': duration 31") as info:
+        controller.update(True, 31.0, now=0.0)
+    assert info.value.source == "web" and info.value.detail.startswith("duration")
+    with pytest.raises(EligibilityError, match="'web': this eligibility channel already"):
+        eligibility.take_controller()
+    controller.close()
+    with pytest.raises(EligibilityError, match="'web': the eligibility controller is closed"):
+        controller.update(True, 1.0, now=0.0)
+    check = Eligibility.from_check(lambda: True, name="saga-recovery")
+    with pytest.raises(EligibilityError, match="'saga-recovery': a check-based"):
+        check.take_controller()
+    with pytest.raises(EligibilityError, match="'grpc': from_check needs a callable"):
+        Eligibility.from_check(3, name="grpc")  # type: ignore[arg-type]
+    # Unnamed: the message is unchanged and carries no source.
+    plain, _ = Eligibility.channel()
+    with pytest.raises(EligibilityError, match=r"^duration") as unnamed:
+        plain.update(True, 0.0, now=0.0)
+    assert unnamed.value.source is None
+    for bad in ("", "  ", 5):
+        with pytest.raises(EligibilityError, match="non-empty string"):
+            Eligibility.channel(bad)  # type: ignore[arg-type]

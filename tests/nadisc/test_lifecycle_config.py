@@ -437,6 +437,37 @@ async def test_an_optional_connection_without_registrations_stays_optional(
         assert registry.instance_ids() == (INSTANCE,)
 
 
+async def test_adding_a_registry_capable_connection_registers_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    primary, primary_registry = memory_pair()
+    infra, infra_registry = memory_pair()
+    assert infra.capabilities.registration  # it could register: it must not
+    cfg = discovery(
+        {"primary": connection(), "infra": connection()}, {"business-http": registration()}
+    )
+    async with open_discovery(
+        cfg,
+        providers={"primary": primary, "infra": infra},
+        listeners={"web": WEB},
+        eligibility={"web": Eligibility.always()},
+    ) as owner:
+        await trio.sleep(5)
+        assert set(owner.registrations()) == {"business-http"}
+        assert primary_registry.instance_ids() == (INSTANCE,)
+    # Not one registry call on the added connection, through close.
+    assert infra_registry.log == [] and infra_registry.instance_ids() == ()
+    assert primary_registry.operations("register") == [("register", "ok")]
+    # And a plan with no registrations at all writes nowhere.
+    lone, lone_registry = memory_pair()
+    other, other_registry = memory_pair()
+    empty = discovery({"primary": connection(), "infra": connection()}, {})
+    async with open_discovery(empty, providers={"primary": lone, "infra": other}) as owner:
+        await trio.sleep(5)
+        assert dict(owner.registrations()) == {}
+    assert lone_registry.log == [] and other_registry.log == []
+
+
 async def test_the_stage_api_refuses_a_required_registration_on_a_failed_connection(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

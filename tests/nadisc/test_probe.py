@@ -8,6 +8,7 @@ from typing import Any, cast
 import httpx
 import pytest
 import trio
+import trio.testing
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
@@ -152,3 +153,157 @@ async def test_served_by_hypercorn_on_trio() -> None:
             closed = await client.get("/discovery/eligible/web")
             assert closed.status_code == 503
         stop.set()
+
+
+async def test_probe_mounted_under_a_prefix_uses_root_path() -> None:
+    app = eligibility_probe_app({"web": Eligibility.always()}, enabled=True, clock=lambda: 0.0)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    # What Starlette's Mount("/ops", app) passes down: full path, prefix in root_path.
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/ops/discovery/eligible/web",
+        "root_path": "/ops",
+        "headers": [],
+    }
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 200 and json.loads(sent[1]["body"])["eligible"] is True
+
+
+# --------------------------------------------------------------------------- served by the owner
+
+
+def _owner_config(*, probe: bool) -> Any:
+    from nadisc import DiscoveryConfig
+
+    return DiscoveryConfig.model_validate(
+        {
+            "enabled": True,
+            "eligibility_probe": probe,
+            "connections": {
+                "primary": {
+                    "provider": "memory",
+                    "memory": {"services": {"self": {"name": "order-api"}}},
+                }
+            },
+            "registrations": {
+                "business-http": {
+                    "service_name": "self",
+                    "listener_ref": "web",
+                    "ip": "10.0.0.5",
+                    "port": 18080,
+                }
+            },
+        }
+    )
+
+
+async def test_owner_probe_served_by_hypercorn_on_trio() -> None:
+    from nadisc import open_discovery
+    from nadisc.testing import MemoryProvider, MemoryRegistry
+
+    controller, web = Eligibility.channel()
+    controller.update(True, 30.0)
+    provider = MemoryProvider(registry=MemoryRegistry())
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.errorlog = None
+    stop = trio.Event()
+    async with open_discovery(
+        _owner_config(probe=True),
+        providers={"primary": provider},
+        listeners={"web": ("10.0.0.5", 18080)},
+        eligibility={"web": web},
+    ) as owner:
+        app = owner.eligibility_probe()
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                lambda task_status: serve(
+                    cast(Any, app), config, shutdown_trigger=stop.wait, task_status=task_status
+                )
+            )
+            async with httpx.AsyncClient(base_url=binds[0]) as client:
+                # Keyed by registration name, not by the eligibility reference.
+                ok = await client.get("/discovery/eligible/business-http")
+                assert ok.status_code == 200
+                assert ok.json() == {"registration": "business-http", "eligible": True}
+                assert (await client.get("/discovery/eligible/web")).status_code == 404
+                assert (await client.get("/discovery/eligible/other")).status_code == 404
+                controller.close()
+                closed = await client.get("/discovery/eligible/business-http")
+                assert closed.status_code == 503 and closed.json()["eligible"] is False
+            stop.set()
+
+
+async def test_owner_probe_is_404_when_the_flag_is_off(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from nadisc import open_discovery
+    from nadisc.testing import MemoryProvider, MemoryRegistry
+
+    provider = MemoryProvider(registry=MemoryRegistry())
+    async with open_discovery(
+        _owner_config(probe=False),
+        providers={"primary": provider},
+        listeners={"web": ("10.0.0.5", 18080)},
+        eligibility={"web": Eligibility.always()},
+    ) as owner:
+        assert owner.registrations()["business-http"].eligible
+        status, _, _ = await call(
+            owner.eligibility_probe(), "GET", "/discovery/eligible/business-http"
+        )
+        assert status == 404
+
+
+async def test_owner_probe_built_before_freeze_sees_the_plan(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from nadisc import OwnerBuilder
+    from nadisc.testing import MemoryProvider, MemoryRegistry
+
+    provider = MemoryProvider(registry=MemoryRegistry())
+    builder = OwnerBuilder.from_config(
+        _owner_config(probe=True),
+        providers={"primary": provider},
+        listeners={"web": ("10.0.0.5", 18080)},
+        eligibility={"web": Eligibility.always()},
+    )
+    async with builder.open() as owner:
+        await owner.prepare(trio.current_time() + 5)
+        app = owner.eligibility_probe()
+        status, _, _ = await call(app, "GET", "/discovery/eligible/business-http")
+        assert status == 404  # not frozen yet: no registration known
+        owner.freeze_registrations()
+        status, _, _ = await call(app, "GET", "/discovery/eligible/business-http")
+        assert status == 200  # the same app reads the live view
+    # Without a registration component the probe knows nothing.
+    bare = OwnerBuilder().enable_eligibility_probe()
+    async with bare.open() as empty:
+        status, _, _ = await call(empty.eligibility_probe(), "GET", "/discovery/eligible/x")
+        assert status == 404
+
+
+def test_registration_set_eligibilities_is_a_live_read_only_view() -> None:
+    registrations = RegistrationSet()
+    view = registrations.eligibilities()
+    assert dict(view) == {}
+    web = Eligibility.always()
+    registrations.freeze(
+        [
+            RegistrationSpec(
+                name="web", service_name="orders", ip="10.0.0.5", port=1, eligibility=web
+            )
+        ],
+        {"primary": (_capabilities(), {"orders": "orders"})},
+    )
+    assert dict(view) == {"web": web}
+    with pytest.raises(TypeError):
+        view["x"] = web  # type: ignore[index]

@@ -106,6 +106,22 @@ def test_listener_required_when_several() -> None:
         ({"ip": "::ffff:0.0.0.0"}, "ip", "unspecified"),
         ({"ip": "localhost"}, "ip", "loopback"),
         ({"ip": "bad host!"}, "ip", "neither"),
+        # Numeric shorthands resolvers turn into addresses (0.0.0.0, loopback).
+        ({"ip": "0"}, "ip", r"numeric host name \(read as 0\.0\.0\.0\)"),
+        ({"ip": "0.0"}, "ip", r"read as 0\.0\.0\.0"),
+        ({"ip": "127.1"}, "ip", r"read as 127\.0\.0\.1"),
+        ({"ip": "2130706433"}, "ip", r"read as 127\.0\.0\.1"),
+        ({"ip": "0x7f000001"}, "ip", r"read as 127\.0\.0\.1"),
+        ({"ip": "10.1"}, "ip", "numeric host name"),
+        ({"ip": "orders.123"}, "ip", "numeric host name"),
+        ({"ip": "orders.0x1f"}, "ip", "numeric host name"),
+        ({"ip": "0.1.2.3"}, "ip", "this network"),
+        ({"ip": "fec0::1"}, "ip", "site-local"),
+        ({"ip": "4000::1"}, "ip", "reserved"),
+        ({"ip": "240.0.0.1"}, "ip", "reserved"),
+        ({"ip": "app.localhost"}, "ip", "loopback name"),
+        ({"ip": "APP.localhost."}, "ip", "loopback name"),
+        ({"ip": "localhost.localdomain"}, "ip", "loopback name"),
         ({"port": 0}, "port", "1-65535"),
         ({"port": 70000}, "port", "1-65535"),
         ({"weight": 0.0}, "weight", "weight"),
@@ -130,6 +146,12 @@ def test_loopback_with_explicit_opt_in() -> None:
     assert frozen.record.host == "127.0.0.1"
     (named,) = freeze_plan([spec(ip="localhost", allow_loopback=True)], CONNECTIONS)
     assert named.record.host == "localhost"
+    (sub,) = freeze_plan([spec(ip="app.localhost", allow_loopback=True)], CONNECTIONS)
+    assert sub.record.host == "app.localhost"
+    (six,) = freeze_plan([spec(ip="::1", allow_loopback=True)], CONNECTIONS)
+    assert six.record.host == "::1"
+    with pytest.raises(RegistrationError, match="numeric host name"):
+        freeze_plan([spec(ip="127.1", allow_loopback=True)], CONNECTIONS)
     with pytest.raises(RegistrationError, match="advertised"):
         freeze_plan([spec(ip="0.0.0.0", allow_loopback=True)], CONNECTIONS)
 
@@ -140,6 +162,20 @@ def test_host_names_and_ipv6_are_fine() -> None:
     )
     assert a.record.host == "orders-1.internal.example"
     assert b.record.instance_id == "orders-svc-2001:db8::5-8080"
+    # Names with digits or "0x" inside a label, and NAT64 addresses, stay fine.
+    c, d, e = freeze_plan(
+        [
+            spec("c", ip="host-0x1.example"),
+            spec("d", ip="node1.rack2.example"),
+            spec("e", ip="64:ff9b::a00:5"),
+        ],
+        CONNECTIONS,
+    )
+    assert (c.record.host, d.record.host, e.record.host) == (
+        "host-0x1.example",
+        "node1.rack2.example",
+        "64:ff9b::a00:5",
+    )
 
 
 def test_duplicate_backend_keys() -> None:

@@ -26,6 +26,8 @@ from nadisc import (
     HealthEvidence,
     HealthStatus,
     IncompleteSnapshot,
+    InvalidSnapshot,
+    LeaseLost,
     LifecycleError,
     ObservationSink,
     ProviderSnapshot,
@@ -710,3 +712,173 @@ async def test_lasting_registry_revocation_notifies_once_and_does_not_spin(
         registry.revoke_identity()  # a new revocation after recovery is a new epoch
         await trio.sleep(5)
         assert h.set.epoch("primary") == 2
+
+
+async def test_regained_eligibility_is_not_active_before_renewals_resume(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = MemoryRegistry(lease_ttl=12.0)
+    up = [True]
+    async with running(registry, spec(eligibility=Eligibility.from_check(lambda: up[0]))) as h:
+        await trio.sleep(0.1)
+        up[0] = False
+        await trio.sleep(11.7)
+        renewals = len(registry.operations("renew")) + len(registry.operations("register"))
+        up[0] = True
+        assert h.state() is not RegistrationState.ACTIVE
+        # Polled: a lapsed lease is a time-derived fact no event announces.
+        while h.state() is not RegistrationState.ACTIVE:  # noqa: ASYNC110
+            await trio.sleep(0.05)
+        assert registry.get(IID) is not None  # Active only with a live record
+        assert len(registry.operations("renew")) + len(registry.operations("register")) > renewals
+        assert trio.current_time() < 11.8 + 1.0  # a check-based grant is polled, not 5 s later
+
+
+async def test_invalid_evidence_removes_eligibility_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = MemoryRegistry()
+    async with running(registry) as h:
+        registry.inject("check", Fault.fail(InvalidSnapshot("garbled")))
+        await trio.sleep(5.1)
+        status = h.set.registrations()["web"]
+        assert status.health is HealthEvidence.INVALID and status.healthy_until is None
+        assert status.state is RegistrationState.DEGRADED
+
+
+async def test_quiesce_deadline_bounds_a_slow_deregistration(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = MemoryRegistry()
+    async with running(registry) as h:
+        registry.inject("deregister", Fault.slow(60.0))
+        t0 = trio.current_time()
+        h.set.begin_quiesce(t0 + 0.5)  # shorter than deregister_timeout (3 s)
+        await h.set.wait_drained()
+        assert trio.current_time() - t0 == pytest.approx(0.5)
+        assert TIMING.deregister_timeout > 0.5
+    (entry,) = h.set.report()
+    assert entry.outcome is CloseOutcome.UNREACHABLE
+
+
+class _AfterSend(RegistryProvider):
+    """Sends each write to the registry, then raises DeadlineExceeded once per
+    operation named in ``fail`` (the answer missed the caller's deadline)."""
+
+    def __init__(self, registry: MemoryRegistry, *fail: str) -> None:
+        super().__init__(registry)
+        self.fail = set(fail)
+
+    async def register(self, record: RegistrationRecord, deadline: float) -> Registered:
+        result = await self.registry.register(record, deadline)
+        if "register" in self.fail:
+            self.fail.discard("register")
+            raise DeadlineExceeded("register: the answer came too late")
+        return result
+
+    async def renew(self, registered: Registered, deadline: float) -> Registered:
+        result = await self.registry.renew(registered, deadline)
+        if "renew" in self.fail:
+            self.fail.discard("renew")
+            raise DeadlineExceeded("renew: the answer came too late")
+        return result
+
+
+async def test_register_deadline_after_sending_is_outcome_unknown_and_never_rewritten(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = MemoryRegistry()
+    registrations = RegistrationSet(rng=random.Random(3))
+    registrations.freeze([spec()], {"primary": plan(registry)})
+    async with trio.open_nursery() as nursery:
+        provider = _AfterSend(registry, "register")
+        with pytest.raises(RegistrationError, match="outcome_unknown"):
+            await registrations.publish(nursery, {"primary": provider}, trio.current_time() + 30)
+        status = registrations.registrations()["web"]
+        assert status.state is RegistrationState.OUTCOME_UNKNOWN
+        assert status.residual_risk and status.last_error == "DeadlineExceeded"
+        await trio.sleep(60)
+        assert registry.operations("register") == [("register", "ok")]  # sent once
+        assert registry.operations("renew") == []
+        assert registry.get(IID) is not None  # it did land
+        registrations.begin_quiesce(trio.current_time() + 5)
+    (entry,) = registrations.report()
+    assert entry.outcome is CloseOutcome.OUTCOME_UNKNOWN and entry.possibly_remaining
+
+
+async def test_renew_deadline_after_sending_is_outcome_unknown_without_a_second_write(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = MemoryRegistry(idempotent_renewal=False)
+    registrations = RegistrationSet(rng=random.Random(3))
+    registrations.freeze([spec()], {"primary": plan(registry)})
+    async with trio.open_nursery() as nursery:
+        provider = _AfterSend(registry, "renew")
+        await registrations.publish(nursery, {"primary": provider}, trio.current_time() + 30)
+        await trio.sleep(5.5)
+        status = registrations.registrations()["web"]
+        assert status.state is RegistrationState.OUTCOME_UNKNOWN
+        assert status.residual_risk and status.last_error == "DeadlineExceeded"
+        await trio.sleep(60)
+        # No repeat (not idempotent) and no re-registration.
+        assert len(registry.operations("renew")) == 1
+        assert len(registry.operations("register")) == 1
+        registrations.begin_quiesce(trio.current_time() + 5)
+    (entry,) = registrations.report()
+    assert entry.outcome is CloseOutcome.RESIDUAL
+
+
+class _OddCheck(RegistryProvider):
+    """Answers health checks with ``answer`` (a value or an exception)."""
+
+    def __init__(self, registry: MemoryRegistry) -> None:
+        super().__init__(registry)
+        self.answer: object = None
+
+    async def check(self, registered: Registered, deadline: float) -> HealthStatus:
+        if self.answer is None:
+            return await self.registry.check(registered, deadline)
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("answer", "health"),
+    [
+        ("healthy", HealthEvidence.INVALID),  # not a HealthStatus: invalid evidence
+        (LeaseLost("gone"), HealthEvidence.MISSING),
+    ],
+)
+async def test_odd_check_answers_remove_evidence_at_once(
+    autojump_clock: trio.testing.MockClock, answer: object, health: HealthEvidence
+) -> None:
+    registry = MemoryRegistry()
+    registrations = RegistrationSet(rng=random.Random(3))
+    registrations.freeze([spec()], {"primary": plan(registry)})
+    async with trio.open_nursery() as nursery:
+        provider = _OddCheck(registry)
+        await registrations.publish(nursery, {"primary": provider}, trio.current_time() + 30)
+        provider.answer = answer
+        await trio.sleep(5.1)
+        status = registrations.registrations()["web"]
+        assert status.health is health and status.healthy_until is None
+        assert status.state is RegistrationState.DEGRADED
+        registrations.begin_quiesce(trio.current_time() + 5)
+
+
+async def test_checks_continue_while_ineligible(autojump_clock: trio.testing.MockClock) -> None:
+    controller, eligibility = Eligibility.channel()
+    controller.update(True, 30.0)
+    registry = MemoryRegistry()
+    async with running(registry, spec(eligibility=eligibility)) as h:
+        controller.update(False, 1.0)
+        checks = len(registry.operations("check"))
+        registry.set_health(IID, HealthStatus.UNHEALTHY)
+        await trio.sleep(12)
+        # The renewal is withheld but the evidence keeps being read.
+        assert len(registry.operations("check")) > checks
+        status = h.set.registrations()["web"]
+        assert status.health is HealthEvidence.UNHEALTHY
+        assert status.state is RegistrationState.INELIGIBLE
+        controller.close()

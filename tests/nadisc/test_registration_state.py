@@ -97,6 +97,7 @@ def all_events() -> list[sm.Event]:
         sm.IdentityRevokedEvent(new_epoch=2),
         sm.EligibilityObserved(True),
         sm.EligibilityObserved(False),
+        sm.RenewWithheld(),
         sm.QuiesceBegan(),
         sm.DeregisterStarted(),
         sm.DeregisterAcked(),
@@ -173,7 +174,7 @@ def check_state(records: RegistrationRecords) -> None:
         assert isinstance(state, RegistrationState)
         if state is RegistrationState.ACTIVE:
             assert records.write is WriteOutcome.ACKED
-            assert records.eligible
+            assert records.eligible and not records.withheld
             assert sm.health_valid(records, now)
             assert records.health_epoch == records.epoch
         if records.write is WriteOutcome.UNKNOWN:
@@ -507,3 +508,59 @@ def test_records_are_immutable() -> None:
     with pytest.raises(AttributeError):
         r.write = WriteOutcome.ACKED  # type: ignore[misc]
     assert replace(r, eligible=True) != r
+
+
+def test_regained_eligibility_needs_a_renewal_then_a_fresh_check() -> None:
+    r = sm.RegistrationRecords(eligible=True)
+    r = sm.apply(r, sm.RegisterStarted(), 0)
+    r = sm.apply(r, sm.RegisterAcked(), 0)
+    r = sm.apply(r, sm.CheckHealthy(epoch=0, started_at=0, grace=15), 0)
+    assert sm.derive_state(r, 1) is RegistrationState.ACTIVE
+    r = sm.apply(r, sm.EligibilityObserved(False), 1)
+    assert sm.apply(sm.apply(r, sm.EligibilityObserved(True), 1), sm.RenewAcked(), 1) is not None
+    # A lapse seen between two renewals withholds nothing: Active at once again.
+    assert sm.derive_state(sm.apply(r, sm.EligibilityObserved(True), 1), 1) is (
+        RegistrationState.ACTIVE
+    )
+    r = sm.apply(r, sm.RenewWithheld(), 1)  # a renewal fell due and was not sent
+    r = sm.apply(r, sm.CheckHealthy(epoch=0, started_at=5, grace=15), 5)  # while withheld
+    r = sm.apply(r, sm.EligibilityObserved(True), 6)
+    assert sm.derive_state(r, 6) is not RegistrationState.ACTIVE  # nothing published yet
+    assert sm.next_action(r, idempotent_renewal=False) is sm.Action.RENEW
+    r = sm.apply(r, sm.RenewAcked(), 7)
+    assert sm.derive_state(r, 7) is not RegistrationState.ACTIVE
+    assert sm.apply(r, sm.CheckHealthy(epoch=0, started_at=6.5, grace=15), 8) == r
+    r = sm.apply(r, sm.CheckHealthy(epoch=0, started_at=7, grace=15), 8)
+    assert sm.derive_state(r, 8) is RegistrationState.ACTIVE
+
+
+def test_healthy_grace_counts_from_the_start_of_the_check() -> None:
+    r = sm.apply(
+        sm.apply(RegistrationRecords(eligible=True), sm.RegisterStarted(), 0), sm.RegisterAcked(), 0
+    )
+    # The check started at 10 and answered at 12: the evidence is credited
+    # from 10 (it may describe the registry as of then), never from 12.
+    r = sm.apply(r, sm.CheckHealthy(epoch=0, started_at=10, grace=GRACE), 12)
+    assert r.healthy_until == 10 + GRACE
+    assert sm.derive_state(r, 10 + GRACE - 0.01) is RegistrationState.ACTIVE
+    assert sm.derive_state(r, 10 + GRACE) is RegistrationState.DEGRADED
+
+
+def test_health_valid_requires_the_current_identity_epoch() -> None:
+    fresh = RegistrationRecords(
+        write=WriteOutcome.ACKED,
+        health=HealthEvidence.HEALTHY,
+        healthy_until=NOW + GRACE,
+        eligible=True,
+        handle=True,
+        confirmed=True,
+    )
+    assert sm.health_valid(fresh, NOW)
+    assert sm.derive_state(fresh, NOW) is RegistrationState.ACTIVE
+    # The same deadline obtained under an older identity proves nothing now.
+    stale = replace(fresh, epoch=1)
+    assert not sm.health_valid(stale, NOW)
+    assert sm.derive_state(stale, NOW) is RegistrationState.DEGRADED
+    assert not sm.health_valid(
+        replace(fresh, health=HealthEvidence.TRANSIENT_FAILURE, epoch=2), NOW
+    )
