@@ -14,12 +14,15 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Real servers used by the integration tests. The tests start their own
-# throw-away instances on loopback ports; this only makes the binaries exist.
+# Real servers (and the openssl command for the TLS test certificate) used
+# by the integration tests. The tests start their own throw-away instances on
+# loopback ports; this only makes the binaries exist.
 servers:
-	@if ! command -v etcd >/dev/null 2>&1 || ! command -v dnsmasq >/dev/null 2>&1; then \
-		echo "installing etcd-server and dnsmasq-base"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server dnsmasq-base >/dev/null; \
+	@if ! command -v etcd >/dev/null 2>&1 || ! command -v dnsmasq >/dev/null 2>&1 \
+		|| ! command -v openssl >/dev/null 2>&1; then \
+		echo "installing etcd-server, dnsmasq-base and openssl"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			etcd-server dnsmasq-base openssl >/dev/null; \
 	fi
 
 demo: venv
