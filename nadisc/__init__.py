@@ -111,8 +111,10 @@ from ._rest import RestClients as RestClients
 from ._rest import RestDiscoveryClient as RestDiscoveryClient
 from ._rest import rest_client as rest_client
 from ._rest import rest_clients as rest_clients
+from ._route import InstanceSchemeMismatch as InstanceSchemeMismatch
 from ._route import RestOptions as RestOptions
 from ._route import RouteStatistics as RouteStatistics
+from ._route import declared_scheme as declared_scheme
 from ._transport import DiscoveryTransport as DiscoveryTransport
 from ._transport import NotDiscoveryUrl as NotDiscoveryUrl
 from .providers._static import StaticProvider as StaticProvider
@@ -156,6 +158,7 @@ __all__ = [
     "IdentityRevoked",
     "IncompleteSnapshot",
     "Instance",
+    "InstanceSchemeMismatch",
     "InvalidRequest",
     "InvalidSnapshot",
     "LeaseLost",
@@ -214,6 +217,7 @@ __all__ = [
     "available_providers",
     "binding_names",
     "config_json_schema",
+    "declared_scheme",
     "default_qualifier",
     "eligibility_probe_app",
     "first_serving",

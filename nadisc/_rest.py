@@ -484,6 +484,11 @@ class RestDiscoveryClient:
         that crosses the cap raises it from the read.
         """
         response = await self.send(request, stream=True)
+        if self._closed:
+            # The client closed while the headers were on their way: nothing
+            # would close this response later, so close it now.
+            await _close_quietly(response)
+            raise LifecycleError("the REST client was closed while the request was in flight")
         try:
             _cap(response, self._max_body)
         except ResponseTooLarge:

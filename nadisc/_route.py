@@ -61,17 +61,21 @@ from poise import (
 )
 
 from ._config import RestConfig
-from ._errors import ConfigError, EvidenceUnavailable
+from ._errors import ConfigError, DiscoveryError, EvidenceUnavailable
 from ._instance import Instance
 from ._observation import Observation, ObservationSnapshot
 
 __all__ = [
     "LB_STRATEGIES",
+    "SCHEME_METADATA",
+    "SECURE_METADATA",
     "Attempt",
+    "InstanceSchemeMismatch",
     "InstanceService",
     "RestOptions",
     "Route",
     "RouteStatistics",
+    "declared_scheme",
 ]
 
 LbStrategy = Literal["round_robin", "weighted", "p2c_peak_ewma"]
@@ -82,6 +86,48 @@ LB_STRATEGIES: tuple[str, ...] = ("round_robin", "weighted", "p2c_peak_ewma")
 _SCHEMES: tuple[str, ...] = ("http", "https")
 MAX_ATTEMPTS = 16
 T = TypeVar("T")
+
+#: Instance metadata key: the scheme the instance serves (``http`` or ``https``).
+SCHEME_METADATA = "scheme"
+#: Instance metadata key read when ``scheme`` is absent: ``true`` (https) or ``false`` (http).
+SECURE_METADATA = "secure"
+_SECURE_VALUES = {"true": "https", "false": "http"}
+
+
+class InstanceSchemeMismatch(DiscoveryError, ValueError):
+    """An instance declares a scheme other than the connection's ``rest.instance_scheme``.
+
+    Raised before anything is sent to the instance. ``declared`` is what its
+    metadata says (normalised), ``configured`` the connection's scheme.
+    """
+
+    def __init__(self, identity: str, declared: str, configured: str) -> None:
+        super().__init__(
+            f"instance {identity!r} declares scheme {declared!r} in its metadata, but the "
+            f"connection calls instances over {configured!r} (rest.instance_scheme)"
+        )
+        self.identity = identity
+        self.declared = declared
+        self.configured = configured
+
+
+def declared_scheme(instance: Instance) -> str | None:
+    """The scheme ``instance`` declares in its metadata, or None when it declares none.
+
+    ``metadata["scheme"]`` wins (case-insensitive, surrounding blanks
+    ignored); otherwise ``metadata["secure"]`` = ``true`` means ``https`` and
+    ``false`` means ``http``. Any other value is returned as declared
+    (``"secure=maybe"`` for an unreadable ``secure``), so that it never
+    matches a configured scheme.
+    """
+    metadata = instance.metadata
+    scheme = metadata.get(SCHEME_METADATA)
+    if scheme is not None:
+        return scheme.strip().lower()
+    secure = metadata.get(SECURE_METADATA)
+    if secure is not None:
+        return _SECURE_VALUES.get(secure.strip().lower(), f"{SECURE_METADATA}={secure}")
+    return None
 
 
 def _seconds(path: str, value: object) -> float:
@@ -102,6 +148,11 @@ class RestOptions:
     connect, round robin, plain ``http`` to instances, one attempt. Retries
     happen only for ``GET`` and ``HEAD``, only when switched on, and only
     within ``max_attempts`` (1-16) and the one budget.
+
+    ``instance_scheme`` is used towards every instance; an instance whose
+    metadata declares another scheme (``scheme``, or ``secure``; see
+    :func:`declared_scheme`) fails the attempt with
+    :class:`InstanceSchemeMismatch` before anything is sent.
 
     ``strict_evidence`` makes every attempt refuse evidence as soon as a
     refresh failed (the observation's strict read); by default the
@@ -213,12 +264,20 @@ class InstanceService:
     and hands the request to the shared pool, with no await in between.
     """
 
-    __slots__ = ("instance", "key", "route")
+    __slots__ = ("instance", "key", "mismatch", "route")
 
     def __init__(self, route: Route, instance: Instance) -> None:
         self.route = route
         self.instance = instance
         self.key = instance.identity
+        # Decided once per generation (an instance value never changes).
+        declared = declared_scheme(instance)
+        configured = route.options.instance_scheme
+        self.mismatch: InstanceSchemeMismatch | None = (
+            None
+            if declared is None or declared == configured
+            else InstanceSchemeMismatch(instance.identity, declared, configured)
+        )
 
     def poll_ready(self, wake: Callable[[], None]) -> bool:
         return True
@@ -229,13 +288,20 @@ class InstanceService:
         Raises :class:`~poise.CallDeclined` when the attempt skips an instance
         it already tried, when the instance left the current evidence since
         it was selected, and when the evidence is no longer usable (then
-        chained from the :class:`~nadisc.EvidenceUnavailable`). The balance
-        cancels the load guard of a declined call: nothing reached the wire.
+        chained from the :class:`~nadisc.EvidenceUnavailable`), and when the
+        instance declares a scheme other than the connection's (then chained
+        from the :class:`InstanceSchemeMismatch`). The balance cancels the
+        load guard of a declined call: nothing reached the wire.
         """
         key = self.key
         if attempt.skips > 0 and key in attempt.avoid:
             attempt.skips -= 1
             raise CallDeclined(f"instance {key!r} was already tried by this call")
+        mismatch = self.mismatch
+        if mismatch is not None:
+            raise CallDeclined(f"instance {key!r} does not speak the configured scheme") from (
+                mismatch
+            )
         route = self.route
         instance = self.instance
 
@@ -341,6 +407,10 @@ class Route:
         balance and dispatches at once.
         """
         return self._directory.revision == self._discovery.revision
+
+    def identities(self) -> tuple[str, ...]:
+        """The identities the route mirrors now."""
+        return tuple(self._instances)
 
     def current(self, identity: str) -> Instance | None:
         """The instance the route mirrors under ``identity`` now (None: gone)."""

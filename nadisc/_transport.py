@@ -25,7 +25,8 @@ One call, all attempts::
            wait for a ready endpoint (reconciles discovery first; skipped
              while the balance already applied the mirrored listing)
            pick; re-check currency; hand to the pool   (revoked -> declined,
-             pick again)
+             pick again; instance declares another scheme ->
+             InstanceSchemeMismatch, nothing sent)
            transport error  ─┐  GET/HEAD, switched on, attempts and budget left:
            502/503/504      ─┘  retry on another instance where there is one
     budget spent -> DeadlineExceeded (chained from the last attempt's error)
@@ -70,7 +71,7 @@ from ._errors import (
     UnknownService,
 )
 from ._instance import Instance
-from ._route import Attempt, RestOptions, Route
+from ._route import Attempt, InstanceSchemeMismatch, RestOptions, Route
 
 if TYPE_CHECKING:
     from ._connection import DiscoveryHandle
@@ -189,12 +190,16 @@ class _GuardedStream(httpx.AsyncByteStream):
         self._closed = True
         held = self._held
         try:
-            iterator = self._iterator
-            if not self._done and iterator is not None:
-                close = getattr(iterator, "aclose", None)
-                if close is not None:
-                    await close()
-            await self._inner.aclose()
+            try:
+                iterator = self._iterator
+                if not self._done and iterator is not None:
+                    close = getattr(iterator, "aclose", None)
+                    if close is not None:
+                        await close()
+            finally:
+                # The connection goes back to (or leaves) the pool even when
+                # closing the iterator raised.
+                await self._inner.aclose()
         finally:
             # Synchronous: ends the guard even inside a cancelled scope.
             if not self._done:
@@ -431,6 +436,11 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         # currency check in submit_if_current still guards the send, and a
         # declined pick falls back to the full path.
         fast = route.reconciled
+        # How many more picks of an already tried instance this call may
+        # decline. Carried across declined picks (not renewed per pick), and
+        # zero once every listed instance was tried: then a retry goes to a
+        # tried instance instead of declining picks until the budget ends.
+        skip_budget = 0
         while True:
             if attempts and _now() >= deadline:
                 raise DeadlineExceeded(
@@ -442,8 +452,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             attempt = Attempt(
                 build=build,
                 pool=self._pool,
-                avoid=frozenset(tried) if tried else _NOTHING,
-                skips=len(tried) and len(balance),
+                avoid=frozenset(tried) if skip_budget else _NOTHING,
+                skips=skip_budget,
             )
             declined: CallDeclined | None = None
             failure: EndpointError | None = None
@@ -462,9 +472,10 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             # Errors are raised outside the except blocks so each keeps its own chain.
             if declined is not None:
                 cause = declined.__cause__
-                if isinstance(cause, EvidenceUnavailable):
+                if isinstance(cause, EvidenceUnavailable | InstanceSchemeMismatch):
                     raise cause
                 # Skipped, or withdrawn since it was selected: nothing was sent.
+                skip_budget = attempt.skips if _untried_listed(route, tried) else 0
                 fast = False
                 continue
             if failure is not None:
@@ -472,6 +483,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 attempts += 1
                 if attempt.instance is not None:
                     tried.add(attempt.instance.identity)
+                skip_budget = _skip_budget(route, tried, len(balance))
                 if not isinstance(cause, Exception):
                     raise DiscoveryError("an attempt failed without a cause") from failure
                 if not isinstance(cause, httpx.TransportError):
@@ -504,6 +516,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 and _now() < deadline
             ):
                 tried.add(instance.identity)
+                skip_budget = _skip_budget(route, tried, len(balance))
                 try:
                     await response.aclose()
                 finally:
@@ -553,6 +566,17 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         traceback: TracebackType | None = None,
     ) -> None:
         await self.aclose()
+
+
+def _untried_listed(route: Route, tried: set[str]) -> bool:
+    return any(identity not in tried for identity in route.identities())
+
+
+def _skip_budget(route: Route, tried: set[str], size: int) -> int:
+    # Declines allowed for tried instances: none when every listed instance
+    # was tried; otherwise a bound, so a policy that keeps preferring a tried
+    # instance ends up retrying it rather than spinning.
+    return 4 * size + 16 if _untried_listed(route, tried) else 0
 
 
 def _with_host(raw: list[tuple[bytes, bytes]], instance: Instance) -> httpx.Headers:

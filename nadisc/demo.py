@@ -12,9 +12,14 @@ choices on peak EWMA) gets a run with fresh backends:
 * after 60 %, ``delta`` is drained: removed from the service's membership
   while requests are in flight.
 
-The table at the end shows the requests each backend served, the errors
-(zero expected), client-side p50/p99 latency, and how many requests were
-handed to ``delta`` after it was drained (zero expected).
+Every request carries its sequence number in its path (``/work/<n>``,
+numbered as issued) and each backend records the numbers that reached it, so
+the drain is checked where it matters, at the backend: no request issued
+after the drain may arrive at ``delta``. The table at the end shows the
+requests each backend served, the errors (zero expected), client-side
+p50/p99 latency, and how many requests issued after the drain arrived at
+``delta`` (zero expected). ``main`` exits with status 1 when errors or
+after-drain arrivals are not zero.
 
 The static provider's listings are fixed for the owner's life, so the
 connection is configured like a static one but backed by an in-memory
@@ -68,6 +73,8 @@ class Backend:
     weight: float = 1.0
     port: int = 0
     served: int = 0
+    #: Sequence numbers of the requests that arrived here, in arrival order.
+    received: list[int] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -88,7 +95,8 @@ class Backend:
                         buffer += await stream.receive()
                     except (anyio.EndOfStream, anyio.BrokenResourceError):
                         return
-                _head, _, buffer = buffer.partition(b"\r\n\r\n")
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                self.received.append(_sequence(head))
                 if self.latency > 0:
                     await anyio.sleep(self.latency)
                 self.served += 1
@@ -109,6 +117,13 @@ class Backend:
             await listener.serve(self.handle)
 
 
+def _sequence(head: bytes) -> int:
+    # "GET /orders/work/<n> HTTP/1.1" -> n (-1 for anything else).
+    parts = head.split(b"\r\n", 1)[0].split(b" ")
+    last = parts[1].rsplit(b"/", 1)[-1] if len(parts) > 1 else b""
+    return int(last) if last.isdigit() else -1
+
+
 @dataclass
 class StrategyRun:
     """What one strategy did."""
@@ -116,10 +131,25 @@ class StrategyRun:
     strategy: str
     per_backend: dict[str, int]
     errors: int
-    #: Requests handed to the drained backend after the drain.
+    #: Requests handed to the drained backend's connection after the drain.
     sent_after_drain: int
+    #: Requests issued after the drain that arrived at the drained backend.
+    arrived_after_drain: int
     latencies: list[float] = field(repr=False)
     wall: float
+
+    @property
+    def problems(self) -> list[str]:
+        """What broke the demo's invariants (empty: all held)."""
+        found = []
+        if self.errors:
+            found.append(f"{self.strategy}: {self.errors} request(s) failed")
+        if self.arrived_after_drain:
+            found.append(
+                f"{self.strategy}: {self.arrived_after_drain} request(s) issued after the "
+                f"drain arrived at {DRAINED}"
+            )
+        return found
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -146,6 +176,10 @@ class DemoResult:
     requests: int
     runs: list[StrategyRun]
 
+    @property
+    def problems(self) -> list[str]:
+        return [problem for run in self.runs for problem in run.problems]
+
     def table(self) -> str:
         names = [name for name, _, _ in BACKENDS]
         marks = {DEGRADED: "*", DRAINED: "+"}
@@ -161,7 +195,7 @@ class DemoResult:
                     f"{run.mean * 1e3:.1f}",
                     f"{run.p50 * 1e3:.1f}",
                     f"{run.p99 * 1e3:.1f}",
-                    str(run.sent_after_drain),
+                    str(run.arrived_after_drain),
                     f"{run.wall:.1f}",
                 ]
             )
@@ -179,7 +213,10 @@ class DemoResult:
             f"{latency * DEGRADED_FACTOR * 1e3:.0f} ms after {DEGRADE_AT:.0%} of the "
             f"{self.requests} requests"
         )
-        lines.append(f"+ {DRAINED} is removed from the membership after {DRAIN_AT:.0%}")
+        lines.append(
+            f"+ {DRAINED} is removed from the membership after {DRAIN_AT:.0%}; "
+            f"'{DRAINED} after drain' counts requests issued after that which arrived at it"
+        )
         weights = ", ".join(f"{name} {weight:g}" for name, _, weight in BACKENDS)
         lines.append(f"weights (read by 'weighted'): {weights}")
         return "\n".join(lines)
@@ -206,6 +243,11 @@ def embedded_config(backends: list[Backend], strategy: str) -> DiscoveryConfig:
             )
         },
     )
+
+
+def _drain(registry: MemoryProvider, backends: list[Backend]) -> None:
+    """Remove the drained backend from the service's membership."""
+    registry.set(SERVICE, [b.instance() for b in backends if b.name != DRAINED])
 
 
 async def _run_strategy(
@@ -238,19 +280,18 @@ async def _run_strategy(
                     nonlocal issued, errors, sent_at_drain
                     while issued < requests:
                         issued += 1
-                        if issued == degrade_at:
+                        sequence = issued
+                        if sequence == degrade_at:
                             slow = next(b for b in backends if b.name == DEGRADED)
                             slow.latency *= DEGRADED_FACTOR
                             say(f"[{strategy}] {DEGRADED} slows down ({slow.latency * 1e3:.0f} ms)")
-                        if issued == drain_at:
-                            registry.set(
-                                SERVICE, [b.instance() for b in backends if b.name != DRAINED]
-                            )
+                        if sequence == drain_at:
+                            _drain(registry, backends)
                             sent_at_drain = sent_to_drained()
                             say(f"[{strategy}] {DRAINED} drained from the membership")
                         t0 = anyio.current_time()
                         try:
-                            response = await http.get(f"nadisc://primary/{SERVICE}/work/{issued}")
+                            response = await http.get(f"nadisc://primary/{SERVICE}/work/{sequence}")
                             if response.status_code != 200:
                                 errors += 1
                         except Exception as exc:
@@ -270,7 +311,10 @@ async def _run_strategy(
                 after_drain = sent_to_drained() - (sent_at_drain or 0)
         servers.cancel_scope.cancel()
     per_backend = {b.name: b.served for b in backends}
-    return StrategyRun(strategy, per_backend, errors, after_drain, latencies, wall)
+    drained = next(b for b in backends if b.name == DRAINED)
+    # Requests numbered from drain_at on were issued once the drain was done.
+    arrived = sum(1 for sequence in drained.received if sequence >= drain_at)
+    return StrategyRun(strategy, per_backend, errors, after_drain, arrived, latencies, wall)
 
 
 async def run_demo(
@@ -288,7 +332,11 @@ async def run_demo(
 
 
 def main(requests: int = 2000, concurrency: int = 8, argv: list[str] | None = None) -> DemoResult:
-    """Entry point of ``python -m nadisc.demo``; prints progress and a table."""
+    """Entry point of ``python -m nadisc.demo``; prints progress and a table.
+
+    Returns the result when every invariant held; otherwise prints what broke
+    and raises ``SystemExit(1)`` (the process exits with status 1).
+    """
     if argv is not None:
         parser = argparse.ArgumentParser(prog="python -m nadisc.demo", description=__doc__)
         parser.add_argument("--requests", type=int, default=requests)
@@ -311,6 +359,12 @@ def main(requests: int = 2000, concurrency: int = 8, argv: list[str] | None = No
     print()
     print(result.table())
     print(f"\ndone in {time.perf_counter() - t0:.1f} s")
+    problems = result.problems
+    if problems:
+        for problem in problems:
+            print(f"FAILED: {problem}")
+        raise SystemExit(1)
+    print("invariants held: no errors, nothing issued after the drain reached it")
     return result
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
@@ -153,3 +154,33 @@ async def serve_backends(*backends: HttpBackend) -> AsyncIterator[tuple[HttpBack
 
 async def _serve_one(backend: HttpBackend, *, task_status: trio.TaskStatus[list[str]]) -> None:
     await serve(backend, _config(), task_status=task_status, mode="asgi")  # type: ignore[arg-type]
+
+
+@dataclass
+class TcpCounter:
+    """A loopback listener that counts the TCP connections it accepts (and closes them)."""
+
+    port: int = 0
+    accepted: int = 0
+
+    def instance(self, identity: str, **changes: Any) -> Instance:
+        return Instance(identity, "127.0.0.1", self.port, **changes)
+
+
+@asynccontextmanager
+async def count_connections() -> AsyncIterator[TcpCounter]:
+    """Run a :class:`TcpCounter` for the block."""
+    counter = TcpCounter()
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    counter.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def accept(stream: anyio.abc.SocketStream) -> None:
+        counter.accepted += 1
+        await stream.aclose()
+
+    async with listener, anyio.create_task_group() as tasks:
+        tasks.start_soon(listener.serve, accept)
+        try:
+            yield counter
+        finally:
+            tasks.cancel_scope.cancel()

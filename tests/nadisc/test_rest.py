@@ -264,3 +264,35 @@ async def test_a_client_calls_only_its_own_connection() -> None:
                 await rest.send(httpx.Request("GET", "nadisc://infra/orders/x"))
             assert sum(infrastructure.query_counts.values()) == 0
             assert infra.served == 0
+
+
+async def test_managed_response_arriving_after_the_client_closed_is_closed_and_refused() -> None:
+    async with serve_backends(HttpBackend("slow", latency=0.3, chunks=2)) as (slow,):
+        memory = provider(slow)
+        pool = httpx.AsyncHTTPTransport()  # not owned: closing the client leaves it running
+        async with memory_owner({"primary": memory}) as owner:
+            rest = RestDiscoveryClient(owner, transport=pool)
+            outcome: list[BaseException] = []
+
+            async def call() -> None:
+                try:
+                    await rest.send_managed(rest.build_request("GET", service=SERVICE, path="/m"))
+                except LifecycleError as exc:
+                    outcome.append(exc)
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(call)
+                for _ in range(1000):  # until the request is at the backend
+                    if slow.active:
+                        break
+                    await anyio.sleep(0.005)
+                assert slow.active == 1
+                assert rest.transport is not None
+                route = rest.transport.route("primary", SERVICE)
+                await rest.aclose()
+            assert len(outcome) == 1 and "closed" in str(outcome[0])
+            assert rest.managed == 0 and slow.served == 1
+            assert route is not None
+            # The late response was closed: its instance's load is released.
+            assert route.streaming.balance.statistics().in_flight == 0
+        await pool.aclose()

@@ -17,17 +17,19 @@ from nadisc import (
     EvidenceUnavailable,
     IdentityRevoked,
     Instance,
+    InstanceSchemeMismatch,
     NotDiscoveryUrl,
     ObservationSnapshot,
     QualifierError,
     RestConfig,
     RestOptions,
     UnknownService,
+    declared_scheme,
 )
 from nadisc._route import Attempt, InstanceService, Route
 from nadisc.testing import MemoryProvider
 from tests.nadisc.owner_support import memory_owner, policy
-from tests.support_http import HttpBackend, serve_backends
+from tests.support_http import HttpBackend, count_connections, serve_backends
 
 SERVICE = "orders"
 
@@ -368,3 +370,221 @@ async def test_head_is_retried_too_and_the_instance_scheme_is_used() -> None:
             with pytest.raises(httpx.ConnectError):
                 await http.get("nadisc://primary/orders/x")
         assert bad.served + good.served == 4
+
+
+def _count_service_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count every pick handed to an instance service (declined ones included)."""
+    calls = [0]
+    real = InstanceService.call
+
+    async def counting(self: InstanceService, attempt: Attempt) -> httpx.Response:
+        calls[0] += 1
+        return await real(self, attempt)
+
+    monkeypatch.setattr(InstanceService, "call", counting)
+    return calls
+
+
+async def test_retries_on_a_single_dead_instance_stop_at_max_attempts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every listed instance was already tried: the retry goes to a tried one
+    # instead of declining picks until the budget runs out.
+    calls = _count_service_calls(monkeypatch)
+    memory = provider(closed_port_instance("dead"))
+    async with discovery(
+        memory,
+        request_timeout_ms=3000,
+        connect_timeout_ms=500,
+        max_attempts=3,
+        retry_get_head_on_transport_error=True,
+    ) as (_, transport, http):
+        started = anyio.current_time()
+        with pytest.raises(httpx.ConnectError):
+            await http.get("nadisc://primary/orders/x")
+        assert anyio.current_time() - started < 1.5
+        route = transport.route("primary", SERVICE)
+        assert route is not None
+        assert route.statistics().sent == {"dead": 3}
+        assert calls[0] == 3
+
+
+async def test_retryable_status_from_the_only_instance_is_returned_after_max_attempts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _count_service_calls(monkeypatch)
+    async with serve_backends(HttpBackend("bad", status=503)) as (bad,):
+        memory = provider(bad.instance())
+        async with discovery(
+            memory,
+            request_timeout_ms=2000,
+            connect_timeout_ms=500,
+            max_attempts=2,
+            retry_get_head_on_retryable_status=True,
+        ) as (_, _transport, http):
+            started = anyio.current_time()
+            response = await http.get("nadisc://primary/orders/x")
+            assert response.status_code == 503 and response.text == "bad"
+            assert anyio.current_time() - started < 1.0
+            assert bad.served == 2 and calls[0] == 2
+
+
+async def test_transport_error_retries_stop_at_max_attempts_on_distinct_instances() -> None:
+    memory = provider(*(closed_port_instance(f"d{i}") for i in range(5)))
+    async with discovery(memory, max_attempts=3, retry_get_head_on_transport_error=True) as (
+        _,
+        transport,
+        http,
+    ):
+        with pytest.raises(httpx.ConnectError):
+            await http.get("nadisc://primary/orders/x")
+        route = transport.route("primary", SERVICE)
+        assert route is not None
+        sent = route.statistics().sent
+        assert sum(sent.values()) == 3 and max(sent.values()) == 1
+
+
+async def test_retry_goes_to_another_instance_even_when_the_policy_prefers_the_bad_one() -> None:
+    async with serve_backends(
+        HttpBackend("bad", status=503, weight=5.0), HttpBackend("good", weight=1.0)
+    ) as (bad, good):
+        memory = provider(bad.instance(), good.instance())
+        async with discovery(
+            memory, lb_strategy="weighted", max_attempts=2, retry_get_head_on_retryable_status=True
+        ) as (_, _transport, http):
+            for _ in range(10):
+                assert (await http.get("nadisc://primary/orders/x")).text == "good"
+            assert bad.served <= 10 and good.served == 10
+
+
+async def test_retries_are_off_by_default() -> None:
+    async with serve_backends(HttpBackend("bad", status=503), HttpBackend("good")) as (bad, good):
+        memory = provider(bad.instance(), closed_port_instance("dead"), good.instance())
+        async with discovery(memory, max_attempts=3) as (_, transport, http):
+            assert (await http.get("nadisc://primary/orders/x")).status_code == 503
+            with pytest.raises(httpx.ConnectError):
+                await http.get("nadisc://primary/orders/x")
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            assert route.statistics().sent == {"bad": 1, "dead": 1}
+            assert bad.served == 1 and good.served == 0
+
+
+async def test_plain_url_whose_host_is_a_connection_name_is_refused() -> None:
+    async with serve_backends(HttpBackend("a")) as (a,):
+        memory = provider(a.instance())
+        async with discovery(memory) as (_, transport, _http):
+            for url in ("http://primary/orders/x", "https://primary/orders/x"):
+                with pytest.raises(NotDiscoveryUrl):
+                    await transport.handle_async_request(httpx.Request("GET", url))
+            assert sum(memory.query_counts.values()) == 0 and a.served == 0
+
+
+class _RecordingHeld:
+    """Stands in for ``poise.Held``: records how the guard ended."""
+
+    def __init__(self) -> None:
+        self.ended: list[str] = []
+
+    def cancel(self) -> None:
+        self.ended.append("cancelled")
+
+    def complete(self, *, failed: bool = False) -> None:
+        self.ended.append("failed" if failed else "completed")
+
+
+class _FailingCloseStream(httpx.AsyncByteStream):
+    """A body whose iterator raises when it is closed early."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        try:
+            yield b"one"
+            yield b"two"
+        finally:
+            raise RuntimeError("closing the iterator failed")
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_guarded_body_closes_its_stream_and_ends_the_guard_when_closing_raises() -> None:
+    from nadisc._transport import _GuardedStream
+
+    inner = _FailingCloseStream()
+    held = _RecordingHeld()
+    stream = _GuardedStream(inner, held, failed=False)  # type: ignore[arg-type]
+    chunks = stream.__aiter__()
+    assert await chunks.__anext__() == b"one"
+    with pytest.raises(RuntimeError, match="closing the iterator failed"):
+        await stream.aclose()
+    assert inner.closed and held.ended == ["cancelled"]
+    await stream.aclose()  # idempotent: nothing ends twice
+    assert held.ended == ["cancelled"]
+
+
+@pytest.mark.parametrize(
+    ("metadata", "declared"),
+    [
+        ({}, None),
+        ({"scheme": "https"}, "https"),
+        ({"scheme": " HTTP "}, "http"),
+        ({"secure": "true"}, "https"),
+        ({"secure": "False"}, "http"),
+        ({"secure": "maybe"}, "secure=maybe"),
+        ({"scheme": "grpc", "secure": "true"}, "grpc"),  # "scheme" wins
+    ],
+)
+def test_declared_scheme_reads_the_instance_metadata(
+    metadata: dict[str, str], declared: str | None
+) -> None:
+    assert declared_scheme(Instance("i", "127.0.0.1", 1, metadata=metadata)) == declared
+
+
+@pytest.mark.parametrize(
+    ("metadata", "configured"),
+    [
+        ({"scheme": "https"}, "http"),
+        ({"secure": "true"}, "http"),
+        ({"scheme": "grpc"}, "http"),
+        ({"scheme": "http"}, "https"),
+        ({"secure": "false"}, "https"),
+    ],
+)
+async def test_an_instance_declaring_another_scheme_is_refused_before_any_connection(
+    metadata: dict[str, str], configured: str
+) -> None:
+    async with count_connections() as listener:
+        memory = provider(listener.instance("odd", metadata=metadata))
+        async with discovery(
+            memory,
+            instance_scheme=configured,
+            max_attempts=3,
+            retry_get_head_on_transport_error=True,
+        ) as (_, transport, http):
+            for _ in range(2):
+                with pytest.raises(InstanceSchemeMismatch) as caught:
+                    await http.get("nadisc://primary/orders/x")
+                assert caught.value.identity == "odd"
+                assert caught.value.configured == configured
+                assert "rest.instance_scheme" in str(caught.value)
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            assert route.statistics().sent == {}
+            assert route.statistics().in_flight == {"odd": 0}
+        assert listener.accepted == 0
+
+
+async def test_an_instance_declaring_the_configured_scheme_is_called() -> None:
+    async with serve_backends(HttpBackend("a"), HttpBackend("b")) as (a, b):
+        memory = provider(
+            a.instance(metadata={"scheme": "HTTP"}), b.instance(metadata={"secure": "false"})
+        )
+        async with discovery(memory) as (_, _transport, http):
+            bodies = sorted([(await http.get("nadisc://primary/orders/x")).text for _ in range(2)])
+            assert bodies == ["a", "b"]
