@@ -709,6 +709,38 @@ def _kind(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+@dataclass(frozen=True, slots=True)
+class _WriteEvents:
+    """How one kind of registry write maps its outcomes onto state events."""
+
+    verb: str
+    acked: Callable[[], sm.Event]
+    unknown: Callable[[str], sm.Event]
+    failed: Callable[[str], sm.Event]
+    #: The provider failure that is a definite answer of its own kind
+    #: (a rejected registration, a lost lease) and its event.
+    definite: type[ProviderFailure]
+    definite_event: Callable[[str], sm.Event]
+
+
+_REGISTER = _WriteEvents(
+    verb="register",
+    acked=sm.RegisterAcked,
+    unknown=sm.RegisterUnknown,
+    failed=sm.RegisterFailed,
+    definite=RegistrationRejected,
+    definite_event=sm.RegisterRejected,
+)
+_RENEW = _WriteEvents(
+    verb="renew",
+    acked=sm.RenewAcked,
+    unknown=sm.RenewUnknown,
+    failed=sm.RenewFailed,
+    definite=LeaseLost,
+    definite_event=sm.RenewLeaseLost,
+)
+
+
 class RegistrationSet:
     """The registrations of one owner: frozen once, published once, quiesced once.
 
@@ -1181,40 +1213,16 @@ class RegistrationSet:
         epoch = reg.records.epoch
         self._apply(reg, sm.RegisterStarted(), now)
         deadline = self._write_deadline(reg, now)
-        result: Registered | None = None
-        event: sm.Event
-        # Shielded: a write in flight finishes (or times out) even when
-        # quiesce begins, so a landed registration is known and removed.
-        with anyio.CancelScope(shield=True, deadline=deadline) as scope:
-            reg.write_scope = scope
-            try:
-                result = await provider.register(reg.frozen.record, deadline)
-            except OutcomeUnknown as exc:
-                event = sm.RegisterUnknown(_kind(exc))
-            except RegistrationRejected as exc:
-                event = sm.RegisterRejected(_kind(exc))
-            except IdentityRevoked as exc:
-                event = sm.RegisterFailed(_kind(exc))
-                self._revoke_from(reg, epoch)
-            except ProviderFailure as exc:
-                event = sm.RegisterFailed(_kind(exc))
-            except DeadlineExceeded as exc:
-                event = sm.RegisterUnknown(_kind(exc))
-            except Exception as exc:
-                logger.warning("registration %r: register raised %s", reg.frozen.name, _kind(exc))
-                event = sm.RegisterUnknown(_kind(exc))
-            else:
-                event = sm.RegisterAcked()
-        reg.write_scope = None
-        if scope.cancelled_caught:
-            event = sm.RegisterUnknown("DeadlineExceeded")
-            result = None
-        if isinstance(event, sm.RegisterAcked) and result is not None:
+        event, result = await self._write(
+            reg, epoch, deadline, provider.register(reg.frozen.record, deadline), _REGISTER
+        )
+        acked = isinstance(event, sm.RegisterAcked)
+        if acked and result is not None:
             reg.registered = result
         self._apply(reg, event, anyio.current_time())
-        if not isinstance(event, sm.RegisterAcked):
+        if not acked:
             logger.info("registration %r: register -> %s", reg.frozen.name, reg.records.last_error)
-        return isinstance(event, sm.RegisterAcked)
+        return acked
 
     async def _renew(self, reg: _Registration, provider: Provider) -> None:
         registered = reg.registered
@@ -1222,35 +1230,56 @@ class RegistrationSet:
         now = anyio.current_time()
         epoch = reg.records.epoch
         deadline = self._write_deadline(reg, now)
+        event, result = await self._write(
+            reg, epoch, deadline, provider.renew(registered, deadline), _RENEW
+        )
+        if result is not None:
+            reg.registered = result
+        self._apply(reg, event, anyio.current_time())
+
+    async def _write(
+        self,
+        reg: _Registration,
+        epoch: int,
+        deadline: float,
+        call: Coroutine[object, object, Registered],
+        events: _WriteEvents,
+    ) -> tuple[sm.Event, Registered | None]:
+        """Run one registry write and classify its outcome as a state event.
+
+        Shielded: a write in flight finishes (or times out) even when quiesce
+        begins, so a landed registration is known and removed. Anything that
+        may have reached the registry without a definite answer is "unknown",
+        never "failed": the lifecycle must not write blindly after it.
+        """
         result: Registered | None = None
         event: sm.Event
         with anyio.CancelScope(shield=True, deadline=deadline) as scope:
             reg.write_scope = scope
             try:
-                result = await provider.renew(registered, deadline)
+                result = await call
             except OutcomeUnknown as exc:
-                event = sm.RenewUnknown(_kind(exc))
-            except LeaseLost as exc:
-                event = sm.RenewLeaseLost(_kind(exc))
+                event = events.unknown(_kind(exc))
             except IdentityRevoked as exc:
-                event = sm.RenewFailed(_kind(exc))
+                event = events.failed(_kind(exc))
                 self._revoke_from(reg, epoch)
+            except events.definite as exc:
+                event = events.definite_event(_kind(exc))
             except ProviderFailure as exc:
-                event = sm.RenewFailed(_kind(exc))
+                event = events.failed(_kind(exc))
             except DeadlineExceeded as exc:
-                event = sm.RenewUnknown(_kind(exc))
+                event = events.unknown(_kind(exc))
             except Exception as exc:
-                logger.warning("registration %r: renew raised %s", reg.frozen.name, _kind(exc))
-                event = sm.RenewUnknown(_kind(exc))
+                logger.warning(
+                    "registration %r: %s raised %s", reg.frozen.name, events.verb, _kind(exc)
+                )
+                event = events.unknown(_kind(exc))
             else:
-                event = sm.RenewAcked()
+                event = events.acked()
         reg.write_scope = None
         if scope.cancelled_caught:
-            event = sm.RenewUnknown("DeadlineExceeded")
-            result = None
-        if result is not None:
-            reg.registered = result
-        self._apply(reg, event, anyio.current_time())
+            return events.unknown("DeadlineExceeded"), None
+        return event, result
 
     async def _check(self, reg: _Registration, provider: Provider) -> None:
         # A check that straddled a revocation proves nothing under the new

@@ -780,16 +780,24 @@ class DiscoveryBalance(Generic[Req, Resp]):
             for _position, member in plan.build:
                 staged.append(self._stage(member, self._call_sync(member)))
         except BaseException as exc:
-            self._discard(staged)
-            if isinstance(exc, Exception) and not isinstance(exc, FactoryError):
-                raise FactoryError(
-                    f"factory for {member.key!r} raised {type(exc).__name__}: {exc}",
-                    key=member.key,
-                ) from exc
+            self._staging_failed(staged, member, exc)
             raise
         finally:
             self._busy = False
         return self._commit(plan, staged)
+
+    def _staging_failed(
+        self, staged: list[Endpoint[Req, Resp]], member: Member, exc: BaseException
+    ) -> None:
+        """Roll a failed staging back: close what was staged, and turn a
+        factory's own exception into :class:`FactoryError` (the caller
+        re-raises anything else, cancellation included, unchanged)."""
+        self._discard(staged)
+        if isinstance(exc, Exception) and not isinstance(exc, FactoryError):
+            raise FactoryError(
+                f"factory for {member.key!r} raised {type(exc).__name__}: {exc}",
+                key=member.key,
+            ) from exc
 
     async def apply_snapshot_async(self, snapshot: Snapshot) -> ReconcileReport:
         """Like :meth:`apply_snapshot`, awaiting async factories while staging.
@@ -822,12 +830,7 @@ class DiscoveryBalance(Generic[Req, Resp]):
                 if self._closed:
                     break  # the commit refuses and closes what was staged
         except BaseException as exc:
-            self._discard(staged)
-            if isinstance(exc, Exception) and not isinstance(exc, FactoryError):
-                raise FactoryError(
-                    f"factory for {member.key!r} raised {type(exc).__name__}: {exc}",
-                    key=member.key,
-                ) from exc
+            self._staging_failed(staged, member, exc)
             raise
         finally:
             self._busy = False
