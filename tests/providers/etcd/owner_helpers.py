@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
+from nadisc_etcd import EtcdProvider, EtcdSettings
 
 from nadisc import (
+    ConnectionContext,
     DiscoveryConfig,
     DiscoveryOwner,
     EvidenceUnavailable,
@@ -24,6 +26,20 @@ from nadisc import (
 
 #: The address registrations in these tests advertise (nothing dials it).
 WEB = ("10.0.0.5", 18080)
+
+
+P = TypeVar("P", bound=EtcdProvider)
+
+
+def injected_provider(cls: type[P], url: str, prefix: str, **etcd: Any) -> P:
+    """A provider object for ``providers=`` (so a test can read its state)."""
+    context = ConnectionContext(
+        name="primary",
+        request_timeout=0.5,
+        max_instances_per_service=4096,
+        max_response_bytes=4 * 1024 * 1024,
+    )
+    return cls(context, EtcdSettings.model_validate(etcd_block(url, prefix, **etcd)))
 
 
 def unique_prefix() -> str:

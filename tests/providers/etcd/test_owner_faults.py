@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 import trio
-from nadisc_etcd import EtcdProvider, EtcdSettings
+from nadisc_etcd import EtcdProvider
 
 from nadisc import (
     CloseOutcome,
-    ConnectionContext,
     Eligibility,
     EvidenceUnavailable,
     ObservationSnapshot,
@@ -28,9 +27,9 @@ from ...nadisc.owner_support import all_tasks
 from .conftest import EtcdServer, RawEtcd
 from .owner_helpers import (
     WEB,
-    etcd_block,
     etcd_config,
     ids,
+    injected_provider,
     look,
     reason,
     soon,
@@ -46,14 +45,7 @@ RawFactory = Callable[[EtcdServer], RawEtcd]
 
 
 def injected(url: str, prefix: str, **etcd: Any) -> EtcdProvider:
-    """A provider object for ``providers=`` (so the test can read its statistics)."""
-    context = ConnectionContext(
-        name="primary",
-        request_timeout=0.5,
-        max_instances_per_service=4096,
-        max_response_bytes=4 * 1024 * 1024,
-    )
-    return EtcdProvider(context, EtcdSettings.model_validate(etcd_block(url, prefix, **etcd)))
+    return injected_provider(EtcdProvider, url, prefix, **etcd)
 
 
 async def test_a_stopped_server_degrades_within_the_grace_then_goes_stale_then_recovers(

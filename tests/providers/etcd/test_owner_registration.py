@@ -42,9 +42,9 @@ from ...nadisc.owner_support import all_tasks
 from .conftest import EtcdServer, RawEtcd
 from .owner_helpers import (
     WEB,
-    etcd_block,
     etcd_config,
     ids,
+    injected_provider,
     reason,
     soon,
     unique_prefix,
@@ -217,13 +217,7 @@ class RecordingProvider(EtcdProvider):
 
 
 def recording(url: str, prefix: str, **etcd: Any) -> RecordingProvider:
-    context = ConnectionContext(
-        name="primary",
-        request_timeout=0.5,
-        max_instances_per_service=4096,
-        max_response_bytes=4 * 1024 * 1024,
-    )
-    return RecordingProvider(context, EtcdSettings.model_validate(etcd_block(url, prefix, **etcd)))
+    return injected_provider(RecordingProvider, url, prefix, **etcd)
 
 
 async def test_a_remotely_revoked_lease_is_lost_then_registered_again_under_a_new_lease(
