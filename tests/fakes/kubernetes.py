@@ -776,13 +776,18 @@ def _bearer(headers: dict[str, str]) -> str | None:
 
 
 class _StreamBody(httpx.AsyncByteStream):
+    """A watch body for httpx: a plain iterator object (no generator of its own
+    to be left unfinished when the client stops reading)."""
+
     def __init__(self, body: AsyncIterator[bytes]) -> None:
         self._body = body
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> _StreamBody:
+        return self
+
+    async def __anext__(self) -> bytes:
         try:
-            async for chunk in self._body:
-                yield chunk
+            return await self._body.__anext__()
         except _Broken as exc:
             raise httpx.ReadError(str(exc)) from exc
 
