@@ -561,7 +561,7 @@ class KubernetesFake:
             namespace, rest = rest[1], rest[2:]
         if not rest or rest[0] not in _KINDS:
             return None
-        kind: Kind = rest[0]  # type: ignore[assignment]
+        kind: Kind = rest[0]
         if (kind == "services") != (parts[0] == "api"):
             return None
         if len(rest) == 1:
