@@ -104,21 +104,25 @@ class LineReader:
         self._what = what
         self._buffer = bytearray()
 
-    async def batches(self) -> AsyncIterator[list[bytes]]:
-        """Every complete line available after each chunk (a batch may be
-        empty). Ends when the server ends the response; raises
-        ``IncompleteSnapshot`` when it breaks, ``CapacityRejected`` for a line
-        over the limit."""
-        while True:
-            try:
-                chunk = await self._chunks.__anext__()
-            except StopAsyncIteration:
-                return
-            except httpx.HTTPError as exc:
-                raise IncompleteSnapshot(
-                    f"{self._what}: the watch stream broke ({type(exc).__name__})"
-                ) from exc
-            yield self._feed(chunk)
+    def __aiter__(self) -> LineReader:
+        return self
+
+    async def __anext__(self) -> list[bytes]:
+        """The complete lines that arrived with the next chunk (possibly none).
+
+        Stops when the server ends the response; raises ``IncompleteSnapshot``
+        when it breaks, ``CapacityRejected`` for a line over the limit. A plain
+        iterator object, not a generator: nothing is left suspended when the
+        reader is abandoned half-way."""
+        try:
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            raise
+        except httpx.HTTPError as exc:
+            raise IncompleteSnapshot(
+                f"{self._what}: the watch stream broke ({type(exc).__name__})"
+            ) from exc
+        return self._feed(chunk)
 
     def _feed(self, chunk: bytes) -> list[bytes]:
         buffer = self._buffer

@@ -390,7 +390,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
             stats.watches_opened += 1
             # Open again after a failure: the listing we hold is confirmed current.
             run.settle(stats)
-            async for batch in lines.batches():
+            async for batch in lines:
                 changed = bookmark = False
                 for line in batch:
                     try:
