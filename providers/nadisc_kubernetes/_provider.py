@@ -116,14 +116,22 @@ class _Backoff:
 
 
 class _Run:
-    """Bookkeeping shared by the two streams of one ``watch`` call."""
+    """Bookkeeping shared by the two streams of one ``watch`` call.
+
+    A listing is published only while both sides are in sync and neither
+    stream is failing: one stream coming back must not paper over the other
+    one's failure (a 403 on the slices while the Service stream still works).
+    """
 
     def __init__(
         self, view: ServiceView, sink: ObservationSink, task_status: TaskStatus[None]
     ) -> None:
         self.view = view
         self.sink = sink
-        self.failed = False
+        #: Streams whose last outcome was a failure.
+        self.failing: set[str] = set()
+        #: A failure was reported since the last publish.
+        self.reported = False
         self.last: ProviderSnapshot | None = None
         self._task_status = task_status
         self._started = False
@@ -133,18 +141,20 @@ class _Run:
             self._started = True
             self._task_status.started()
 
-    def settle(self, stats: KubernetesStatistics, *, confirm: bool = False) -> None:
-        """Publish the view when both sides are in sync and it changed (or a
-        failure was reported since); with ``confirm``, refresh otherwise."""
-        if not self.view.synced:
+    def settle(self, kind: str, stats: KubernetesStatistics, *, confirm: bool = False) -> None:
+        """Stream ``kind`` is healthy: publish the view when both sides are in
+        sync, no stream is failing, and it changed (or a failure was reported
+        since); with ``confirm``, refresh otherwise."""
+        self.failing.discard(kind)
+        if self.failing or not self.view.synced:
             return
         try:
             snapshot = self.view.snapshot()
         except ProviderFailure as exc:
-            self.fail(exc, stats)
+            self.fail(kind, exc, stats)
             return
-        if self.failed or snapshot != self.last:
-            self.failed = False
+        if self.reported or snapshot != self.last:
+            self.reported = False
             self.last = snapshot
             stats.publishes += 1
             self.sink.publish(snapshot)
@@ -152,8 +162,9 @@ class _Run:
         elif confirm:
             self.sink.refresh()
 
-    def fail(self, failure: ProviderFailure, stats: KubernetesStatistics) -> None:
-        self.failed = True
+    def fail(self, kind: str, failure: ProviderFailure, stats: KubernetesStatistics) -> None:
+        self.failing.add(kind)
+        self.reported = True
         stats.failures += 1
         self.sink.fail(failure)
         self._start()
@@ -348,7 +359,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                     else:
                         view.reset_slices(items, version)  # type: ignore[arg-type]
                     need_list = False
-                    run.settle(stats)
+                    run.settle(kind, stats)
                 await self._stream(kind, run, what)
                 stats.server_timeouts += 1
                 backoff.reset()
@@ -363,7 +374,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                 continue
             except ProviderFailure as exc:
                 logger.info("%s failed: %s", what, exc)
-                run.fail(exc, stats)
+                run.fail(kind, exc, stats)
             await anyio.sleep(backoff.next_delay())
             self._check_open()
 
@@ -389,7 +400,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         ) as lines:
             stats.watches_opened += 1
             # Open again after a failure: the listing we hold is confirmed current.
-            run.settle(stats)
+            run.settle(kind, stats)
             async for batch in lines:
                 changed = bookmark = False
                 for line in batch:
@@ -407,7 +418,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                         stats.events += 1
                     changed = view.apply(kind, event) or changed
                 if changed or bookmark:
-                    run.settle(stats, confirm=bookmark)
+                    run.settle(kind, stats, confirm=bookmark)
 
     @property
     def _timeout(self) -> float:
