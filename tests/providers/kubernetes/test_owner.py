@@ -355,7 +355,7 @@ OPERATION = st.one_of(
     st.tuples(st.just("recreate")),
     st.tuples(st.just("sleep"), st.floats(0, 3)),
 )
-CONDITIONS = {
+CONDITIONS: dict[str, dict[str, Any]] = {
     "served": {"ready": True},
     "draining": {"ready": False, "serving": True, "terminating": True},
     "withdrawn": {"ready": False, "serving": False, "terminating": True},
