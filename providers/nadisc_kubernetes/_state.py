@@ -20,7 +20,9 @@ An endpoint's identity is its ``targetRef`` (the Pod's UID, else
 ``targetRef`` falls back to ``<addressType>/<first address>``. The same
 identity in several slices (a slice being split or merged) is one member:
 a served copy beats a draining one, then the slice that sorts first.
-Zone, node name, hostname and zone hints are kept in the metadata.
+Zone, node name, hostname, zone hints, the address type and the port's
+``appProtocol`` are kept in the metadata (one shared mapping per distinct
+content).
 
 Cost: O(endpoints) per snapshot; :class:`ServiceView` caches the last one
 until something changes.
@@ -28,8 +30,9 @@ until something changes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from nadisc import (
     CapacityRejected,
@@ -66,24 +69,38 @@ def _identity(slice_: EndpointSlice, endpoint: SliceEndpoint) -> str:
     return f"{slice_.addressType}/{endpoint.addresses[0]}"
 
 
-def _metadata(
-    slice_: EndpointSlice, endpoint: SliceEndpoint, app_protocol: str | None
-) -> dict[str, str]:
-    metadata: dict[str, str] = {"address_type": slice_.addressType}
-    if endpoint.zone:
-        metadata["zone"] = endpoint.zone
-    if endpoint.nodeName:
-        metadata["node_name"] = endpoint.nodeName
-    if endpoint.hostname:
-        metadata["hostname"] = endpoint.hostname
-    if endpoint.hints is not None and endpoint.hints.forZones:
-        metadata["hints.for_zones"] = ",".join(z.name for z in endpoint.hints.forZones)
-    ref = endpoint.targetRef
-    if ref is not None and ref.name:
-        metadata["target"] = f"{ref.kind or 'Pod'}/{ref.name}"
-    if app_protocol:
-        metadata["app_protocol"] = app_protocol
-    return metadata
+_NO_METADATA: Mapping[str, str] = MappingProxyType({})
+
+
+class _Metadata:
+    """Builds instance metadata, sharing one read-only mapping per distinct
+    content (endpoints on one node in one zone share theirs)."""
+
+    __slots__ = ("_shared",)
+
+    def __init__(self) -> None:
+        self._shared: dict[tuple[tuple[str, str], ...], Mapping[str, str]] = {}
+
+    def of(
+        self, slice_: EndpointSlice, endpoint: SliceEndpoint, app_protocol: str | None
+    ) -> Mapping[str, str]:
+        items: list[tuple[str, str]] = [("address_type", slice_.addressType)]
+        if endpoint.zone:
+            items.append(("zone", endpoint.zone))
+        if endpoint.nodeName:
+            items.append(("node_name", endpoint.nodeName))
+        if endpoint.hostname:
+            items.append(("hostname", endpoint.hostname))
+        hints = endpoint.hints
+        if hints is not None and hints.forZones:
+            items.append(("hints.for_zones", ",".join(z.name for z in hints.forZones)))
+        if app_protocol:
+            items.append(("app_protocol", app_protocol))
+        key = tuple(items)
+        shared = self._shared.get(key)
+        if shared is None:
+            shared = self._shared[key] = MappingProxyType(dict(items))
+        return shared
 
 
 def build_snapshot(
@@ -116,6 +133,7 @@ def build_snapshot(
     port_name = chosen.name
     invalid: dict[str, str] = {}
     best: dict[str, tuple[int, str, Instance]] = {}
+    metadata = _Metadata()
     for slice_ in sorted(slices, key=lambda s: s.metadata.name):
         key = f"endpointslice/{slice_.metadata.name}"
         owners = slice_.metadata.ownerReferences
@@ -151,7 +169,7 @@ def build_snapshot(
                     identity,
                     endpoint.addresses[0],
                     slice_port.port,
-                    metadata=_metadata(slice_, endpoint, slice_port.appProtocol),
+                    metadata=metadata.of(slice_, endpoint, slice_port.appProtocol),
                     draining=state == "draining",
                 )
             except ValueError as exc:
