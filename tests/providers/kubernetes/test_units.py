@@ -97,7 +97,7 @@ def test_identity_is_the_target_not_the_ip_and_duplicates_merge() -> None:
     assert not by_id["pod-2"].draining  # the served copy wins over the draining one
     assert by_id["pod-1"].host == by_id["pod-3"].host == "10.0.0.1"
     assert dict(by_id["pod-1"].metadata) == {
-        "address_type": "IPv4", "zone": "zone-a", "node_name": "node-1", "target": "Pod/orders-1",
+        "address_type": "IPv4", "zone": "zone-a", "node_name": "node-1",
     }  # fmt: skip
     hinted = slice_(
         "orders-h",
