@@ -51,13 +51,13 @@ from nadisc import (
     Capabilities,
     ConnectionContext,
     DeadlineExceeded,
+    DiscoveryOnlyProvider,
     EvidenceKind,
     IncompleteSnapshot,
     ObservationSink,
     ProviderFailure,
     ProviderSnapshot,
 )
-from nadisc._provider import DiscoveryOnlyProvider
 
 from ._credentials import ClusterAccess, resolve_access
 from ._http import Gone, KubeHttp, status_failure

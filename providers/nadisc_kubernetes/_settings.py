@@ -22,7 +22,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 __all__ = ["KubernetesSettings", "ServiceBinding"]
 
@@ -137,6 +145,14 @@ class KubernetesSettings(BaseModel):
                     "rename one of them"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> KubernetesSettings:
+        if self.initial_backoff > self.max_backoff:
+            raise ValueError("initial_backoff must not exceed max_backoff")
+        if self.credentials == "in_cluster" and (self.kubeconfig or self.context):
+            raise ValueError("kubeconfig and context do not apply to in_cluster credentials")
+        return self
 
     def binding(self, service: str) -> ServiceBinding:
         """The binding whose Service name is ``service`` (the owner asks by

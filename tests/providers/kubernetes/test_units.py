@@ -261,6 +261,8 @@ def test_settings_are_strict_and_name_the_field() -> None:
         ({"credentials": "exec"}, "credentials"),
         ({"tokne": "x"}, "tokne"),
         ({"services": {"a": {"name": "x", "port": 1}, "b": {"name": "x", "port": 2}}}, "services"),
+        ({"initial_backoff": 10, "max_backoff": 5}, "initial_backoff"),
+        ({"credentials": "in_cluster", "context": "x"}, "in_cluster"),
     ):
         with pytest.raises(ValidationError) as caught:
             KubernetesSettings.model_validate(bad)
@@ -352,3 +354,39 @@ def test_a_token_file_is_reread_when_it_changes_and_on_demand(tmp_path: Path) ->
     assert tokens.current() == "two" and tokens.reads == 2
     assert tokens.reload() and tokens.reads == 3
     assert not TokenSource(token="fixed").reload()
+
+
+def test_the_settings_have_a_json_schema() -> None:
+    schema = KubernetesSettings.model_json_schema()
+    assert schema["additionalProperties"] is False
+    assert {"credentials", "namespace", "services", "watch_timeout"} <= set(schema["properties"])
+
+
+def test_endpoints_with_the_same_topology_share_one_metadata_mapping() -> None:
+    listed = snapshot(service(), slice_("s", [endpoint(1), endpoint(4), endpoint(2)]))
+    by_id = {i.identity: i for i in listed.instances}
+    assert by_id["pod-1"].metadata is by_id["pod-4"].metadata  # node-1, zone-a
+    assert by_id["pod-2"].metadata is not by_id["pod-1"].metadata
+
+
+async def test_watch_lines_are_split_across_chunks_and_bounded() -> None:
+    from nadisc_kubernetes._http import LineReader
+
+    class Chunks:
+        def __init__(self, *chunks: bytes) -> None:
+            self.chunks = list(chunks)
+
+        def __aiter__(self) -> Chunks:
+            return self
+
+        async def __anext__(self) -> bytes:
+            if not self.chunks:
+                raise StopAsyncIteration
+            return self.chunks.pop(0)
+
+    reader = LineReader(Chunks(b'{"a":', b'1}\n{"b"', b":2}\n\n"), 16, "watch")
+    assert [batch async for batch in reader] == [[], [b'{"a":1}'], [b'{"b":2}']]
+    with pytest.raises(CapacityRejected, match="max_response_bytes=4"):
+        [batch async for batch in LineReader(Chunks(b"123456\n"), 4, "watch")]
+    with pytest.raises(CapacityRejected):  # no newline yet, but already too long
+        [batch async for batch in LineReader(Chunks(b"123456"), 4, "watch")]
