@@ -151,7 +151,10 @@ class _Run:
         try:
             snapshot = self.view.snapshot()
         except ProviderFailure as exc:
-            self.fail(kind, exc, stats)
+            # What the streams hold is invalid (a Service without the port) or
+            # over capacity: reported, but no stream is failing; the next
+            # change on either stream evaluates again.
+            self.fail(None, exc, stats)
             return
         if self.reported or snapshot != self.last:
             self.reported = False
@@ -162,8 +165,11 @@ class _Run:
         elif confirm:
             self.sink.refresh()
 
-    def fail(self, kind: str, failure: ProviderFailure, stats: KubernetesStatistics) -> None:
-        self.failing.add(kind)
+    def fail(
+        self, kind: str | None, failure: ProviderFailure, stats: KubernetesStatistics
+    ) -> None:
+        if kind is not None:
+            self.failing.add(kind)
         self.reported = True
         stats.failures += 1
         self.sink.fail(failure)

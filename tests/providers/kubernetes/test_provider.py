@@ -19,7 +19,7 @@ import trio
 import trio.testing
 from nadisc_kubernetes import KubernetesProvider, KubernetesSettings, resolve_access
 
-from nadisc import CapacityRejected, IdentityRevoked, IncompleteSnapshot
+from nadisc import CapacityRejected, IdentityRevoked, IncompleteSnapshot, InvalidSnapshot
 from tests.fakes.kubernetes import KubernetesFake, run_kubernetes_fake
 
 from .conftest import (
@@ -395,3 +395,25 @@ async def test_kubectl_and_the_provider_see_the_same_endpoints(
             i.identity: "draining" if i.draining else "served" for i in snapshot.instances
         } == seen_by_kubectl
         assert seen_by_kubectl == {"pod-1": "served", "pod-2": "draining", "pod-3": "served"}
+
+
+async def test_a_service_without_the_port_is_invalid_until_it_gets_one(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    fake = KubernetesFake(tokens={TOKEN: "alice"})
+    fake.create_service("orders", ports=[{"name": "grpc", "port": 9090}])
+    owned_slice(fake, "orders-a", 1)
+    provider = in_process(fake, tmp_path)
+    with pytest.raises(InvalidSnapshot, match="no port 'http'"):
+        await provider.query("orders", deadline())
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await run_watch(provider, sink, nursery)
+        assert isinstance(sink.failures[-1], InvalidSnapshot) and not sink.published
+        await fake.wait_for(lambda: fake.open_watches == 2)
+        owned_slice(fake, "orders-b", 2)  # a slice event: still invalid
+        await sink.wait_for(lambda: len(sink.failures) >= 2)
+        fake.create_service("orders")  # the same UID, now with the "http" port
+        with trio.fail_after(1):  # on that event, not at the next re-watch
+            await sink.wait_for(lambda: sink.identities == ("pod-1", "pod-2"))
+        nursery.cancel_scope.cancel()
