@@ -130,6 +130,7 @@ async def test_a_draining_instance_completes_its_call_in_flight_and_gets_no_new_
                     assert route.statistics().in_flight.get("old") == 1
                     assert old.active == 1
                 assert statuses == {"old": 200}
+                assert route is not None
                 stats = route.statistics()
                 assert stats.sent == {"old": 1, "new": 8}
                 assert old.served == 1 and new.served == 8
