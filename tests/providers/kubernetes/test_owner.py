@@ -48,7 +48,11 @@ SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
 
 
 def config(
-    kubeconfig: Path, *, connection: Mapping[str, Any] | None = None, **block: Any
+    kubeconfig: Path,
+    *,
+    connection: Mapping[str, Any] | None = None,
+    limits: Mapping[str, Any] | None = None,
+    **block: Any,
 ) -> DiscoveryConfig:
     kubernetes: dict[str, Any] = {
         "credentials": "kubeconfig",
@@ -67,9 +71,14 @@ def config(
         "kubernetes": kubernetes,
     }
     primary.update(connection or {})
-    return DiscoveryConfig.model_validate(
-        {"enabled": True, "connections": {"primary": primary}, "shutdown_timeout_ms": 5000}
-    )
+    document: dict[str, Any] = {
+        "enabled": True,
+        "connections": {"primary": primary},
+        "shutdown_timeout_ms": 5000,
+    }
+    if limits is not None:
+        document["limits"] = dict(limits)
+    return DiscoveryConfig.model_validate(document)
 
 
 def in_process(cfg: DiscoveryConfig, fake: KubernetesFake) -> dict[str, Provider]:
@@ -339,6 +348,35 @@ async def test_rbac_revoked_is_a_revocation_within_one_request(
         assert refusal(observation) == "revoked"
         fake.allow("alice")
         await wait_until(observation, lambda: identities(observation) == ("pod-1",))
+
+
+async def test_each_watched_service_takes_two_streams_and_a_queued_one_keeps_polling(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    fake = seeded()
+    fake.create_service("payments")
+    owned_slice(fake, "orders-a", 1)
+    owned_slice(fake, "payments-a", 7, service="payments")
+    cfg = config(
+        write_kubeconfig(tmp_path / "config", fake.url),
+        limits={"max_watch_streams": 3},
+        services={"orders": {"port": "http"}, "payments": {"port": "http"}},
+    )
+    async with open_discovery(cfg, providers=in_process(cfg, fake)) as owner:
+        orders = await owner.client().observe("orders", trio.current_time() + 5)
+        payments = await owner.client().observe("payments", trio.current_time() + 5)
+        await fake.wait_for(lambda: fake.open_watches == 2)
+        await trio.sleep(1)
+        assert fake.open_watches == 2  # 3 streams: room for one Service's two only
+        watched = {r.query.get("fieldSelector") for r in fake.watch_requests("services")}
+        assert watched == {"metadata.name=orders"}
+        start = trio.current_time()
+        owned_slice(fake, "payments-a", 7, 8, service="payments")
+        await wait_until(payments, lambda: identities(payments) == ("pod-7", "pod-8"))
+        # Seen by the queued service's polling (poll_interval_ms = 5000), not by a watch.
+        assert 0 < trio.current_time() - start <= 5.5
+        owned_slice(fake, "orders-a", 1, 2)
+        await wait_until(orders, lambda: identities(orders) == ("pod-1", "pod-2"), limit=0.5)
 
 
 # -- 410s and disconnects at random: the served set converges to the truth ---------------------
