@@ -24,8 +24,10 @@ Zone, node name, hostname, zone hints, the address type and the port's
 ``appProtocol`` are kept in the metadata (one shared mapping per distinct
 content).
 
-Cost: O(endpoints) per snapshot; :class:`ServiceView` caches the last one
-until something changes.
+Cost: O(endpoints) dictionary work per snapshot; :class:`ServiceView` keeps
+the last one until something changes, and the instances of every slice that
+did not change (a watch event on one slice of forty builds that slice's
+instances only).
 """
 
 from __future__ import annotations
@@ -103,6 +105,63 @@ class _Metadata:
         return shared
 
 
+@dataclass(frozen=True, slots=True)
+class _SliceResult:
+    """What one slice contributes: (identity, rank, instance) members and invalid records."""
+
+    members: tuple[tuple[str, int, Instance], ...]
+    invalid: tuple[tuple[str, str], ...]
+
+
+#: Per slice name: (the slice object, Service name, Service UID, port name, its result).
+SliceCache = dict[str, tuple[EndpointSlice, str, str, str, _SliceResult]]
+
+
+def _slice_result(
+    slice_: EndpointSlice, service: Service, port_name: str, metadata: _Metadata
+) -> _SliceResult:
+    meta = service.metadata
+    key = f"endpointslice/{slice_.metadata.name}"
+    owners = slice_.metadata.ownerReferences
+    if slice_.metadata.labels.get(SERVICE_NAME_LABEL) != meta.name:
+        return _SliceResult((), ((key, f"not labelled {SERVICE_NAME_LABEL}={meta.name}"),))
+    if not any(o.kind == "Service" and o.uid == meta.uid for o in owners):
+        owned = ", ".join(f"{o.kind}/{o.name} uid {o.uid}" for o in owners) or "nothing"
+        reason = f"not owned by the current Service (uid {meta.uid}); owned by {owned}"
+        return _SliceResult((), ((key, reason),))
+    slice_port = next((p for p in slice_.ports or () if (p.name or "") == port_name), None)
+    if slice_port is None:
+        if slice_.endpoints:
+            return _SliceResult((), ((key, f"has no port named {port_name!r}"),))
+        return _SliceResult((), ())
+    number = slice_port.port
+    if number is None or not 0 < number < 65536:
+        return _SliceResult((), ((key, f"port {port_name!r} has no usable number"),))
+    members: list[tuple[str, int, Instance]] = []
+    invalid: list[tuple[str, str]] = []
+    for position, endpoint in enumerate(slice_.endpoints or ()):
+        state = endpoint_state(endpoint)
+        if state == "withdrawn":
+            continue
+        if not endpoint.addresses or not endpoint.addresses[0]:
+            invalid.append((f"{key}/{position}", "endpoint without an address"))
+            continue
+        identity = _identity(slice_, endpoint)
+        try:
+            instance = Instance(
+                identity,
+                endpoint.addresses[0],
+                number,
+                metadata=metadata.of(slice_, endpoint, slice_port.appProtocol),
+                draining=state == "draining",
+            )
+        except ValueError as exc:
+            invalid.append((f"{key}/{position}", str(exc)))
+            continue
+        members.append((identity, 0 if state == "served" else 1, instance))
+    return _SliceResult(tuple(members), tuple(invalid))
+
+
 def build_snapshot(
     alias: str,
     service: Service | None,
@@ -110,8 +169,14 @@ def build_snapshot(
     *,
     port: str | int | None,
     max_instances: int,
+    cache: SliceCache | None = None,
 ) -> ProviderSnapshot:
-    """The listing of ``alias`` from the Service and its labelled slices."""
+    """The listing of ``alias`` from the Service and its labelled slices.
+
+    With ``cache`` (kept by the caller between calls), a slice that is the
+    very same object as last time, for the same Service UID and port, reuses
+    its instances: a watch event on one slice rebuilds only that slice.
+    """
     evidence = EvidenceKind.ORCHESTRATOR_READY
     if service is None:
         return ProviderSnapshot(alias, (), evidence)
@@ -132,55 +197,34 @@ def build_snapshot(
         chosen = found[0]
     port_name = chosen.name
     invalid: dict[str, str] = {}
-    best: dict[str, tuple[int, str, Instance]] = {}
+    best: dict[str, tuple[int, Instance]] = {}
     metadata = _Metadata()
     for slice_ in sorted(slices, key=lambda s: s.metadata.name):
-        key = f"endpointslice/{slice_.metadata.name}"
-        owners = slice_.metadata.ownerReferences
-        if slice_.metadata.labels.get(SERVICE_NAME_LABEL) != meta.name:
-            invalid[key] = f"not labelled {SERVICE_NAME_LABEL}={meta.name}"
-            continue
-        if not any(o.kind == "Service" and o.uid == meta.uid for o in owners):
-            owned = ", ".join(f"{o.kind}/{o.name} uid {o.uid}" for o in owners) or "nothing"
-            invalid[key] = f"not owned by the current Service (uid {meta.uid}); owned by {owned}"
-            continue
-        slice_port = next((p for p in slice_.ports or () if (p.name or "") == port_name), None)
-        if slice_port is None:
-            if slice_.endpoints:
-                invalid[key] = f"has no port named {port_name!r}"
-            continue
-        if slice_port.port is None or not 0 < slice_port.port < 65536:
-            invalid[key] = f"port {port_name!r} has no usable number"
-            continue
-        for position, endpoint in enumerate(slice_.endpoints or ()):
-            state = endpoint_state(endpoint)
-            if state == "withdrawn":
-                continue
-            if not endpoint.addresses or not endpoint.addresses[0]:
-                invalid[f"{key}/{position}"] = "endpoint without an address"
-                continue
-            identity = _identity(slice_, endpoint)
-            rank = 0 if state == "served" else 1
+        name = slice_.metadata.name
+        cached = cache.get(name) if cache is not None else None
+        if (
+            cached is not None
+            and cached[0] is slice_
+            and cached[1] == meta.name
+            and cached[2] == meta.uid
+            and cached[3] == port_name
+        ):
+            result = cached[4]
+        else:
+            result = _slice_result(slice_, service, port_name, metadata)
+            if cache is not None:
+                cache[name] = (slice_, meta.name, meta.uid, port_name, result)
+        invalid.update(result.invalid)
+        for identity, rank, instance in result.members:
             known = best.get(identity)
             if known is not None and known[0] <= rank:
-                continue
-            try:
-                instance = Instance(
-                    identity,
-                    endpoint.addresses[0],
-                    slice_port.port,
-                    metadata=metadata.of(slice_, endpoint, slice_port.appProtocol),
-                    draining=state == "draining",
-                )
-            except ValueError as exc:
-                invalid[f"{key}/{position}"] = str(exc)
-                continue
-            best[identity] = (rank, slice_.metadata.name, instance)
-            if len(best) > max_instances:
-                raise CapacityRejected(
-                    f"{where}: more than max_instances_per_service={max_instances} endpoints"
-                )
-    instances = tuple(entry[2] for entry in sorted(best.values(), key=lambda e: e[2].identity))
+                continue  # a served copy, or the slice that sorts first, wins
+            best[identity] = (rank, instance)
+        if len(best) > max_instances:
+            raise CapacityRejected(
+                f"{where}: more than max_instances_per_service={max_instances} endpoints"
+            )
+    instances = tuple(best[identity][1] for identity in sorted(best))
     return ProviderSnapshot(alias, instances, evidence, invalid)
 
 
@@ -208,6 +252,7 @@ class ServiceView:
         #: Grows with every change applied (a change counter, not a version).
         self.changes = 0
         self._cached: tuple[int, ProviderSnapshot] | None = None
+        self._slice_cache: SliceCache = {}
 
     @property
     def synced(self) -> bool:
@@ -267,12 +312,16 @@ class ServiceView:
         cached = self._cached
         if cached is not None and cached[0] == self.changes:
             return cached[1]
+        cache = self._slice_cache
+        for gone in [name for name in cache if name not in self.slices]:
+            del cache[gone]
         snapshot = build_snapshot(
             self.alias,
             self.service,
             self.slices.values(),
             port=self.port,
             max_instances=self.max_instances,
+            cache=cache,
         )
         self._cached = (self.changes, snapshot)
         return snapshot

@@ -27,3 +27,6 @@ def test_kubernetes_watch_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert results["loads_ms"] > 0
     assert 0 < results["typed_ratio"] <= results["worst_typed_ratio"]
     assert results["listing_ratio"] > results["typed_ratio"]
+    assert "one watch event (1 of 40 slices)" in printed
+    # One slice's event reuses the other 39 slices' instances.
+    assert 0 < results["event_ms"] < results["listing_ms"]
