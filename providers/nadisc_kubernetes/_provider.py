@@ -14,6 +14,7 @@ while both sides are in sync::
                                           │ ADDED/MODIFIED/DELETED: apply; publish if changed
                                           │ BOOKMARK: remember version; refresh()
                                           │ server timeout (stream ends): re-watch from <last>
+                                          │   (after a backoff delay if it lasted < 1 s)
                                           │ 403 / 401 twice: fail(IdentityRevoked), backoff
                                           └ 5xx, broken stream, silence: fail(Incomplete),
                                             backoff, resume from <last> (no relist)
@@ -78,6 +79,9 @@ if TYPE_CHECKING:
 __all__ = ["KubernetesProvider", "KubernetesProviderFactory", "KubernetesStatistics", "factory"]
 
 logger = logging.getLogger(__name__)
+
+#: A watch the server ends sooner than this is re-opened after a backoff delay.
+_SHORTEST_WATCH = 1.0
 
 CAPABILITIES = Capabilities(
     evidence=EvidenceKind.ORCHESTRATOR_READY, registration=False, watch_streams=2
@@ -366,9 +370,14 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                         view.reset_slices(items, version)  # type: ignore[arg-type]
                     need_list = False
                     run.settle(kind, stats)
+                opened = anyio.current_time()
                 await self._stream(kind, run, what)
                 stats.server_timeouts += 1
-                backoff.reset()
+                if anyio.current_time() - opened >= _SHORTEST_WATCH:
+                    backoff.reset()
+                    continue
+                # Ended at once: a server that keeps doing so is not re-asked in a hot loop.
+                await anyio.sleep(backoff.next_delay())
                 continue
             except Gone as exc:
                 stats.relists += 1

@@ -418,3 +418,30 @@ async def test_a_service_without_the_port_is_invalid_until_it_gets_one(
         with trio.fail_after(1):  # on that event, not at the next re-watch
             await sink.wait_for(lambda: sink.identities == ("pod-1", "pod-2"))
         nursery.cancel_scope.cancel()
+
+
+async def test_watches_that_end_at_once_are_not_reopened_in_a_hot_loop(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    fake = seeded()
+    owned_slice(fake, "orders-a", 1)
+    inner = fake.transport()
+    watches = 0
+
+    class EmptyWatches(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            nonlocal watches
+            if "watch" in request.url.params:
+                watches += 1
+                return httpx.Response(200, content=b"", request=request)
+            return await inner.handle_async_request(request)
+
+    provider = in_process(fake, tmp_path, initial_backoff=1, max_backoff=4)
+    provider._http._client._transport = EmptyWatches()
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await run_watch(provider, sink, nursery)
+        await trio.sleep(20)
+        nursery.cancel_scope.cancel()
+    assert 4 <= watches <= 30  # two streams, backing off up to 4 s each
+    assert sink.identities == ("pod-1",) and not sink.failures
