@@ -118,7 +118,7 @@ class LineReader:
             chunk = await self._chunks.__anext__()
         except StopAsyncIteration:
             raise
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.StreamError) as exc:
             raise IncompleteSnapshot(
                 f"{self._what}: the watch stream broke ({type(exc).__name__})"
             ) from exc

@@ -433,7 +433,7 @@ async def test_watches_that_end_at_once_are_not_reopened_in_a_hot_loop(
             nonlocal watches
             if "watch" in request.url.params:
                 watches += 1
-                return httpx.Response(200, content=b"", request=request)
+                return httpx.Response(200, stream=httpx.ByteStream(b""), request=request)
             return await inner.handle_async_request(request)
 
     provider = in_process(fake, tmp_path, initial_backoff=1, max_backoff=4)
