@@ -141,3 +141,28 @@ async def test_a_draining_instance_completes_its_call_in_flight_and_gets_no_new_
                     await http.get("nadisc://primary/orders/short")
                 assert refused.value.reason == "draining"
                 assert old.served == 1
+
+
+async def test_first_serving_never_probes_a_draining_instance() -> None:
+    from nadisc import FirstServing
+
+    memory = MemoryProvider(services={SERVICE: SERVICE}, watch=True)
+    memory.set(
+        SERVICE,
+        [Instance("a", "10.0.0.1", 80, draining=True), Instance("b", "10.0.0.2", 80)],
+    )
+    probed: list[str] = []
+
+    async def probe(instance: Instance) -> bool:
+        probed.append(instance.identity)
+        return True
+
+    async def send(instance: Instance) -> str:
+        return instance.identity
+
+    async with memory_owner({"primary": memory}) as owner:
+        observation = await owner.client().observe(SERVICE, anyio.current_time() + 5)
+        selector: FirstServing[Instance] = FirstServing(probe)
+        for _ in range(3):  # the start rotates; a is never a candidate
+            assert await selector.submit(observation, send, anyio.current_time() + 5) == "b"
+        assert probed == ["b", "b", "b"]
