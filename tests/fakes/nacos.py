@@ -213,9 +213,9 @@ class NacosFake:
         cluster: str = "DEFAULT",
     ) -> bool:
         service = self.services.get((namespace, group, name))
-        removed = service is not None and service.instances.pop((ip, port, cluster), None)
+        removed = None if service is None else service.instances.pop((ip, port, cluster), None)
         self._poke()
-        return bool(removed)
+        return removed is not None
 
     def find(
         self,

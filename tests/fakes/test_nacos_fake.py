@@ -13,6 +13,8 @@ a misunderstanding. Time rules run in-process under trio's MockClock.
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 import trio
@@ -76,8 +78,8 @@ async def test_namespaces_groups_and_clusters_are_separate(autojump_clock: objec
     fake.register("svc", "10.0.0.3", 80, now=0, namespace="public", group="A")
     async with client(fake) as http:
 
-        def ips(listing: dict[str, object]) -> set[str]:
-            return {h["ip"] for h in listing["hosts"]}  # type: ignore[attr-defined,index]
+        def ips(listing: dict[str, Any]) -> set[str]:
+            return {h["ip"] for h in listing["hosts"]}
 
         base = {"serviceName": "A@@svc", "namespaceId": "dev"}
         everything = (await http.get("/v1/ns/instance/list", params=base)).json()
