@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import httpx
 import pytest
@@ -41,7 +43,7 @@ async def test_auto_probes_the_api_once_at_prepare(
     autojump_clock: object, options: dict[str, object], api: str
 ) -> None:
     fake = NacosFake(**options)  # type: ignore[arg-type]
-    creds: dict[str, object] = {"username": "u", "password": "p"} if "users" in options else {}
+    creds: dict[str, Any] = {"username": "u", "password": "p"} if "users" in options else {}
     provider = in_process(fake, **creds)
     await provider.prepare(soon())
     assert provider.api == api
