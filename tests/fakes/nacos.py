@@ -98,6 +98,8 @@ class Fault:
     kind: Literal["status", "drop", "truncate", "hang", "body"]
     status: int = 500
     body: bytes = b"server error"
+    #: Only requests whose ``serviceName`` ends with this (None: every request).
+    service: str | None = None
 
 
 @dataclass
@@ -354,8 +356,12 @@ class NacosFake:
     def inject(self, prefix: str, fault: Fault, *, times: int = 1) -> None:
         self._faults.append((self.context_path + prefix, fault, times))
 
-    def _take_fault(self, path: str) -> Fault | None:
+    def _take_fault(self, path: str, query: dict[str, str]) -> Fault | None:
         for position, (prefix, fault, times) in enumerate(self._faults):
+            if fault.service is not None and not query.get("serviceName", "").endswith(
+                fault.service
+            ):
+                continue
             if path.startswith(prefix):
                 if times <= 1:
                     del self._faults[position]
@@ -426,7 +432,7 @@ class NacosFake:
         self.requests.append(record)
         now = anyio.current_time()
         self.tick(now)
-        fault = self._take_fault(path)
+        fault = self._take_fault(path, query)
         try:
             if fault is not None and fault.kind == "hang":
                 while (await receive())["type"] != "http.disconnect":
