@@ -78,6 +78,7 @@ from ._wire import (
     decode_envelope,
     decode_instance_list,
     default_instance_id,
+    listing_digest,
 )
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ class NacosProvider:
         self._api: str | None = None if settings.api == "auto" else settings.api
         self._previous: dict[str, ProviderSnapshot] = {}
         self._cache_seconds: dict[str, float] = {}
+        self._digests: dict[str, bytes] = {}
         self._capabilities = Capabilities(
             evidence=EvidenceKind.REGISTRY_HEALTH,
             registration=True,
@@ -249,6 +251,10 @@ class NacosProvider:
         api = self._require_api()
         remote = self._settings.remote_name(service)
         response = await self._list(api, remote, deadline)
+        digest = listing_digest(response.body)
+        previous = self._previous.get(service)
+        if previous is not None and self._digests.get(service) == digest:
+            return previous  # the same content as last time: nothing to decode
         listing = decode_instance_list(
             response.body,
             api=api,
@@ -256,7 +262,7 @@ class NacosProvider:
             group=self._settings.group,
             max_bytes=self._http.max_response_bytes,
             max_instances=self._context.max_instances_per_service,
-            previous=self._previous.get(service),
+            previous=previous,
         )
         snapshot = listing.snapshot
         if snapshot.service != service:
@@ -264,6 +270,7 @@ class NacosProvider:
                 service, snapshot.instances, snapshot.evidence, snapshot.invalid
             )
         self._previous[service] = snapshot
+        self._digests[service] = digest
         self._cache_seconds[service] = listing.cache_seconds
         return snapshot
 

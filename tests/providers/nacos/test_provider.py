@@ -82,6 +82,8 @@ async def test_listing_follows_groups_namespaces_and_health(autojump_clock: obje
             "10.0.0.1#80#DEFAULT#BUSINESS@@ow",
         )
         fake.set_healthy("ow", "10.0.0.2", 80, True, group="BUSINESS")
+        same = await provider.query("ow", soon())
+        assert await provider.query("ow", soon()) is same  # unchanged content: not decoded again
         empty = await provider.query("unknown", soon())
         assert empty.instances == () and empty.evidence is EvidenceKind.REGISTRY_HEALTH
         await provider.aclose()

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 from nadisc_nacos import decode_instance_list
-from nadisc_nacos._wire import decode_beat, decode_envelope, decode_login
+from nadisc_nacos._wire import decode_beat, decode_envelope, decode_login, listing_digest
 
-from nadisc import CapacityRejected, EvidenceKind, IncompleteSnapshot
+from nadisc import CapacityRejected, EvidenceKind, IncompleteSnapshot, Instance
 
 # The documented v1 example answer (open-API docs, "query instance list"),
 # one healthy host added.
@@ -173,3 +173,20 @@ def test_login_beat_and_envelope_answers() -> None:
     assert decode_envelope(
         b'{"code":21003,"message":"instance not found","data":null}', max_bytes=1000, what="beat"
     ) == (21003, "instance not found", None)
+
+
+def test_the_digest_ignores_only_the_server_clock() -> None:
+    body = json.dumps(DOC_EXAMPLE).encode()
+    later = json.dumps({**DOC_EXAMPLE, "lastRefTime": 1528787799999}).encode()
+    assert listing_digest(body) == listing_digest(later)
+    changed = json.loads(body)
+    changed["hosts"][0]["healthy"] = True
+    assert listing_digest(json.dumps(changed).encode()) != listing_digest(body)
+    marked = json.dumps({**DOC_EXAMPLE, "reachProtectionThreshold": True}).encode()
+    assert listing_digest(marked) != listing_digest(body)
+
+
+def test_built_instances_equal_constructed_ones() -> None:
+    (built,) = decode(DOC_EXAMPLE).snapshot.instances
+    assert built == Instance("b", "10.10.10.11", 8888, weight=2.5, metadata={"zone": "a"})
+    assert hash(built) == hash(Instance("b", "10.10.10.11", 8888, weight=2.5))
