@@ -46,6 +46,11 @@ LOGIN_PATHS = {"v3": "/v3/auth/user/login", "v1": "/v1/auth/login"}
 #: turned-off compatibility APIs, Spring 404/405 for unknown ones).
 NOT_SERVED = frozenset({404, 405, 410, 501})
 _TOKEN_MARKERS = ("token expired", "token invalid")
+#: Connections per connection's pool, and requests in flight at once. Callers
+#: beyond it wait at our own FIFO gate, not in httpcore's pool queue: the pool
+#: re-scans its whole queue on every request it finishes, which with hundreds
+#: of waiting beats cost milliseconds of CPU per request and stalled the loop.
+POOL_SIZE = 32
 _TEXT_LIMIT = 200
 
 
@@ -79,6 +84,8 @@ class NacosHttp:
     ) -> None:
         self._settings = settings
         self._bases = settings.base_urls
+        #: host:port per base URL, for messages (never the credentials).
+        self._hosts = tuple(f"{u.host}:{u.port}" for u in settings.server_addr)
         self._current = 0
         self._max_bytes = max_response_bytes
         verify: ssl.SSLContext | bool = True
@@ -91,10 +98,11 @@ class NacosHttp:
             headers={"User-Agent": "nadisc-nacos", "Accept": "application/json"},
             verify=verify,
             transport=transport,
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+            limits=httpx.Limits(max_connections=POOL_SIZE, max_keepalive_connections=POOL_SIZE),
             follow_redirects=False,
             trust_env=False,
         )
+        self._gate = anyio.CapacityLimiter(POOL_SIZE)
         self._token: str | None = None
         self._refresh_at = 0.0
         self._login_lock = anyio.Lock()
@@ -222,7 +230,14 @@ class NacosHttp:
                 break
             try:
                 response = await self._once(
-                    method, self._bases[index] + path, params, form, headers, left, what
+                    method,
+                    self._bases[index] + path,
+                    self._hosts[index],
+                    params,
+                    form,
+                    headers,
+                    left,
+                    what,
                 )
             except IncompleteSnapshot as exc:
                 failures.append(str(exc))
@@ -236,6 +251,7 @@ class NacosHttp:
         self,
         method: str,
         url: str,
+        host: str,
         params: Mapping[str, str] | None,
         form: Mapping[str, str] | None,
         headers: Mapping[str, str],
@@ -243,12 +259,14 @@ class NacosHttp:
         what: str,
     ) -> NacosResponse:
         timeout = httpx.Timeout(budget, connect=min(budget, 10.0))
-        host = httpx.URL(url).host
         try:
             with anyio.fail_after(budget):
-                async with self._client.stream(
-                    method, url, params=params, data=form, headers=headers, timeout=timeout
-                ) as response:
+                async with (
+                    self._gate,
+                    self._client.stream(
+                        method, url, params=params, data=form, headers=headers, timeout=timeout
+                    ) as response,
+                ):
                     body = await self._read_bounded(response, what)
                     return NacosResponse(response.status_code, body)
         except TimeoutError as exc:
