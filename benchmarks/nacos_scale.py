@@ -14,8 +14,9 @@
    hypercorn in a separate process on loopback (so its CPU is not ours).
    Reported per offered rate: beats per second sustained, the client's CPU
    per beat (process CPU time / acknowledged beats), beat latency p50/p99,
-   and the worst lateness of a 1 ms ticker on the same loop (target: loop
-   stall <= 25 ms).
+   and the worst lateness of a 5 ms ticker on the same loop (target: loop
+   stall <= 25 ms), beside the longest single task step (our own code
+   holding the loop; the ticker also counts time the OS gave to others).
 
 Run ``python -m benchmarks.nacos_scale [--smoke]``.
 """
@@ -181,9 +182,14 @@ async def beat_round(
         )
         for n in range(registrations)
     ]
-    registered = []
-    for record in records:
-        registered.append(await provider.register(record, trio.current_time() + 10))
+    registered: list[Any] = [None] * registrations
+
+    async def register(index: int) -> None:
+        registered[index] = await provider.register(records[index], trio.current_time() + 60)
+
+    async with trio.open_nursery() as nursery:  # the shell's gate bounds the concurrency
+        for index in range(registrations):
+            nursery.start_soon(register, index)
     latencies: list[float] = []
     failures = [0]
     worst_stall = [0.0]
@@ -191,8 +197,8 @@ async def beat_round(
 
     async def ticker() -> None:
         while True:
-            expected = trio.current_time() + 0.001
-            await trio.sleep(0.001)
+            expected = trio.current_time() + 0.005
+            await trio.sleep(0.005)
             worst_stall[0] = max(worst_stall[0], trio.current_time() - expected)
 
     async def beater(index: int, stop: float) -> None:
@@ -226,9 +232,7 @@ async def beat_round(
         nursery.cancel_scope.cancel()
     wall = trio.current_time() - wall
     cpu = time.process_time() - cpu
-    for item in registered:
-        await provider.deregister(item, trio.current_time() + 10)
-    await provider.aclose()
+    await provider.aclose()  # the server process goes away with its registrations
     latencies.sort()
     beats = len(latencies)
     return {
@@ -275,8 +279,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     hosts = 4096
     decoded = decode_rounds(hosts, rounds=2 if args.smoke else 5, repeats=3 if args.smoke else 9)
-    intervals = [5.0] if args.smoke else [5.0, 2.0, 1.0]
-    beats = beat_rounds(256, intervals, duration=5.0 if args.smoke else 20.0)
+    # The smoke run (a test) keeps the full 4,096-host decode but beats with
+    # 32 registrations for 1 s: the pure-Python fake server is slow to fill.
+    registrations = 32 if args.smoke else 256
+    intervals = [1.0] if args.smoke else [5.0, 2.0, 1.0]
+    beats = beat_rounds(registrations, intervals, duration=1.0 if args.smoke else 20.0)
 
     print(f"{'nacos instance list decode':<40} {'value':>12}  note")
     print("-" * 78)
@@ -290,7 +297,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unchanged = decoded["unchanged_ratio"]
     print(f"{'unchanged poll (digest) / json.loads':<40} {unchanged:>11.2f}x  no decode")
     print()
-    print("256 ephemeral registrations, one connection, light beats over loopback")
+    print(f"{registrations} ephemeral registrations, one connection, light beats over loopback")
     print(
         f"{'interval s':>10} {'offered/s':>10} {'beats/s':>9} {'CPU/beat us':>12}"
         f" {'p50 ms':>8} {'p99 ms':>8} {'max stall ms':>13} {'longest step ms':>16}"

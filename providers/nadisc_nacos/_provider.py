@@ -21,7 +21,7 @@ API generation (``api``)::
 Registration (``register``/``renew``/``check``/``deregister``)::
 
     register  POST instance (ip, port, cluster, weight, metadata, ephemeral)
-              -> list it back: the server's instanceId is the handle
+              -> read it back (v1 detail, v3 list): the server's instanceId is the handle
     renew     ephemeral: a light beat (v1 PUT /instance/beat, v3 POST ?heartBeat=true)
                 code 20404 / 21003 -> LeaseLost (the lifecycle re-registers)
               persistent: nothing to do (the record stays until deleted)
@@ -378,10 +378,16 @@ class NacosProvider:
         return None, protected
 
     async def _assigned_id(self, record: RegistrationRecord, api: str, deadline: float) -> str:
+        """The id the server assigned: v1 reads the instance's detail (one
+        instance, whatever the service's size); v3's client API has no detail
+        read, so it finds the instance in the service's list."""
         s = self._settings
         fallback = default_instance_id(record.host, record.port, s.cluster, s.group, record.service)
         try:
-            host, _ = await self._find(record, api, deadline)
+            if api == "v1":
+                host = await self._detail(record, deadline)
+            else:
+                host, _ = await self._find(record, api, deadline)
         except (ProviderFailure, DeadlineExceeded):
             return fallback
         if host is not None and isinstance(host.get("instanceId"), str) and host["instanceId"]:
