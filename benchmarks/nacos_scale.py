@@ -37,7 +37,7 @@ import trio
 from nadisc_nacos import NacosProvider, NacosSettings, decode_instance_list
 from nadisc_nacos._wire import listing_digest
 
-from nadisc import ConnectionContext, RegistrationRecord
+from nadisc import ConnectionContext, OutcomeUnknown, RegistrationRecord
 
 
 def instance_list(hosts: int) -> bytes:
@@ -185,7 +185,15 @@ async def beat_round(
     registered: list[Any] = [None] * registrations
 
     async def register(index: int) -> None:
-        registered[index] = await provider.register(records[index], trio.current_time() + 60)
+        for attempt in range(3):  # a write whose answer was lost: try again
+            try:
+                registered[index] = await provider.register(
+                    records[index], trio.current_time() + 60
+                )
+                return
+            except OutcomeUnknown:
+                if attempt == 2:
+                    raise
 
     async with trio.open_nursery() as nursery:  # the shell's gate bounds the concurrency
         for index in range(registrations):

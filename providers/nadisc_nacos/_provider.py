@@ -324,7 +324,7 @@ class NacosProvider:
                 method, path, params, budget=_remaining(deadline), what=what
             )
         except IncompleteSnapshot as exc:
-            raise OutcomeUnknown(f"{what}: {exc}; the write may or may not have applied") from exc
+            raise OutcomeUnknown(f"{exc}; the write may or may not have applied") from exc
 
     def _write_ok(self, response: NacosResponse, api: str, what: str) -> None:
         if response.status == 200:

@@ -723,6 +723,9 @@ async def run_nacos_fake(**options: Any) -> AsyncIterator[NacosFake]:
     config.errorlog = None
     config.loglevel = "CRITICAL"
     config.graceful_timeout = 0.1
+    # Tomcat (Nacos's server) keeps idle connections for 60 s; hypercorn's 5 s
+    # default would race every 5 s heartbeat on a kept-alive connection.
+    config.keep_alive_timeout = 60
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(
