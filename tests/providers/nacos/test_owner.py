@@ -180,3 +180,25 @@ async def test_v1_only_and_v3_only_servers_work_with_api_auto(
             assert owner.registrations()["web"].state is RegistrationState.ACTIVE
             assert len(identities(observation)) == 2
         assert fake.find("order-worker", "10.0.0.7", 18080) is None
+
+
+async def test_a_beat_answered_missing_re_registers_by_the_lifecycle(
+    autojump_clock: object,
+) -> None:
+    async with open_nacos_fake() as fake:
+        cfg = config(fake.url, registration={})
+        async with open_discovery(
+            cfg,
+            providers=providers_for(cfg, {"primary": fake}),
+            listeners=WEB,
+            eligibility={"web": Eligibility.always()},
+        ) as owner:
+            registers = fake.count("/v3/client/ns/instance", "POST")
+            # the server lost the instance (a restart, an operator's delete)
+            assert fake.deregister("order-worker", "10.0.0.7", 18080)
+            await until(lambda: fake.find("order-worker", "10.0.0.7", 18080) is not None)
+            assert fake.count("/v3/client/ns/instance", "POST") > registers
+            await until(lambda: owner.registrations()["web"].state is RegistrationState.ACTIVE)
+            await trio.sleep(60)
+            assert owner.registrations()["web"].state is RegistrationState.ACTIVE
+            assert fake.find("order-worker", "10.0.0.7", 18080) is not None
