@@ -16,6 +16,6 @@ def test_nacos_scale_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert decoded["hosts"] == 4096 and decoded["loads"] > 0
     assert 0 < decoded["ratio"] <= decoded["worst_ratio"]
     assert 0 < decoded["unchanged_ratio"] < decoded["ratio"]
-    (row,) = results["beats"]
-    assert row["beats_per_s"] > 0 and row["cpu_per_beat_us"] > 0
-    assert row["p50_ms"] <= row["p99_ms"] and row["stall_ms"] >= 0
+    for row in (*results["beats"], *results["memory"]):
+        assert row["beats_per_s"] > 0 and row["cpu_per_beat_us"] > 0
+        assert row["p50_ms"] <= row["p99_ms"] and row["stall_ms"] >= 0
