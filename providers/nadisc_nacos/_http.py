@@ -133,10 +133,18 @@ class NacosHttp:
         token = self._token
         if token is not None and anyio.current_time() < self._refresh_at:
             return token
-        async with self._login_lock:
+        deadline = anyio.current_time() + budget
+        try:
+            with anyio.fail_after(budget):
+                await self._login_lock.acquire()  # another caller may be logging in
+        except TimeoutError:
+            raise IncompleteSnapshot(f"login: no token within {budget:.1f}s") from None
+        try:
             if self._token is not None and anyio.current_time() < self._refresh_at:
                 return self._token
-            return await self._login(budget)
+            return await self._login(_left(deadline, "login"))
+        finally:
+            self._login_lock.release()
 
     async def _login(self, budget: float) -> str:
         settings = self._settings

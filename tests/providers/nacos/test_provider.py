@@ -236,3 +236,25 @@ async def test_lost_write_answer_is_outcome_unknown(autojump_clock: object) -> N
     with pytest.raises(RegistrationRejected, match="weights"):
         await provider.register(record(weight=20000), soon())
     await provider.aclose()
+
+
+async def test_a_hanging_login_bounds_every_waiting_caller(autojump_clock: object) -> None:
+    fake = NacosFake(users={"nacos": "pw"}, v3=False)
+    provider = in_process(fake, api="v1", username="nacos", password="pw")
+    fake.inject("/v1/auth/login", Fault("hang"))  # one login is in flight at a time
+    failures: list[BaseException] = []
+
+    async def caller() -> None:
+        try:
+            await provider.query("s", soon(3))
+        except IncompleteSnapshot as exc:
+            failures.append(exc)
+
+    started = trio.current_time()
+    async with anyio.create_task_group() as group:
+        for _ in range(3):
+            group.start_soon(caller)
+    assert len(failures) == 3 and trio.current_time() - started <= 3.01
+    await provider.prepare(soon())  # the server answers again: one login
+    assert fake.logins == 1
+    await provider.aclose()
