@@ -87,3 +87,11 @@ def test_factory_model_validates_the_connection_block_with_its_path() -> None:
     with pytest.raises(ConfigError) as refused:
         validate_provider_block("primary", bad.connections["primary"], NacosSettings)
     assert refused.value.path.startswith("discovery.connections.primary.nacos.api")
+
+
+def test_json_schema_is_strict_and_marks_the_password() -> None:
+    schema = NacosSettings.model_json_schema()
+    assert schema["additionalProperties"] is False
+    password = schema["properties"]["password"]["anyOf"][0]
+    assert password == {"format": "password", "type": "string", "writeOnly": True}
+    assert schema["properties"]["api"]["enum"] == ["auto", "v1", "v3"]
