@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print()
     print(f"{registrations} ephemeral registrations, one connection, light beats over loopback")
     print(
-        f"{'server':>10}{'interval s':>10} {'offered/s':>10} {'beats/s':>9} {'CPU/beat us':>12}"
+        f"{'server':>10} {'interval s':>10} {'offered/s':>10} {'beats/s':>9} {'CPU/beat us':>12}"
         f" {'p50 ms':>8} {'p99 ms':>8} {'max stall ms':>13} {'longest step ms':>16}"
         f" {'failed':>7}"
     )
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows += [("in-memory", i, r) for i, r in zip(intervals, memory, strict=True)]
     for where, interval, row in rows:
         print(
-            f"{where:>10}"
+            f"{where:>10} "
             f"{interval:>10.1f} {row['offered']:>10.1f} {row['beats_per_s']:>9.1f}"
             f" {row['cpu_per_beat_us']:>12.0f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f}"
             f" {row['stall_ms']:>13.2f} {row['step_ms']:>16.2f} {int(row['failures']):>7}"
