@@ -46,9 +46,10 @@ unit: venv servers
 	$(BIN)/pytest
 
 # The balancing core is written against anyio: run its tests on asyncio too,
-# and the Kubernetes flows through the owner.
+# the core Nacos flows and the Kubernetes flows through the owner.
 asyncio-pass: venv
-	TEST_BACKEND=asyncio $(BIN)/pytest tests/poise tests/providers/kubernetes/test_owner_anyio.py \
+	TEST_BACKEND=asyncio $(BIN)/pytest tests/poise tests/providers/nacos/test_owner_anyio.py \
+		tests/providers/kubernetes/test_owner_anyio.py \
 		-o trio_mode=false -m "not trio_only" -q
 
 test: lint typecheck unit asyncio-pass
