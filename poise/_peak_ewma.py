@@ -187,9 +187,7 @@ class PeakEwma:
             raise InvalidInput(f"PeakEwma age_floor must be a bool, got {age_floor!r}")
         self._age_floor = age_floor
         if not isinstance(cancel_evidence, bool):
-            raise InvalidInput(
-                f"PeakEwma cancel_evidence must be a bool, got {cancel_evidence!r}"
-            )
+            raise InvalidInput(f"PeakEwma cancel_evidence must be a bool, got {cancel_evidence!r}")
         self._cancel_evidence = cancel_evidence
         self._rate = 1.0 / self._decay
         self._estimate = self._default_rtt

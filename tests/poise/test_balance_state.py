@@ -261,9 +261,18 @@ class BalanceMachine(RuleBasedStateMachine):
                 # Consumed by a call and not scanned since: IDLE, awaiting a flush.
                 assert ep.state is ReadinessState.IDLE and ep in b._consumed
         assert all(ep._listed == (ep in b._ready) for ep in self.all)
+        # The scan walks exactly the IDLE endpoints that can be picked and
+        # are not parked waiting for their wake; the parked ones are counted.
         assert {id(ep) for ep in b._idle} == {
-            id(ep) for ep in members if ep.state is ReadinessState.IDLE
+            id(ep)
+            for ep in members
+            if ep.state is ReadinessState.IDLE
+            and ep.eligible
+            and not ep.ejected
+            and ep._parked < 0
         }
+        assert b._parked_count == sum(ep._parked >= 0 for ep in members)
+        assert all(ep._parked < 0 for ep in self.all if ep not in members)
         assert len(b._idle) == len({id(ep) for ep in b._idle})
         assert all(b._idle[ep._slot] is ep for ep in b._idle)
         member_ids = {id(ep) for ep in members}
