@@ -554,8 +554,14 @@ class Balance(Generic[Req, Resp]):
         balance. Raises like :meth:`ready` when no usable endpoint is left.
         O(idle endpoints); allocates nothing unless a service fails.
         """
+        return self._scan(None)
+
+    def _scan(self, now: float | None) -> bool:
+        """The scan of ready_nowait(); ``now`` is the clock if the caller read it."""
         if self._parked_count or self._detector is not None:
-            self._due_checks()
+            if now is None:
+                now = self._scan_time()
+            self._due_checks(now)
         idle = self._idle
         if not idle:
             if self._ready:
@@ -565,7 +571,6 @@ class Balance(Generic[Req, Resp]):
             return self._exhausted(None)
         ready = self._ready
         pending = 0
-        now = -1.0
         failures: list[tuple[Endpoint[Req, Resp], Exception]] | None = None
         self._scanning = True
         try:
@@ -610,7 +615,7 @@ class Balance(Generic[Req, Resp]):
                         idle[i] = last
                         last._slot = i
                     ep._slot = -1
-                    if now < 0.0:
+                    if now is None:
                         now = self._scan_time()
                     self._park(ep, now)
                     pending += 1
@@ -654,9 +659,8 @@ class Balance(Generic[Req, Resp]):
         self._last_scan = now
         return now
 
-    def _due_checks(self) -> None:
+    def _due_checks(self, now: float) -> None:
         """Parked endpoints due for a re-check, and ejections that ended."""
-        now = self._scan_time()
         if self._parked_count:
             self._recheck_parked(now)
         detector = self._detector
@@ -762,16 +766,17 @@ class Balance(Generic[Req, Resp]):
             if checkpoint is _checkpoint or checkpoint == self._first_checkpoint:
                 raise
             await self._loop_changed()
+        now = self._clock()
         if self._idle or not self._ready or self._parked_count or self._detector is not None:
             while True:
                 since = self._wake_count
-                if self.ready_nowait():
+                if self._scan(now):
                     break
                 await self.wait_woken(since)
+                now = self._clock()
         # The selection of _select(), inlined: this is the hot path.
         if self._consumed:
             self._flush()
-        now = self._clock()
         ready = self._ready
         n = len(ready)
         project = self._project
@@ -827,13 +832,21 @@ class Balance(Generic[Req, Resp]):
         :class:`~poise.EndpointError`; :class:`~poise.CallDeclined` cancels
         the guard and propagates unchanged; cancellation cancels the guard.
         """
-        await _checkpoint()
-        while True:
-            since = self._wake_count
-            if self.ready_nowait():
-                break
-            await self.wait_woken(since)
+        checkpoint = self._checkpoint
+        try:
+            await checkpoint()
+        except RuntimeError:
+            if checkpoint is _checkpoint or checkpoint == self._first_checkpoint:
+                raise
+            await self._loop_changed()
         now = self._clock()
+        if self._idle or not self._ready or self._parked_count or self._detector is not None:
+            while True:
+                since = self._wake_count
+                if self._scan(now):
+                    break
+                await self.wait_woken(since)
+                now = self._clock()
         ep, guard = self._select(request, now)
         index = ep._index
         self._in_flight += 1
