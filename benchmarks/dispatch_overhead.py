@@ -34,9 +34,8 @@ import argparse
 import math
 import random
 import time
-from dataclasses import dataclass
-
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import anyio
 import anyio.lowlevel
@@ -182,9 +181,7 @@ def format_table(result: Result) -> str:
     widths = [max(len(row[c]) for row in rows) for c in range(3)]
     lines = []
     for n, row in enumerate(rows):
-        lines.append(
-            f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}"
-        )
+        lines.append(f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}")
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines.append(

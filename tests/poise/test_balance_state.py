@@ -193,15 +193,11 @@ class BalanceMachine(RuleBasedStateMachine):
         try:
             ready = self.balance.ready_nowait()
         except (SelectionError, ReadinessError):
-            assert not any(
-                ep.eligible and ep.state is not ReadinessState.FAILED for ep in members
-            )
+            assert not any(ep.eligible and ep.state is not ReadinessState.FAILED for ep in members)
             return
         assert ready == any(ep.state is ReadinessState.READY for ep in members)
         if not ready:
-            assert any(
-                ep.eligible and ep.state is ReadinessState.IDLE for ep in members
-            )
+            assert any(ep.eligible and ep.state is ReadinessState.IDLE for ep in members)
 
     @rule(request=st.integers())
     def start_call(self, request: int) -> None:
@@ -266,10 +262,7 @@ class BalanceMachine(RuleBasedStateMachine):
         assert {id(ep) for ep in b._idle} == {
             id(ep)
             for ep in members
-            if ep.state is ReadinessState.IDLE
-            and ep.eligible
-            and not ep.ejected
-            and ep._parked < 0
+            if ep.state is ReadinessState.IDLE and ep.eligible and not ep.ejected and ep._parked < 0
         }
         assert b._parked_count == sum(ep._parked >= 0 for ep in members)
         assert all(ep._parked < 0 for ep in self.all if ep not in members)
@@ -298,7 +291,5 @@ class BalanceMachine(RuleBasedStateMachine):
             coro.close()
 
 
-BalanceMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=40, deadline=None
-)
+BalanceMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 test_balance_state_machine = BalanceMachine.TestCase
