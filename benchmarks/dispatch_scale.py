@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> Result:
     parser.add_argument("--ops", type=int, default=20_000, help="dispatches per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per row")
     args = parser.parse_args(argv)
+    sizes: tuple[int, ...]
     if args.smoke:
         ops, rounds, sizes = 2_000, 2, SIZES[:3]
     else:
