@@ -588,9 +588,9 @@ class Balance(Generic[Req, Resp]):
                         failures = []
                     failures.append((ep, exc))
                     continue
-                if ep._slot != i or ep._state is not IDLE:
-                    # poll_ready changed this endpoint's place (it drained or
-                    # ejected something): settle it the slow way.
+                if ep._slot != i:
+                    # poll_ready changed this endpoint's place (it drained,
+                    # removed or ejected something): settle it the slow way.
                     self._settled(ep, ok)
                     continue
                 if ok:
@@ -621,8 +621,12 @@ class Balance(Generic[Req, Resp]):
                     pending += 1
         finally:
             self._scanning = False
-        if self._consumed:
-            self._flush()
+        consumed = self._consumed
+        if consumed:
+            if len(consumed) == 1 and consumed[0]._state is READY:
+                consumed.clear()  # the usual case: the one consumed is ready again
+            else:
+                self._flush()
         if failures is not None:
             self._report(failures)  # the observer may edit membership
             ready = self._ready

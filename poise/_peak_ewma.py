@@ -91,6 +91,7 @@ Cost: ``start`` allocates one small guard and one dict entry; ``load``,
 from __future__ import annotations
 
 import math
+from typing import cast
 
 from ._errors import InvalidInput
 
@@ -274,21 +275,21 @@ class PeakEwma:
         """
         if now - now != 0.0:
             _time("PeakEwma.load", now)
-        epoch = self._epoch
-        if epoch is None:
-            epoch = self._first_use(now)
-        estimate = self._estimate
-        gap = now - self._updated_at
-        if gap > 0.0:
-            estimate *= _exp(-gap * self._rate)
+        if self._epoch is None:
+            self._first_use(now)
+        gap = self._updated_at - now
+        if gap < 0.0:
+            estimate = self._estimate * _exp(gap * self._rate)
             if estimate < _MIN_ESTIMATE:
                 estimate = _MIN_ESTIMATE
+        else:
+            estimate = self._estimate
         oldest = self._oldest
         if oldest is not None and self._age_floor and now - oldest > estimate:
             estimate = now - oldest
         cost = estimate * (len(self._outstanding) + 1)
         if self._slow_start > 0.0:
-            age = now - epoch
+            age = now - cast(float, self._epoch)
             if age < self._slow_start:
                 remaining = 1.0 - max(age, 0.0) / self._slow_start
                 cost *= 1.0 + (self._slow_start_scale - 1.0) * remaining
