@@ -4,16 +4,23 @@
 runs the readiness lifecycle of the dispatch contract over them::
 
     IDLE --poll_ready() -> True--> READY --selected by call()--> IDLE
-      |                              |
+      |  \                           |
+      |   +-- "not yet" --> (parked) --its wake, or pending_recheck s--> IDLE
       +--poll_ready() raised--> FAILED --reset()--> IDLE
 
+    Drained (``eligible = False``) and ejected endpoints are IDLE but in no
+    scan list until they can be picked again.
+
 Readiness (``await ready()``, or the synchronous ``ready_nowait()``)
-    scans the administratively eligible IDLE endpoints, calling
-    ``service.poll_ready(wake)`` with one wake function created with the
-    balance. A pending endpoint stays IDLE and is polled again by the next
-    scan; its service calls ``wake`` when it may be ready, which wakes the
-    waiting ``ready()``. A READY endpoint keeps its reservation and is not
-    polled again until a call selects it. A ``poll_ready`` that raises
+    scans the IDLE endpoints that can be picked, calling
+    ``service.poll_ready(wake)`` with that endpoint's own wake function
+    (made once, when it joins). An endpoint that answers "not yet" is
+    *parked*: later scans skip it until its wake fires (then the next scan
+    polls it, and a waiting ``ready()`` wakes), or, for services that never
+    call wake, until the first scan ``pending_recheck`` seconds after it was
+    parked. ``wake()`` (the balance-wide wake) unparks everything. A READY
+    endpoint keeps its reservation and is not polled again until a call
+    selects it. A ``poll_ready`` that raises
     quarantines that endpoint only (FAILED); the error goes to the readiness
     observer; if some endpoint is still READY the balance stays ready. When
     a failure leaves no endpoint that is eligible and not FAILED, ``ready()``
@@ -21,8 +28,17 @@ Readiness (``await ready()``, or the synchronous ``ready_nowait()``)
     chained from the service's error). FAILED endpoints return only through
     :meth:`Balance.reset` / :meth:`Balance.reset_all`.
 
-    Cost: O(idle endpoints) per scan; no allocation when nothing fails, no
-    task; waiting costs one event per wait, shared by every waiter.
+    Cost: O(endpoints consumed, woken or due for a re-check) per scan, flat
+    in the number of drained, ejected and busy endpoints; no allocation
+    when nothing fails or parks, no task; waiting costs one event per wait,
+    shared by every waiter.
+
+Outlier ejection (optional ``outlier_detector``)
+    every completed call (success or failure) is reported to the
+    :class:`~poise.OutlierDetector`; an endpoint it ejects leaves selection
+    like a drained one (its in-flight guards are untouched) and returns at
+    the first scan after its ejection ends. Ejections are lifted early when
+    they would leave nothing to pick.
 
 Dispatch (``await call(request)``, or ``await dispatch(request)`` = ready + call)
     asks the policy to pick among the READY endpoints (in endpoint order),
@@ -230,7 +246,10 @@ class Balance(Generic[Req, Resp]):
     request itself) or a :class:`~poise.RequestContext` projection.
     ``readiness_observer(index, key, error)`` sees every readiness failure and
     must not raise. ``clock`` returns the event loop time passed to the policy
-    and the load trackers.
+    and the load trackers. ``outlier_detector`` (default none) ejects
+    endpoints whose calls keep failing. ``pending_recheck`` (seconds,
+    default 1.0) bounds how long a parked endpoint waits for its wake before
+    it is polled again.
 
     Raises :class:`~poise.DuplicateIdentity` if two endpoints share a key.
     """
