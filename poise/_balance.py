@@ -5,7 +5,7 @@ runs the readiness lifecycle of the dispatch contract over them::
 
     IDLE --poll_ready() -> True--> READY --selected by call()--> IDLE
       |  |                           |
-      |   +-- "not yet" --> (parked) --its wake, or pending_recheck s--> IDLE
+      |  +-- "not yet" --> (parked) --its wake, or pending_recheck s--> IDLE
       +--poll_ready() raised--> FAILED --reset()--> IDLE
 
     Drained (``eligible = False``) and ejected endpoints are IDLE but in no
