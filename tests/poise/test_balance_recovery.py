@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import anyio
+import anyio.lowlevel
 import pytest
 import trio
 
@@ -67,7 +68,7 @@ async def test_a_timed_out_call_raises_the_estimate(autojump_clock: object) -> N
 
 def test_a_balance_used_on_trio_then_on_asyncio_falls_back_to_anyio() -> None:
     async def echo(request: int) -> int:
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         return request
 
     balance: Balance[int, int] = Balance(
