@@ -22,7 +22,8 @@ ready, choosing by power of two choices on a peak-EWMA load:
     ``anyio.lowlevel.checkpoint()``, which look the backend up on every call.
 
 All run in the same trio run, interleaved in rounds, and the table shows
-the best round of each (the least disturbed by the machine). The target is a
+the best round of each in CPU time (``time.process_time``: the least
+disturbed by other processes on the machine). The target is a
 ratio of at most 1.5 for ``Balance.dispatch`` against the trio-native loop.
 
 Run: ``python -m benchmarks.dispatch_overhead [--smoke] [--ops N] [--rounds R]``
@@ -185,7 +186,7 @@ def format_table(result: Result) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines.append(
-        f"{ENDPOINTS} always-ready endpoints, {result.ops:,} ops per round, best round; "
+        f"{ENDPOINTS} always-ready endpoints, {result.ops:,} ops per round, best round (CPU time); "
         f"target ratio <= {TARGET_RATIO}"
     )
     return "\n".join(lines)
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> Result:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--smoke", action="store_true", help="a few thousand ops, one round")
     parser.add_argument("--ops", type=int, default=100_000, help="dispatches per round")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per variant")
+    parser.add_argument("--rounds", type=int, default=9, help="rounds per variant")
     args = parser.parse_args(argv)
     ops, rounds = (3000, 2) if args.smoke else (args.ops, args.rounds)
     result: Result = anyio.run(measure, ops, rounds, backend="trio")
