@@ -36,8 +36,8 @@ Fairness at low load
     With little traffic the in-flight factor is mostly 1, so P2C compares
     bare estimates and always prefers the lower one. Without the fade, an
     endpoint whose estimate a noisy answer had raised lost every comparison
-    and was seldom measured again, so its deviation persisted: ten
-    identical backends at 100 requests/s got shares from 7.5% to 11.9%.
+    and was seldom measured again, so its deviation persisted and identical
+    backends got shares spread wider than a plain EWMA gives them.
     The fade is the restoring force: an endpoint that is passed over gets
     cheaper until it is picked again (see ``benchmarks/balancer_recovery.py``).
 
