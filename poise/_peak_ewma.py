@@ -101,6 +101,7 @@ __all__ = ["PeakEwma", "PeakEwmaGuard"]
 # the calls in flight and pull every request to one endpoint.
 _MIN_ESTIMATE = 1e-6
 _exp = math.exp
+_new_guard = object.__new__
 
 
 def _positive(name: str, value: float) -> float:
@@ -301,7 +302,10 @@ class PeakEwma:
             _time("PeakEwma.start", now)
         if self._epoch is None:
             self._first_use(now)
-        guard = PeakEwmaGuard(self, now)
+        # The guard's __init__, inlined (no Python frame): once per call.
+        guard = _new_guard(PeakEwmaGuard)
+        guard._tracker = self
+        guard._started_at = now
         outstanding = self._outstanding
         if not outstanding:
             self._oldest = now
