@@ -224,7 +224,14 @@ class Report:
     wall_seconds: float
 
 
-def run_all(*, seed: int, duration: float, rate: float, fairness_seeds: int) -> Report:
+def run_all(
+    *,
+    seed: int,
+    duration: float,
+    rate: float,
+    fairness_seeds: int,
+    fairness_duration: float,
+) -> Report:
     wall = time.perf_counter()
     faults = [
         run(tracker, scenario, seed=seed, duration=duration, rate=rate)
@@ -233,7 +240,7 @@ def run_all(*, seed: int, duration: float, rate: float, fairness_seeds: int) -> 
     ]
     fairness = {
         tracker: [
-            run(tracker, "fairness", seed=seed + s, duration=duration, rate=rate)
+            run(tracker, "fairness", seed=seed + s, duration=fairness_duration, rate=rate)
             for s in range(fairness_seeds)
         ]
         for tracker in ("P2C + PeakEwma", "reference EWMA")
@@ -309,14 +316,20 @@ def format_report(report: Report, rate: float) -> str:
 
 def main(argv: list[str] | None = None) -> Report:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    parser.add_argument("--smoke", action="store_true", help="3 virtual minutes at 10 requests/s")
+    parser.add_argument("--smoke", action="store_true", help="3 virtual minutes at 6 requests/s")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     if args.smoke:
-        duration, rate, seeds = 180.0, 10.0, 1
+        duration, rate, seeds, fairness = 180.0, 6.0, 1, 60.0
     else:
-        duration, rate, seeds = DURATION, RATE, 3
-    report = run_all(seed=args.seed, duration=duration, rate=rate, fairness_seeds=seeds)
+        duration, rate, seeds, fairness = DURATION, RATE, 3, DURATION
+    report = run_all(
+        seed=args.seed,
+        duration=duration,
+        rate=rate,
+        fairness_seeds=seeds,
+        fairness_duration=fairness,
+    )
     print(format_report(report, rate))
     return report
 

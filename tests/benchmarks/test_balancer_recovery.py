@@ -14,7 +14,7 @@ def test_smoke_run_prints_the_tables_and_backend_0_recovers(
     out = capsys.readouterr().out
     assert "requests per virtual minute" in out and "Low-load fairness" in out
     runs = {(r.scenario, r.tracker): r for r in report.faults}
-    fair = 10.0 * 60.0 / balancer_recovery.BACKENDS  # the smoke rate is 10/s
+    fair = 6.0 * 60.0 / balancer_recovery.BACKENDS  # the smoke rate is 6/s
     for scenario in ("slow second", "failing second", "hang"):
         ewma = runs[(scenario, "P2C + PeakEwma")]
         assert len(ewma.per_minute) == 3

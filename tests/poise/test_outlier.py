@@ -458,7 +458,7 @@ class BalanceEjectionMachine(RuleBasedStateMachine):
 
 
 BalanceEjectionMachine.TestCase.settings = settings(
-    max_examples=25, stateful_step_count=30, deadline=None
+    max_examples=20, stateful_step_count=30, deadline=None
 )
 test_balance_ejection_machine = BalanceEjectionMachine.TestCase
 
