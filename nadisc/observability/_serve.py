@@ -9,6 +9,7 @@ error logs are off.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
@@ -48,7 +49,9 @@ async def serve(
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         config = Config()
-        config.bind = [f"fd://{sock.fileno()}"]
+        # hypercorn takes ownership of the descriptor it is given: hand it a
+        # duplicate and keep (and close) our own.
+        config.bind = [f"fd://{os.dup(sock.fileno())}"]
         config.accesslog = None
         config.errorlog = None
         config.loglevel = "CRITICAL"
