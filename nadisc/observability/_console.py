@@ -161,6 +161,10 @@ class ConsoleApp:
         try:
             if not authorized and not await self._token_message(receive):
                 await send({"type": "websocket.close", "code": _CLOSE_UNAUTHORIZED})
+                # Let the closing handshake finish before the handler returns.
+                with anyio.move_on_after(AUTH_TIMEOUT):
+                    while (await receive()).get("type") != "websocket.disconnect":
+                        pass
                 return
             async with anyio.create_task_group() as group:
 

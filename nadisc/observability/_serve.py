@@ -2,9 +2,10 @@
 
 ``urls = await task_group.start(serve, app, "127.0.0.1:0")`` binds,
 reports the bound URLs (``http://host:port``) through ``task_status`` and
-serves until cancelled. The socket is bound here and handed to hypercorn
-as ``fd://`` on both loops, so port 0 works the same everywhere. Access and
-error logs are off.
+serves until cancelled. On trio hypercorn reports its binds itself; on
+asyncio (where it reports nothing) the socket is bound here first and
+handed over as ``fd://``, so port 0 works the same on both loops. Access
+and error logs are off.
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ from hypercorn.config import Config
 __all__ = ["serve"]
 
 
+def _config(bind: str) -> Config:
+    config = Config()
+    config.bind = [bind]
+    config.accesslog = None
+    config.errorlog = None
+    config.loglevel = "CRITICAL"
+    config.graceful_timeout = 0.5
+    config.websocket_ping_interval = None
+    return config
+
+
 def _listen(bind: str) -> socket.socket:
     host, _, port = bind.rpartition(":")
     host = host.strip("[]")
@@ -30,7 +42,6 @@ def _listen(bind: str) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, int(port)))
         sock.listen(512)
-        sock.set_inheritable(True)
     except BaseException:
         sock.close()
         raise
@@ -44,28 +55,22 @@ async def serve(
     task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``bind`` (``HOST:PORT``; port 0 picks a free one) until cancelled."""
+    never = anyio.Event()
+    if sniffio.current_async_library() == "trio":
+        from hypercorn.trio import serve as trio_serve
+
+        await trio_serve(app, _config(bind), shutdown_trigger=never.wait, task_status=task_status)
+        return
+    from hypercorn.asyncio import serve as asyncio_serve
+
     sock = _listen(bind)
     try:
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        config = Config()
-        # hypercorn takes ownership of the descriptor it is given: hand it a
-        # duplicate and keep (and close) our own.
+        # hypercorn owns the descriptor it is given: hand it a duplicate.
+        config = _config(bind)
         config.bind = [f"fd://{os.dup(sock.fileno())}"]
-        config.accesslog = None
-        config.errorlog = None
-        config.loglevel = "CRITICAL"
-        config.graceful_timeout = 0.5
-        config.websocket_ping_interval = None
-        never = anyio.Event()
         task_status.started([f"http://{shown}:{port}"])
-        if sniffio.current_async_library() == "trio":
-            from hypercorn.trio import serve as trio_serve
-
-            await trio_serve(app, config, shutdown_trigger=never.wait)
-        else:
-            from hypercorn.asyncio import serve as asyncio_serve
-
-            await asyncio_serve(app, config, shutdown_trigger=never.wait)
+        await asyncio_serve(app, config, shutdown_trigger=never.wait)
     finally:
         sock.close()

@@ -37,6 +37,8 @@ def consul_config(url: str, **connection: Any) -> DiscoveryConfig:
             "url": url,
             "token": CONSUL_TOKEN,
             "wait": 20,
+            "watch_rate": 200,
+            "watch_burst": 50,
             "services": {"orders": {"name": "orders"}},
         },
     }
