@@ -19,10 +19,10 @@ venv: $(STAMP)
 # loopback ports; this only makes the binaries exist.
 servers:
 	@if ! command -v etcd >/dev/null 2>&1 || ! command -v dnsmasq >/dev/null 2>&1 \
-		|| ! command -v openssl >/dev/null 2>&1; then \
-		echo "installing etcd-server, dnsmasq-base and openssl"; \
+		|| ! command -v openssl >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
+		echo "installing etcd-server, dnsmasq-base, openssl and chromium"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			etcd-server dnsmasq-base openssl >/dev/null; \
+			etcd-server dnsmasq-base openssl chromium >/dev/null; \
 	fi
 
 demo: venv

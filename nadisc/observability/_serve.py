@@ -2,10 +2,13 @@
 
 ``urls = await task_group.start(serve, app, "127.0.0.1:0")`` binds,
 reports the bound URLs (``http://host:port``) through ``task_status`` and
-serves until cancelled. On trio hypercorn reports its binds itself; on
-asyncio (where it reports nothing) the socket is bound here first and
-handed over as ``fd://``, so port 0 works the same on both loops. Access
-and error logs are off.
+serves until cancelled. The listening socket is bound here and handed to
+hypercorn as ``fd://`` (a duplicate: hypercorn owns what it is given), so
+port 0 works the same on both loops, and so its kernel send buffer is
+small (``send_buffer`` bytes, inherited by accepted connections on Linux):
+a WebSocket client that stops reading then blocks the console's send
+after a few messages, and the latest-only rule takes over instead of the
+kernel queueing megabytes of stale updates. Access and error logs are off.
 """
 
 from __future__ import annotations
@@ -33,13 +36,19 @@ def _config(bind: str) -> Config:
     return config
 
 
-def _listen(bind: str) -> socket.socket:
+#: Kernel send buffer of accepted connections (bytes; the kernel doubles it).
+SEND_BUFFER = 64 * 1024
+
+
+def _listen(bind: str, send_buffer: int) -> socket.socket:
     host, _, port = bind.rpartition(":")
     host = host.strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if send_buffer > 0:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
         sock.bind((host, int(port)))
         sock.listen(512)
     except BaseException:
@@ -52,25 +61,25 @@ async def serve(
     app: Any,
     bind: str,
     *,
+    send_buffer: int = SEND_BUFFER,
     task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``bind`` (``HOST:PORT``; port 0 picks a free one) until cancelled."""
     never = anyio.Event()
-    if sniffio.current_async_library() == "trio":
-        from hypercorn.trio import serve as trio_serve
-
-        await trio_serve(app, _config(bind), shutdown_trigger=never.wait, task_status=task_status)
-        return
-    from hypercorn.asyncio import serve as asyncio_serve
-
-    sock = _listen(bind)
+    sock = _listen(bind, send_buffer)
     try:
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        # hypercorn owns the descriptor it is given: hand it a duplicate.
         config = _config(bind)
         config.bind = [f"fd://{os.dup(sock.fileno())}"]
         task_status.started([f"http://{shown}:{port}"])
-        await asyncio_serve(app, config, shutdown_trigger=never.wait)
+        if sniffio.current_async_library() == "trio":
+            from hypercorn.trio import serve as trio_serve
+
+            await trio_serve(app, config, shutdown_trigger=never.wait)
+        else:
+            from hypercorn.asyncio import serve as asyncio_serve
+
+            await asyncio_serve(app, config, shutdown_trigger=never.wait)
     finally:
         sock.close()

@@ -73,9 +73,9 @@ async def consul_console(
         del observation
 
 
-def apply_message(state: dict[str, Any], text: str) -> dict[str, Any]:
+def apply_message(state: dict[str, Any], text: str | bytes) -> dict[str, Any]:
     """Fold one console message into ``state`` the way the page does."""
-    message = json.loads(text)
+    message: dict[str, Any] = json.loads(text)
     services: dict[str, Any] = state.setdefault("services", {})
     if message["type"] == "full":
         services.clear()

@@ -18,14 +18,17 @@ from tests.observability.support import CONSUL_TOKEN, consul_console, orders_ins
 
 pytestmark = [pytest.mark.trio_only, pytest.mark.real_server]
 
-HAS_ORDERS_1 = "document.querySelector('[data-service=\"primary/orders\"] [data-instance=\"orders-1\"]') !== null"
+HAS_ORDERS_1 = (
+    "document.querySelector("
+    "'[data-service=\"primary/orders\"] [data-instance=\"orders-1\"]') !== null"
+)
 
 
 async def test_the_page_shows_a_registered_instance_within_a_second(tmp_path: Path) -> None:
     require_chromium()
     async with (
         run_consul_fake() as fake,
-        consul_console(fake.url) as (owner, app, base),
+        consul_console(fake.url) as (_owner, app, base),
         open_chromium(tmp_path / "profile") as browser,
     ):
         page = await browser.open_page(base + "/", width=1280, height=800)

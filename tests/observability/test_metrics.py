@@ -133,18 +133,34 @@ async def test_scripted_scenario_matches_the_observer(
         )
         assert primary.queries >= 4
         assert primary.failures == 1 and primary.failure_kinds == (("incomplete", 1),)
-        assert value(
-            samples, "nadisc_discovery_query_errors_total", connection="primary", kind="incomplete"
-        ) == 1
-        assert value(
-            samples, "nadisc_discovery_query_errors_total", connection="primary", kind="revoked"
-        ) == 0
-        assert value(
-            samples, "nadisc_discovery_query_duration_seconds_count", connection="primary"
-        ) == primary.queries
-        assert value(
-            samples, "nadisc_discovery_query_duration_seconds_bucket", connection="primary", le="+Inf"
-        ) == primary.queries
+        assert (
+            value(
+                samples,
+                "nadisc_discovery_query_errors_total",
+                connection="primary",
+                kind="incomplete",
+            )
+            == 1
+        )
+        assert (
+            value(
+                samples, "nadisc_discovery_query_errors_total", connection="primary", kind="revoked"
+            )
+            == 0
+        )
+        assert (
+            value(samples, "nadisc_discovery_query_duration_seconds_count", connection="primary")
+            == primary.queries
+        )
+        assert (
+            value(
+                samples,
+                "nadisc_discovery_query_duration_seconds_bucket",
+                connection="primary",
+                le="+Inf",
+            )
+            == primary.queries
+        )
         assert value(samples, "nadisc_discovery_instances_served", connection="primary") == 2
         assert value(samples, "nadisc_discovery_observations", connection="primary") == 1
         (service,) = primary.services
@@ -159,47 +175,62 @@ async def test_scripted_scenario_matches_the_observer(
         assert infra_state.state is RegistrationState.OUTCOME_UNKNOWN
         for state in RegistrationState:
             expected = 1.0 if state is RegistrationState.OUTCOME_UNKNOWN else 0.0
-            assert value(
+            assert (
+                value(
+                    samples,
+                    "nadisc_discovery_registration_state",
+                    registration="infra-http",
+                    connection="infra",
+                    state=state.value,
+                )
+                == expected
+            )
+        assert (
+            value(
                 samples,
                 "nadisc_discovery_registration_state",
+                registration="business-http",
+                connection="primary",
+                state="active",
+            )
+            == 1
+        )
+        assert (
+            value(
+                samples,
+                "nadisc_discovery_registration_residual_risk",
                 registration="infra-http",
                 connection="infra",
-                state=state.value,
-            ) == expected
-        assert value(
-            samples,
-            "nadisc_discovery_registration_state",
-            registration="business-http",
-            connection="primary",
-            state="active",
-        ) == 1
-        assert value(
-            samples,
-            "nadisc_discovery_registration_residual_risk",
-            registration="infra-http",
-            connection="infra",
-        ) == 1
+            )
+            == 1
+        )
         business_state = snap.registration("business-http")
         assert business_state.renewals >= 2
-        assert value(
-            samples,
-            "nadisc_discovery_registration_renewals_total",
-            registration="business-http",
-            connection="primary",
-        ) == business_state.renewals
+        assert (
+            value(
+                samples,
+                "nadisc_discovery_registration_renewals_total",
+                registration="business-http",
+                connection="primary",
+            )
+            == business_state.renewals
+        )
         renew_ops = [op for op in business_registry.operations("renew")]
         assert business_state.renewals == len(renew_ops)
         # The history shows the way to Active.
         assert [s for _, s in business_state.history][-1] is RegistrationState.ACTIVE
         assert RegistrationState.PENDING in [s for _, s in business_state.history]
         # Close outcomes are one-hot per registration ("registered" before close).
-        assert value(
-            samples,
-            "nadisc_discovery_close_outcome",
-            registration="infra-http",
-            connection="infra",
-            outcome="outcome_unknown",
-        ) == 1
+        assert (
+            value(
+                samples,
+                "nadisc_discovery_close_outcome",
+                registration="infra-http",
+                connection="infra",
+                outcome="outcome_unknown",
+            )
+            == 1
+        )
 
 
 async def test_registration_into_an_existing_registry(
@@ -245,10 +276,14 @@ async def test_a_bearer_token_guards_the_metrics_app(
             transport=httpx.ASGITransport(app=app), base_url="http://m"
         ) as client:
             assert (await client.get("/")).status_code == 401
-            assert (await client.get("/", headers={"authorization": "Bearer nope"})).status_code == 401
+            assert (
+                await client.get("/", headers={"authorization": "Bearer nope"})
+            ).status_code == 401
             ok = await client.get("/", headers={"authorization": "Bearer t0ken"})
             assert ok.status_code == 200 and "t0ken" not in ok.text
-            assert (await client.post("/", headers={"authorization": "Bearer t0ken"})).status_code == 405
+            assert (
+                await client.post("/", headers={"authorization": "Bearer t0ken"})
+            ).status_code == 405
 
 
 HOSTILE = st.text(
@@ -256,7 +291,9 @@ HOSTILE = st.text(
 ).filter(lambda s: s.strip() == s and "\n" not in s and len(set(s)) > 6)
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(name=HOSTILE, meta=HOSTILE, secret=HOSTILE)
 async def test_hostile_names_metadata_and_secrets_never_reach_the_exposition(
     name: str, meta: str, secret: str

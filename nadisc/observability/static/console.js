@@ -14,7 +14,6 @@
       if (key === "class") node.className = value;
       else if (key.startsWith("data-")) node.setAttribute(key, String(value));
       else if (key === "title") node.title = String(value);
-      else if (key === "style") node.setAttribute("style", value);
     }
     for (const child of children) {
       if (child === null || child === undefined || child === false) continue;
@@ -27,8 +26,9 @@
 
   function bar(fraction, kind, title) {
     const width = Math.max(0, Math.min(1, fraction)) * 100;
-    return el("span", { class: "bar " + (kind || ""), title: title },
-      el("i", { style: "width:" + width.toFixed(1) + "%" }));
+    const fill = el("i", {});
+    fill.style.width = width.toFixed(1) + "%"; // CSSOM: allowed by the page's CSP
+    return el("span", { class: "bar " + (kind || ""), title: title }, fill);
   }
 
   function serverNow() { return state.now + (Date.now() - state.receivedAt) / 1000; }
