@@ -104,9 +104,7 @@ async def _owner_main(cfg: dict[str, Any]) -> Result:
     from nadisc.testing import MemoryProvider
 
     services, per = cfg["services"], cfg["per_service"]
-    provider = MemoryProvider(
-        services={f"svc{i}": f"svc{i}" for i in range(services)}, watch=True, watch_streams=services
-    )
+    provider = MemoryProvider(services={f"svc{i}": f"svc{i}" for i in range(services)}, watch=True)
     for i in range(services):
         provider.set(
             f"svc{i}", [Instance(f"s{i}-i{j}-v0", "10.1.0.1", 9000 + j) for j in range(per)]
@@ -269,7 +267,7 @@ async def _child_main(url: str, cfg: dict[str, Any]) -> None:
                 "fast_messages": sum(fast) / max(1, len(fast)),
                 "slow_messages": sum(slow) / max(1, len(slow)),
                 "slow_converged": converged,
-        "child_cpu": time.process_time() / max(1e-9, time.monotonic() - started),
+                "child_cpu": time.process_time() / max(1e-9, time.monotonic() - started),
             }
         )
     )
@@ -296,12 +294,19 @@ def print_table(r: Result) -> None:
 def main(argv: list[str] | None = None) -> Result | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a small, short run")
+    parser.add_argument("--clients", type=int, help="override the number of clients")
+    parser.add_argument("--seconds", type=float, help="override the change window")
     parser.add_argument("--child", nargs=2, metavar=("URL", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         trio.run(_child_main, args.child[0], json.loads(args.child[1]))
         return None
-    cfg = SMOKE if args.smoke else FULL
+    cfg = dict(SMOKE if args.smoke else FULL)
+    if args.clients:
+        cfg["clients"] = args.clients
+        cfg["slow"] = min(cfg["slow"], max(0, args.clients - PROBES - 1))
+    if args.seconds:
+        cfg["seconds"] = args.seconds
     result = trio.run(_owner_main, cfg)
     print_table(result)
     return result

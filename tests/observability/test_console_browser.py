@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.trio_only, pytest.mark.real_server]
 
 HAS_ORDERS_1 = (
     "document.querySelector("
-    "'[data-service=\"primary/orders\"] [data-instance=\"orders-1\"]') !== null"
+    '\'[data-service="primary/orders"] [data-instance="orders-1"]\') !== null'
 )
 
 
