@@ -39,7 +39,7 @@ unit: venv servers
 
 # The balancing core is written against anyio: run its tests on asyncio too.
 asyncio-pass: venv
-	TEST_BACKEND=asyncio $(BIN)/pytest tests/poise -o trio_mode=false -m "not trio_only" -q
+	TEST_BACKEND=asyncio $(BIN)/pytest tests/poise tests/observability/test_asyncio.py -o trio_mode=false -m "not trio_only" -q
 
 test: lint typecheck unit asyncio-pass
 

@@ -65,7 +65,6 @@ async def serve(
     task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``bind`` (``HOST:PORT``; port 0 picks a free one) until cancelled."""
-    never = anyio.Event()
     sock = _listen(bind, send_buffer)
     try:
         host, port = sock.getsockname()[:2]
@@ -76,10 +75,37 @@ async def serve(
         if sniffio.current_async_library() == "trio":
             from hypercorn.trio import serve as trio_serve
 
-            await trio_serve(app, config, shutdown_trigger=never.wait)
+            await trio_serve(app, config)
         else:
-            from hypercorn.asyncio import serve as asyncio_serve
-
-            await asyncio_serve(app, config, shutdown_trigger=never.wait)
+            await _serve_asyncio(app, config)
     finally:
         sock.close()
+
+
+async def _serve_asyncio(app: Any, config: Config) -> None:
+    # hypercorn's asyncio worker fails (InvalidStateError) when it is
+    # cancelled; stop it through its shutdown trigger instead. Its run is
+    # shielded, and the stop is bounded by the graceful timeout (then the
+    # shield is lifted and it is cancelled after all).
+    from hypercorn.asyncio import serve as asyncio_serve
+
+    stop = anyio.Event()
+    done = anyio.Event()
+    shield = anyio.CancelScope(shield=True)
+
+    async def run() -> None:
+        try:
+            with shield:
+                await asyncio_serve(app, config, shutdown_trigger=stop.wait)
+        finally:
+            done.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            stop.set()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(config.graceful_timeout + 1):
+                await done.wait()
+            shield.cancel()
