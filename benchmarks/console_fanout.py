@@ -247,7 +247,7 @@ async def _child_main(url: str, cfg: dict[str, Any]) -> None:
     async with trio.open_nursery() as nursery:
         for n in range(cfg["clients"]):
             role = "slow" if n < cfg["slow"] else "probe" if n < cfg["slow"] + PROBES else "fast"
-            nursery.start_soon(_client, url, role, out, stop, 4.0)
+            nursery.start_soon(_client, url, role, out, stop, cfg.get("drain", 4.0))
         while out["connected"] < cfg["clients"]:
             await trio.sleep(0.05)
         # The owner starts changing 1 s after everyone connected, for cfg
