@@ -152,6 +152,11 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
         labels=[*conn, "reason"],
     )
     served = g(_name("instances_served"), "Instances served now (usable listings).", labels=conn)
+    weak = g(
+        _name("observations_weak"),
+        "Observed services served on weaker evidence (strict reads refuse them).",
+        labels=conn,
+    )
     if snap is not None:
         for m in snap.connections:
             label = [m.name]
@@ -181,8 +186,9 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
             for reason in Reason:
                 unavailable.add_metric([m.name, reason.value], float(reasons.get(reason.value, 0)))
             served.add_metric(label, float(sum(s.instances for s in m.services)))
+            weak.add_metric(label, float(sum(1 for s in m.services if s.weak)))
     yield from (c_prepared, queries, errors, duration, invalid, rejected, revoked, age)
-    yield from (observed, holders, unavailable, served)
+    yield from (observed, holders, unavailable, served, weak)
 
     capacity = [
         ("capacity_instances", "Instances held in admitted listings.", "instances"),
