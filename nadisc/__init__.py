@@ -61,9 +61,13 @@ from ._loading import parse_config as parse_config
 from ._observation import Observation as Observation
 from ._observation import ObservationSnapshot as ObservationSnapshot
 from ._observer import ConnectionMetrics as ConnectionMetrics
+from ._observer import EndpointMetrics as EndpointMetrics
+from ._observer import InstanceView as InstanceView
 from ._observer import ObserverSnapshot as ObserverSnapshot
 from ._observer import RegistrationMetrics as RegistrationMetrics
+from ._observer import RouteMetrics as RouteMetrics
 from ._observer import RuntimeObserver as RuntimeObserver
+from ._observer import ServiceListing as ServiceListing
 from ._observer import ServiceMetrics as ServiceMetrics
 from ._owner import CloseReport as CloseReport
 from ._owner import ConnectionSpec as ConnectionSpec
@@ -148,6 +152,7 @@ __all__ = [
     "EligibilityController",
     "EligibilityError",
     "EligibilityProbe",
+    "EndpointMetrics",
     "EvidenceKind",
     "EvidenceUnavailable",
     "FirstServing",
@@ -159,6 +164,7 @@ __all__ = [
     "IncompleteSnapshot",
     "Instance",
     "InstanceSchemeMismatch",
+    "InstanceView",
     "InvalidRequest",
     "InvalidSnapshot",
     "LeaseLost",
@@ -204,8 +210,10 @@ __all__ = [
     "RestDiscoveryClient",
     "RestOptions",
     "RetryConfig",
+    "RouteMetrics",
     "RouteStatistics",
     "RuntimeObserver",
+    "ServiceListing",
     "ServiceMetrics",
     "ShutdownWaiter",
     "SnapshotConfig",

@@ -78,6 +78,7 @@ from ._errors import (
     RegistrationError,
     RegistrationRejected,
 )
+from ._journal import RegistrationJournal
 from ._provider import (
     Capabilities,
     HealthCheck,
@@ -760,6 +761,8 @@ class RegistrationSet:
         self._quiesce_deadline: float | None = None
         self._epochs: dict[str, int] = {}
         self._changed: anyio.Event | None = None
+        #: Renewal counts and state history, read by the observer.
+        self.journal = RegistrationJournal()
         self._revoked: dict[str, anyio.Event] = {}
         self._running = 0
         self._drained: anyio.Event | None = None
@@ -1032,6 +1035,7 @@ class RegistrationSet:
     def _apply(self, reg: _Registration, event: sm.Event, now: float) -> None:
         before = reg.records
         reg.records = sm.apply(before, event, now)
+        self.journal.record(reg.frozen.name, event, reg.records, now)
         if reg.records != before:
             self._notify()
 
