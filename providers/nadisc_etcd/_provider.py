@@ -56,12 +56,14 @@ import logging
 from dataclasses import dataclass
 
 import anyio
+import anyio.lowlevel
 import httpx
 from anyio.abc import TaskStatus
 from pydantic import BaseModel
 
 from nadisc import (
     Capabilities,
+    CapacityRejected,
     ConfigError,
     ConnectionContext,
     EvidenceKind,
@@ -84,7 +86,7 @@ from ._client import EtcdClient, WatchStream
 from ._layout import Layout, check_record, encode_record
 from ._settings import EtcdSettings
 from ._state import Backoff, ProbeVerdict, ServiceState
-from ._wire import GatewayStatus, prefix_range_end
+from ._wire import GatewayStatus, KeyValue, prefix_range_end
 
 __all__ = ["EtcdProvider", "EtcdProviderFactory", "EtcdStatistics", "factory"]
 
@@ -93,6 +95,8 @@ logger = logging.getLogger(__name__)
 #: A lease must be kept alive within this fraction of its TTL: two keepalives
 #: may be lost (or answered late) before the lease lapses.
 RENEW_FRACTION = 1 / 3
+#: Keys per page of a complete range (each page is one bounded response).
+RANGE_PAGE = 1000
 
 
 def capabilities_for(settings: EtcdSettings) -> Capabilities:
@@ -179,6 +183,9 @@ class EtcdProvider:
         self._counts = _Counts()
         self._closed = False
         self._capabilities = capabilities_for(settings)
+        #: service -> the state of a running watch of it: a query reuses the
+        #: records that watch already decoded.
+        self._live: dict[str, ServiceState] = {}
 
     def __repr__(self) -> str:
         return (
@@ -244,11 +251,36 @@ class EtcdProvider:
         )
 
     async def _range_into(self, state: ServiceState, deadline: float) -> None:
+        """A complete range of the service, in pages of :data:`RANGE_PAGE`
+        keys all read at the revision of the first page (one consistent
+        listing), decoded cooperatively (the loop gets a turn every few
+        hundred records) and reusing what a live watch already decoded."""
         head = self._layout.service_prefix(state.service)
-        answer = await self._client.range(head, prefix_range_end(head), deadline=deadline)
-        if answer.more:
-            raise IncompleteSnapshot(f"service {state.service!r}: the range was truncated")
-        state.reset(answer.kvs, answer.header.revision)
+        end = prefix_range_end(head)
+        kvs: list[KeyValue] = []
+        start, revision = head, 0
+        while True:
+            answer = await self._client.range(
+                start, end, limit=RANGE_PAGE, revision=revision, deadline=deadline
+            )
+            if not revision:
+                revision = answer.header.revision
+            kvs.extend(answer.kvs)
+            if not answer.more:
+                break
+            if not answer.kvs:
+                raise IncompleteSnapshot(f"service {state.service!r}: the range was truncated")
+            if len(kvs) > self._context.max_instances_per_service + RANGE_PAGE:
+                # Far past the limit already: the listing would be refused anyway.
+                raise CapacityRejected(
+                    f"service {state.service!r}: more than "
+                    f"max_instances_per_service={self._context.max_instances_per_service} records"
+                )
+            start = answer.kvs[-1].key + b"\x00"
+            await anyio.lowlevel.checkpoint()
+        live = self._live.get(state.service)
+        for _ in state.reset_steps(kvs, revision, reuse=live):
+            await anyio.lowlevel.checkpoint()
 
     async def query(self, service: str, deadline: float) -> ProviderSnapshot:
         """One range of the service prefix as a complete listing."""
@@ -278,6 +310,21 @@ class EtcdProvider:
             self._settings.retry_max_backoff_ms / 1000,
         )
         run = _Run(self._new_state(service), sink, backoff)
+        self._live.setdefault(service, run.state)
+        try:
+            await self._watch(run, service, sink, task_status, backoff)
+        finally:
+            if self._live.get(service) is run.state:
+                del self._live[service]
+
+    async def _watch(
+        self,
+        run: _Run,
+        service: str,
+        sink: ObservationSink,
+        task_status: TaskStatus[None],
+        backoff: Backoff,
+    ) -> None:
         started = False
         need_range = True
         while True:
@@ -397,9 +444,14 @@ class EtcdProvider:
                     state.progress(message.header.revision)
                     progressed = True
             if changed:
+                # Latest-only: everything this read delivered is applied
+                # first, then published once.
                 self._publish(run)
             elif progressed:
                 self._confirm(run)
+            # Give the loop a turn between batches, even when the socket
+            # always has more to read (a burst).
+            await anyio.lowlevel.checkpoint()
 
     async def _probe(self, run: _Run, head: bytes) -> None:
         interval = self._settings.probe_interval_ms / 1000
