@@ -56,6 +56,8 @@ class Instance:
     weight: float = 1.0
     metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY, hash=False)
     tags: tuple[str, ...] = ()
+    #: :meth:`approximate_bytes`, measured once.
+    _bytes: int = field(default=-1, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not self.identity:
@@ -76,11 +78,13 @@ class Instance:
         return f"{host}:{self.port}"
 
     def approximate_bytes(self) -> int:
-        """What this instance counts against ``max_snapshot_bytes``."""
-        size = 64 + len(self.identity) + len(self.host)
-        size += sum(len(k) + len(v) for k, v in self.metadata.items())
-        size += sum(len(t) for t in self.tags)
-        return size
+        """What this instance counts against ``max_snapshot_bytes`` (measured once)."""
+        if self._bytes < 0:
+            size = 64 + len(self.identity) + len(self.host)
+            size += sum(len(k) + len(v) for k, v in self.metadata.items())
+            size += sum(len(t) for t in self.tags)
+            object.__setattr__(self, "_bytes", size)
+        return self._bytes
 
 
 @dataclass(frozen=True, slots=True)
