@@ -190,6 +190,8 @@ class _Counters:
     requests: int = 0
     failures: int = 0
     authentications: int = 0
+    #: Dedicated watch connections open right now (outside the request pool).
+    watch_connections: int = 0
 
 
 class WatchStream:
@@ -686,13 +688,19 @@ class EtcdClient:
         client = httpx.AsyncClient(
             transport=transport, timeout=self._stream_timeout, trust_env=False
         )
+        self.counters.watch_connections += 1
         stack.push_async_callback(self._close_quietly, client)
         return client
 
-    @staticmethod
-    async def _close_quietly(client: httpx.AsyncClient) -> None:
+    async def _close_quietly(self, client: httpx.AsyncClient) -> None:
+        self.counters.watch_connections -= 1
         with anyio.move_on_after(1.0, shield=True):
             await client.aclose()
+
+    @property
+    def request_pool(self) -> tuple[int, int]:
+        """(unary requests in flight, ``max_request_connections``)."""
+        return self._requests.borrowed_tokens, int(self._requests.total_tokens)
 
     # ---------------------------------------------------------------- close
 

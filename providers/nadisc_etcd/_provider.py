@@ -127,6 +127,8 @@ class EtcdStatistics:
     watch_failures: int
     publishes: int
     probes: int
+    #: Watches holding a dedicated connection right now (never from the pool).
+    watch_connections: int = 0
 
 
 @dataclass(slots=True)
@@ -216,6 +218,7 @@ class EtcdProvider:
             watch_failures=c.watch_failures,
             publishes=c.publishes,
             probes=c.probes,
+            watch_connections=n.watch_connections,
         )
 
     def _check_open(self) -> None:
