@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import anyio
+import anyio.abc
 import pytest
 import trio
 import trio.testing
@@ -68,7 +70,7 @@ class CongestedRegistry:
         )
 
     async def _serve(self, operation: str, deadline: float) -> None:
-        now = trio.current_time()
+        now = anyio.current_time()
         self.calls.append((operation, now, deadline))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -76,9 +78,9 @@ class CongestedRegistry:
             took = self.base * (self.in_flight if self.congestion else 1)
             if now + took > deadline:
                 # The server applies the write, but the answer comes too late.
-                await trio.sleep_until(deadline)
+                await anyio.sleep_until(deadline)
                 raise OutcomeUnknown(f"{operation}: no answer before the deadline")
-            await trio.sleep(took)
+            await anyio.sleep(took)
         finally:
             self.in_flight -= 1
 
@@ -89,7 +91,7 @@ class CongestedRegistry:
         return ProviderSnapshot(service, (), EvidenceKind.REGISTRY_HEALTH)
 
     async def watch(
-        self, service: str, sink: ObservationSink, *, task_status: trio.TaskStatus[None]
+        self, service: str, sink: ObservationSink, *, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
         raise NotImplementedError
 

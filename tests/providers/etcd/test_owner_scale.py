@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
+import pytest
 import trio
 from nadisc_etcd import EtcdProvider
 
@@ -23,6 +24,8 @@ from tests.nadisc.owner_support import all_tasks
 
 from .conftest import EtcdServer, RawEtcd
 from .owner_helpers import etcd_config, injected_provider, look, soon, unique_prefix
+
+pytestmark = [pytest.mark.real_server, pytest.mark.trio_only]
 
 
 class LoopLag:
