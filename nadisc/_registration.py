@@ -856,6 +856,9 @@ class RegistrationSet:
             self._queued -= 1
         reg.turn = True
         try:
+            # A turn granted just as quiesce cancelled the runner is given
+            # back at once: nothing is sent on it.
+            await anyio.lowlevel.checkpoint_if_cancelled()
             yield
         finally:
             reg.turn = False
@@ -1299,6 +1302,8 @@ class RegistrationSet:
 
     async def _register(self, reg: _Registration, provider: Provider) -> bool:
         async with self._turn(reg):
+            if reg.records.quiescing:
+                return False  # quiesce began while this write waited for its turn
             # The write starts now: its deadline counts from here, not from
             # when the runner joined the queue.
             now = anyio.current_time()
@@ -1321,6 +1326,8 @@ class RegistrationSet:
         registered = reg.registered
         assert registered is not None
         async with self._turn(reg):
+            if reg.records.quiescing:
+                return  # no renewal after quiesce, even one that was queued
             now = anyio.current_time()
             epoch = reg.records.epoch
             deadline = self._write_deadline(reg, now)

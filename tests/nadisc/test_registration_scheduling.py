@@ -207,3 +207,28 @@ async def test_a_startup_set_that_cannot_fit_says_how_many_were_confirmed(
     # Nothing written is left behind, and none was sent blind after the deadline.
     assert registry.keys == {}
     assert registry.max_in_flight == 1
+
+
+@pytest.mark.parametrize("turns", range(1, 9))
+async def test_quiesce_landing_on_a_turn_handover_sends_nothing_more(
+    autojump_clock: trio.testing.MockClock, turns: int
+) -> None:
+    # The publish deadline falls exactly when a turn is handed over (every
+    # 200 ms: a 100 ms write plus a 100 ms check), so quiesce may find the
+    # next runner granted its turn but not yet running. It must give the
+    # turn back unused: no write after quiesce, no refused state event.
+    registry = CongestedRegistry(0.100, congestion=False)
+    with pytest.raises(DeadlineExceeded):
+        async with builder(registry, 1).open() as owner:
+            await owner.prepare(trio.current_time() + 5)
+            owner.freeze_registrations(specs(20))
+            await owner.publish(trio.current_time() + 0.2 * turns)
+    report = owner.close_report
+    assert report is not None
+    outcomes = [getattr(e, "outcome", None) for e in report.registrations]
+    sent = {op for op, *_ in registry.calls}
+    assert sent <= {"register", "check", "deregister"}
+    registers = sum(1 for op, *_ in registry.calls if op == "register")
+    assert outcomes.count(CloseOutcome.DEREGISTERED) == registers
+    assert outcomes.count(CloseOutcome.NOT_REGISTERED) == 20 - registers
+    assert registry.keys == {}
