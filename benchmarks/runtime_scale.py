@@ -208,7 +208,11 @@ async def registrations(url: str, count: int, *, raised: bool) -> Row:
     etcd: dict[str, Any] = {"ttl_seconds": 30}
     if raised:
         limits["max_parallel_operations"] = 16
-        connection.update(monitor_interval_ms=60_000)
+        connection.update(
+            monitor_interval_ms=60_000,
+            request_timeout_ms=10_000,
+            snapshot={"max_age_ms": 30_000, "stale_if_error_ms": 10_000},
+        )
         etcd.update(ttl_seconds=180, max_request_connections=32)
     cfg = config(
         url,
@@ -239,7 +243,9 @@ async def registrations(url: str, count: int, *, raised: bool) -> Row:
     )
     label = f"{count:,} registrations" + (" (raised limits)" if raised else "")
     limits_text = (
-        "parallel 16, ttl 180 s, monitor 60 s" if raised else "default limits (parallel 4)"
+        "parallel 16, ttl 180 s, monitor 60 s, request timeout 10 s"
+        if raised
+        else "default limits (parallel 4)"
     )
     return Row(
         label,
