@@ -7,6 +7,12 @@ stopped server cannot hold a caller), and in bytes by ``max_response_bytes``
 decoding). Watches are long POSTs whose newline-delimited results are parsed
 incrementally with the same bound on every line.
 
+Connections: unary calls take a turn under a fair limiter of
+``max_request_connections`` before reaching a pool of as many connections
+(a call still waiting at its deadline was never sent: ``IncompleteSnapshot``
+even for a write); every watch opens a dedicated single-connection
+transport of its own, outside that pool, closed with the watch.
+
 Failures leave this module as nadisc's typed outcomes, with the httpx,
 JSON or pydantic error chained as ``__cause__``:
 

@@ -3,7 +3,8 @@
 Discovery (evidence :attr:`~nadisc.EvidenceKind.LEASE`: a record exists
 because its registrant keeps a lease alive)::
 
-    query(service)   one range of <prefix>/<service>/ -> complete ProviderSnapshot
+    query(service)   one range of <prefix>/<service>/ (pages of 1,000 keys read at
+                     one revision, decoded cooperatively) -> complete ProviderSnapshot
 
     watch(service)   range ─► publish ─► watch from revision+1 (progress_notify)
                        ▲                    │ each received batch of events: publish once
@@ -45,7 +46,13 @@ can no longer land, so that registration is known not applied and reported
 as a retryable ``IncompleteSnapshot`` (as is any write that was never sent).
 
 The provider never starts tasks of its own; ``watch`` runs in the caller's
-task group and holds one stream plus one probe task inside it.
+task group and holds one stream (on a dedicated connection, outside the
+request pool) plus one probe task inside it.
+
+Costs: a watch batch of k events costs O(k log n) plus the decoding of
+those k records, and its snapshot is one tuple copy (see :mod:`._state`);
+the watch yields between batches. Per watched service and interval: one
+probe range per ``probe_interval_ms``; one socket for the stream.
 """
 
 from __future__ import annotations
