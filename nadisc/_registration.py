@@ -791,6 +791,8 @@ class RegistrationSet:
         self._revoked: dict[str, anyio.Event] = {}
         self._running = 0
         self._drained: anyio.Event | None = None
+        #: Names of registrations whose records changed, while publish waits.
+        self._touched: set[str] | None = None
 
     # ----------------------------------------------------------------- plan
 
@@ -917,32 +919,53 @@ class RegistrationSet:
                 name=f"registration {reg.frozen.name}",
             )
         required = [r for r in self._regs.values() if r.frozen.startup_required]
-        with anyio.CancelScope(deadline=deadline):
-            while True:
-                if self._quiescing:
-                    raise LifecycleError("quiesce began before the registrations were confirmed")
-                now = anyio.current_time()
-                pending: list[str] = []
-                for reg in required:
-                    self._observe_eligibility(reg, now)
-                    state = sm.derive_state(reg.records, now)
-                    if state is RegistrationState.ACTIVE:
-                        continue
-                    action = sm.next_action(
-                        reg.records, idempotent_renewal=reg.frozen.capabilities.idempotent_renewal
-                    )
-                    if state is RegistrationState.FAILED or (action is sm.Action.BLOCKED):
-                        raise RegistrationError(
-                            reg.frozen.name,
-                            f"startup registration failed: {state.value}"
-                            + (f" ({reg.records.last_error})" if reg.records.last_error else ""),
-                            path=_path(reg.frozen.name),
+        # Only registrations whose records changed are judged again after a
+        # change (O(changes), not O(registrations) per change); once every
+        # one was seen Active, all are judged together once more, since
+        # evidence seen earlier may have lapsed meanwhile.
+        pending = {r.frozen.name: r for r in required}
+        self._touched = set()
+        try:
+            with anyio.CancelScope(deadline=deadline):
+                candidates: Iterable[_Registration] = required
+                while True:
+                    if self._quiescing:
+                        raise LifecycleError(
+                            "quiesce began before the registrations were confirmed"
                         )
-                    pending.append(reg.frozen.name)
-                if not pending:
-                    return
-                await self._wait_changed()
+                    now = anyio.current_time()
+                    for reg in list(candidates):
+                        if self._startup_active(reg, now):
+                            pending.pop(reg.frozen.name, None)
+                    if not pending:
+                        lapsed = [r for r in required if not self._startup_active(r, now)]
+                        if not lapsed:
+                            return
+                        pending = {r.frozen.name: r for r in lapsed}
+                    await self._wait_changed()
+                    touched, self._touched = self._touched, set()
+                    candidates = [pending[name] for name in touched if name in pending]
+        finally:
+            self._touched = None
         raise DeadlineExceeded(self._unconfirmed_message(required))
+
+    def _startup_active(self, reg: _Registration, now: float) -> bool:
+        """True when ``reg`` is Active; raises when it failed for good."""
+        self._observe_eligibility(reg, now)
+        state = sm.derive_state(reg.records, now)
+        if state is RegistrationState.ACTIVE:
+            return True
+        action = sm.next_action(
+            reg.records, idempotent_renewal=reg.frozen.capabilities.idempotent_renewal
+        )
+        if state is RegistrationState.FAILED or action is sm.Action.BLOCKED:
+            raise RegistrationError(
+                reg.frozen.name,
+                f"startup registration failed: {state.value}"
+                + (f" ({reg.records.last_error})" if reg.records.last_error else ""),
+                path=_path(reg.frozen.name),
+            )
+        return False
 
     def _unconfirmed_message(self, required: Sequence[_Registration]) -> str:
         """Why publish ran out of time: how many startup-required registrations
@@ -1120,6 +1143,8 @@ class RegistrationSet:
         before = reg.records
         reg.records = sm.apply(before, event, now)
         if reg.records != before:
+            if self._touched is not None:
+                self._touched.add(reg.frozen.name)
             self._notify()
 
     def _notify(self) -> None:

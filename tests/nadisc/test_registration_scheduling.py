@@ -232,3 +232,29 @@ async def test_quiesce_landing_on_a_turn_handover_sends_nothing_more(
     assert outcomes.count(CloseOutcome.DEREGISTERED) == registers
     assert outcomes.count(CloseOutcome.NOT_REGISTERED) == 20 - registers
     assert registry.keys == {}
+
+
+async def test_waiting_for_a_startup_set_costs_per_change_not_per_registration(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every write, ack and check of 300 registrations wakes publish; judging
+    # all 300 each time would be ~300 x 900 state derivations.
+    import nadisc._registration as registration_module
+
+    judged = 0
+    derive = registration_module.sm.derive_state
+
+    def counting(records: object, now: float) -> object:
+        nonlocal judged
+        judged += 1
+        return derive(records, now)  # type: ignore[arg-type]
+
+    registry = CongestedRegistry(0.010, congestion=False)
+    async with builder(registry, 4).open() as owner:
+        await owner.prepare(trio.current_time() + 5)
+        owner.freeze_registrations(specs(300))
+        monkeypatch.setattr(registration_module.sm, "derive_state", counting)
+        await owner.publish(trio.current_time() + 30)
+        monkeypatch.setattr(registration_module.sm, "derive_state", derive)
+        assert {s.state for s in owner.registrations().values()} == {RegistrationState.ACTIVE}
+    assert judged < 10 * 300, judged
