@@ -285,9 +285,11 @@ async def watches(url: str, count: int, seconds: float) -> Row:
         lag = LoopLag()
         steps = StepClock()
         seen_ms: list[float] = []
-        async with open_discovery(cfg, prepare_deadline=trio.current_time() + 10) as owner:
+        # prepare checks read permission on every bound service: one small
+        # range each, one after another.
+        async with open_discovery(cfg, prepare_deadline=trio.current_time() + 300) as owner:
             client = owner.client()
-            observations = {s: await client.observe(s, trio.current_time() + 30) for s in services}
+            observations = {s: await client.observe(s, trio.current_time() + 60) for s in services}
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(lag.run)
                 await trio.sleep(min(5.0, seconds / 4))  # warm-up

@@ -99,6 +99,9 @@ async def test_each_watch_holds_a_connection_of_its_own_outside_the_pool() -> No
                     await trio.sleep(0.05)
             # One channel (one socket) per watch; every blocking query rode one.
             assert http.channels_open == SERVICES
+            # The request pool holds no long poll: at most the few short reads.
+            pool = http._client._transport._pool  # type: ignore[attr-defined]
+            assert len(pool.connections) < 10
             pool_before = http.pool_requests
             # A change to one service reaches its observation through its own channel.
             last = observations[-1]

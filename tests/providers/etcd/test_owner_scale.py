@@ -151,6 +151,9 @@ async def test_100_watches_hold_dedicated_connections_and_the_loop_stays_live(
         # never asked for more than its size.
         in_flight, size = provider._client.request_pool
         assert size == 16 and in_flight <= size
+        # None of the watches sits in the request pool's connections.
+        pool = provider._client._http._transport._pool  # type: ignore[attr-defined]
+        assert len(pool.connections) <= size
         lag.longest = 0.0
         seen: list[float] = []
         for n in range(0, services, 10):
