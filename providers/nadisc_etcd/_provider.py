@@ -242,15 +242,33 @@ class EtcdProvider:
         bound service (``IdentityRevoked`` names the service that is refused)."""
         self._check_open()
         await self._client.status(deadline=deadline)
-        for alias in sorted(self._settings.services):
-            remote = self._settings.remote_name(alias)
-            head = self._layout.service_prefix(remote)
+        # One count-only range per bound service, all at once (the request
+        # limiter paces them): a thousand bound services fit in one request
+        # timeout. A refusal is reported for the first alias by name.
+        refused: dict[str, IdentityRevoked] = {}
+        failures: list[ProviderFailure] = []
+
+        async def check(alias: str) -> None:
+            head = self._layout.service_prefix(self._settings.remote_name(alias))
             try:
                 await self._client.range(
                     head, prefix_range_end(head), count_only=True, deadline=deadline
                 )
             except IdentityRevoked as exc:
-                raise IdentityRevoked(f"service {alias!r} ({remote!r}): {exc}") from exc
+                refused[alias] = exc
+            except ProviderFailure as exc:
+                failures.append(exc)
+
+        async with anyio.create_task_group() as group:
+            for alias in sorted(self._settings.services):
+                group.start_soon(check, alias)
+        if refused:
+            alias = min(refused)
+            remote = self._settings.remote_name(alias)
+            cause = refused[alias]
+            raise IdentityRevoked(f"service {alias!r} ({remote!r}): {cause}") from cause
+        if failures:
+            raise failures[0]
 
     def _new_state(self, service: str) -> ServiceState:
         return ServiceState(

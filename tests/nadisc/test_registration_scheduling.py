@@ -239,22 +239,22 @@ async def test_waiting_for_a_startup_set_costs_per_change_not_per_registration(
 ) -> None:
     # Every write, ack and check of 300 registrations wakes publish; judging
     # all 300 each time would be ~300 x 900 state derivations.
-    import nadisc._registration as registration_module
+    import nadisc._registration_state as sm
 
     judged = 0
-    derive = registration_module.sm.derive_state
+    derive = sm.derive_state
 
-    def counting(records: object, now: float) -> object:
+    def counting(records: sm.RegistrationRecords, now: float) -> RegistrationState:
         nonlocal judged
         judged += 1
-        return derive(records, now)  # type: ignore[arg-type]
+        return derive(records, now)
 
     registry = CongestedRegistry(0.010, congestion=False)
     async with builder(registry, 4).open() as owner:
         await owner.prepare(trio.current_time() + 5)
         owner.freeze_registrations(specs(300))
-        monkeypatch.setattr(registration_module.sm, "derive_state", counting)
+        monkeypatch.setattr(sm, "derive_state", counting)
         await owner.publish(trio.current_time() + 30)
-        monkeypatch.setattr(registration_module.sm, "derive_state", derive)
+        monkeypatch.setattr(sm, "derive_state", derive)
         assert {s.state for s in owner.registrations().values()} == {RegistrationState.ACTIVE}
     assert judged < 10 * 300, judged
