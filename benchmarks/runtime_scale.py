@@ -281,7 +281,17 @@ async def watches(url: str, count: int, seconds: float) -> Row:
 
         for n, service in enumerate(services):
             await put(service, "i0", n)
-        cfg = config(url, services, limits={"max_watch_streams": count})
+        # prepare ranges every bound service (a count-only read each) within
+        # one request timeout: give it room on a busy machine.
+        cfg = config(
+            url,
+            services,
+            limits={"max_watch_streams": count},
+            connection={
+                "request_timeout_ms": 10_000,
+                "snapshot": {"max_age_ms": 30_000, "stale_if_error_ms": 10_000},
+            },
+        )
         lag = LoopLag()
         steps = StepClock()
         seen_ms: list[float] = []
