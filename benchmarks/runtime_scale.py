@@ -289,6 +289,7 @@ async def watches(url: str, count: int, seconds: float) -> Row:
             limits={"max_watch_streams": count},
             connection={
                 "request_timeout_ms": 10_000,
+                "observation_grace_ms": 30_000,
                 "snapshot": {"max_age_ms": 30_000, "stale_if_error_ms": 10_000},
             },
         )
