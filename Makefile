@@ -37,9 +37,11 @@ typecheck: venv
 unit: venv servers
 	$(BIN)/pytest
 
-# The balancing core is written against anyio: run its tests on asyncio too.
+# The balancing core is written against anyio: run its tests on asyncio too,
+# and the core Nacos flows through the owner.
 asyncio-pass: venv
-	TEST_BACKEND=asyncio $(BIN)/pytest tests/poise -o trio_mode=false -m "not trio_only" -q
+	TEST_BACKEND=asyncio $(BIN)/pytest tests/poise tests/providers/nacos/test_owner_anyio.py \
+		-o trio_mode=false -m "not trio_only" -q
 
 test: lint typecheck unit asyncio-pass
 
