@@ -64,8 +64,6 @@ class Instance:
     weight: float = 1.0
     metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY, hash=False)
     tags: tuple[str, ...] = ()
-    #: :meth:`approximate_bytes`, measured once.
-    _bytes: int = field(default=-1, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not self.identity:
@@ -86,13 +84,11 @@ class Instance:
         return f"{host}:{self.port}"
 
     def approximate_bytes(self) -> int:
-        """What this instance counts against ``max_snapshot_bytes`` (measured once)."""
-        if self._bytes < 0:
-            size = 64 + len(self.identity) + len(self.host)
-            size += sum(len(k) + len(v) for k, v in self.metadata.items())
-            size += sum(len(t) for t in self.tags)
-            object.__setattr__(self, "_bytes", size)
-        return self._bytes
+        """What this instance counts against ``max_snapshot_bytes``."""
+        size = 64 + len(self.identity) + len(self.host)
+        size += sum(len(k) + len(v) for k, v in self.metadata.items())
+        size += sum(len(t) for t in self.tags)
+        return size
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,11 +126,13 @@ class ProviderSnapshot:
 
     def approximate_bytes(self) -> int:
         """What this listing counts against ``max_snapshot_bytes`` (measured once)."""
-        if self._size < 0:
-            object.__setattr__(
-                self, "_size", 64 + sum(i.approximate_bytes() for i in self.instances)
-            )
-        return self._size
+        # A listing built around ``__init__`` (a provider's fast path) may
+        # have left the slot unset.
+        size: int = getattr(self, "_size", -1)
+        if size < 0:
+            size = 64 + sum(i.approximate_bytes() for i in self.instances)
+            object.__setattr__(self, "_size", size)
+        return size
 
     @classmethod
     def _checked(
@@ -181,12 +179,23 @@ class IncrementalListing(Generic[K]):
     refuses them with ``ValueError``, as ``ProviderSnapshot`` would.
     """
 
-    __slots__ = ("_by_key", "_cached", "_duplicates", "_identities", "_instances", "_keys", "_size")
+    __slots__ = (
+        "_by_key",
+        "_cached",
+        "_duplicates",
+        "_identities",
+        "_instances",
+        "_keys",
+        "_size",
+        "_sizes",
+    )
 
     def __init__(self) -> None:
         self._keys: list[K] = []
         self._instances: list[Instance] = []
         self._by_key: dict[K, Instance] = {}
+        #: key -> the bytes its instance was measured at (each measured once).
+        self._sizes: dict[K, int] = {}
         self._identities: dict[str, int] = {}
         self._duplicates = 0
         self._size = 64
@@ -206,7 +215,7 @@ class IncrementalListing(Generic[K]):
         """The byte total of the listing, kept by difference."""
         return self._size
 
-    def _count(self, instance: Instance, step: int) -> None:
+    def _count(self, instance: Instance, step: int, size: int) -> None:
         identity = instance.identity
         before = self._identities.get(identity, 0)
         after = before + step
@@ -216,7 +225,7 @@ class IncrementalListing(Generic[K]):
             del self._identities[identity]
         # Keys beyond the first one carrying an identity are duplicates.
         self._duplicates += max(after - 1, 0) - max(before - 1, 0)
-        self._size += step * instance.approximate_bytes()
+        self._size += step * size
 
     def put(self, key: K, instance: Instance) -> None:
         """Insert or replace the instance stored under ``key``."""
@@ -232,9 +241,11 @@ class IncrementalListing(Generic[K]):
         else:
             at = bisect.bisect_left(keys, key)
             self._instances[at] = instance
-            self._count(old, -1)
+            self._count(old, -1, self._sizes[key])
+        size = instance.approximate_bytes()
         self._by_key[key] = instance
-        self._count(instance, 1)
+        self._sizes[key] = size
+        self._count(instance, 1, size)
 
     def discard(self, key: K) -> bool:
         """Remove ``key``; True if it was there."""
@@ -245,13 +256,14 @@ class IncrementalListing(Generic[K]):
         at = bisect.bisect_left(self._keys, key)
         del self._keys[at]
         del self._instances[at]
-        self._count(old, -1)
+        self._count(old, -1, self._sizes.pop(key))
         return True
 
     def clear(self) -> None:
         self._keys.clear()
         self._instances.clear()
         self._by_key.clear()
+        self._sizes.clear()
         self._identities.clear()
         self._duplicates = 0
         self._size = 64
