@@ -139,6 +139,9 @@ class ConsulHttp:
         #: Requests sent through the shared pool / through channels.
         self.pool_requests = 0
         self.channel_requests = 0
+        #: Blocking queries (``?index=``) that went through the pool: only
+        #: the catalog's two long polls ever do.
+        self.pool_blocking_requests = 0
         self._parent: ConsulHttp | None = None
 
     @asynccontextmanager
@@ -231,6 +234,8 @@ class ConsulHttp:
             self._parent.channel_requests += 1
         else:
             self.pool_requests += 1
+            if params is not None and "index" in params:
+                self.pool_blocking_requests += 1
         url = self._base + path
         # httpx enforces the socket-level timeouts; the outer scope also bounds
         # transports without sockets and the whole read (a slow trickle).
