@@ -51,6 +51,7 @@ from ._errors import RegistrationRejected as RegistrationRejected
 from ._errors import UnknownService as UnknownService
 from ._evidence import Reason as Reason
 from ._instance import EvidenceKind as EvidenceKind
+from ._instance import IncrementalListing as IncrementalListing
 from ._instance import Instance as Instance
 from ._instance import ProviderSnapshot as ProviderSnapshot
 from ._loading import config_json_schema as config_json_schema
@@ -162,6 +163,7 @@ __all__ = [
     "HealthStatus",
     "IdentityRevoked",
     "IncompleteSnapshot",
+    "IncrementalListing",
     "Instance",
     "InstanceSchemeMismatch",
     "InstanceView",
