@@ -68,6 +68,8 @@ from .._config import DiscoveryConfig
 from .._eligibility import Eligibility, EligibilityController
 from .._errors import DiscoveryError
 from .._owner import CloseReport, open_discovery
+from .._probe import eligibility_probe_app
+from .._registration import resolve_registrations
 from .._registration_state import RegistrationState
 from ._asgi import ASGIApp, Gate, PrefixRouter, Receive, Scope, Send, not_found
 from ._listen import Bind, Listener, bind_socket, is_wildcard
@@ -549,6 +551,15 @@ async def open_host(
                 if host._controllers:
                     tg.start_soon(host._renew, tuple(host._controllers))
                 # 3. Register with the real addresses; wait for startup-required ones.
+                # The probe answers from the plan's own eligibilities, so a
+                # registry check that dials it during publish is answered.
+                specs = resolve_registrations(
+                    config, host._advertised, sources, allow_loopback=allow_loopback
+                )
+                probe_view["app"] = eligibility_probe_app(
+                    {spec.name: spec.eligibility for spec in specs if spec.eligibility},
+                    enabled=config.eligibility_probe,
+                )
                 async with open_discovery(
                     config,
                     providers=providers,
@@ -558,7 +569,6 @@ async def open_host(
                     publish_deadline=publish_deadline,
                 ) as owner:
                     host._owner = owner
-                    probe_view["app"] = owner.eligibility_probe()
                     tg.start_soon(host._watch_registrations, owner)
                     if handle_signals:
                         await tg.start(host._signals)
