@@ -122,7 +122,9 @@ def unique_prefix() -> str:
     return f"h-{uuid.uuid4().hex[:10]}/services"
 
 
-async def etcd_addresses(url: str, prefix: str, service: str = "order-api") -> list[str]:
+async def etcd_addresses(
+    url: str, prefix: str, service: str = "order-api", http: httpx.AsyncClient | None = None
+) -> list[str]:
     """The ``Addr`` of every record under the service, read through the gateway."""
     key = f"{prefix}/{service}/".encode()
     end = key[:-1] + bytes([key[-1] + 1])
@@ -130,7 +132,10 @@ async def etcd_addresses(url: str, prefix: str, service: str = "order-api") -> l
         "key": base64.b64encode(key).decode(),
         "range_end": base64.b64encode(end).decode(),
     }
-    async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
+    if http is None:
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as own:
+            answer = await own.post(f"{url}/v3/kv/range", json=body)
+    else:
         answer = await http.post(f"{url}/v3/kv/range", json=body)
     answer.raise_for_status()
     kvs = answer.json().get("kvs", [])
@@ -231,9 +236,14 @@ def consul_config(
     )
 
 
-async def consul_addresses(url: str, service: str = "order-api") -> list[str]:
+async def consul_addresses(
+    url: str, service: str = "order-api", http: httpx.AsyncClient | None = None
+) -> list[str]:
     """``address:port`` of every agent service named ``service``."""
-    async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
+    if http is None:
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as own:
+            answer = await own.get(f"{url}/v1/agent/services")
+    else:
         answer = await http.get(f"{url}/v1/agent/services")
     answer.raise_for_status()
     return sorted(
