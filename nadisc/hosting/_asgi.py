@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
+import anyio
+
 __all__ = ["ASGIApp", "Gate", "PrefixRouter", "not_found"]
 
 Scope = MutableMapping[str, Any]
@@ -65,7 +67,7 @@ async def _lifespan(receive: Receive, send: Send) -> None:
 class Gate:
     """Counts in-flight HTTP requests; refuses new ones once closed (see module docs)."""
 
-    __slots__ = ("_app", "_closed", "in_flight", "refused", "served")
+    __slots__ = ("_app", "_closed", "cancelled", "in_flight", "refused", "served")
 
     def __init__(self, app: ASGIApp) -> None:
         self._app = app
@@ -76,6 +78,8 @@ class Gate:
         self.served = 0
         #: Requests answered 503 because the gate was closed.
         self.refused = 0
+        #: HTTP requests cancelled inside the app (cut by the server).
+        self.cancelled = 0
 
     @property
     def closed(self) -> bool:
@@ -104,6 +108,9 @@ class Gate:
         self.served += 1
         try:
             await self._app(scope, receive, send)
+        except anyio.get_cancelled_exc_class():
+            self.cancelled += 1
+            raise
         finally:
             self.in_flight -= 1
 

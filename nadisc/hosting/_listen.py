@@ -138,6 +138,7 @@ class Listener:
         self._stop = anyio.Event()
         self._scope = anyio.CancelScope(shield=True)
         self.config = _HandOver(self)
+        # hypercorn cancels what still runs when the drain budget is spent.
         self.config.graceful_timeout = drain_timeout
         self.config.accesslog = None
         self.config.errorlog = logging.getLogger("nadisc.hosting.server")
@@ -168,6 +169,11 @@ class Listener:
         try:
             with self._scope:
                 await self._serve()
+        except Exception:
+            if not self._scope.cancel_called:
+                raise
+            # hypercorn's cleanup can trip over a kill; the socket is closed below.
+            logger.debug("listener %r: error while killed", self.name, exc_info=True)
         finally:
             self.close()
             self.stopped.set()
