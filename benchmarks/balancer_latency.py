@@ -165,9 +165,7 @@ def run_policy(
     clock = trio.testing.MockClock(autojump_threshold=0)
     rng = random.Random(seed)
     wall = time.perf_counter()
-    latencies, counts = trio.run(
-        _drive, policy, tracker, requests, concurrency, rng, clock=clock
-    )
+    latencies, counts = trio.run(_drive, policy, tracker, requests, concurrency, rng, clock=clock)
     wall = time.perf_counter() - wall
     latencies.sort()
     total = sum(counts)

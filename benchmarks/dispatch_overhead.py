@@ -152,9 +152,7 @@ def format_table(result: Result) -> str:
     widths = [max(len(row[c]) for row in rows) for c in range(3)]
     lines = []
     for n, row in enumerate(rows):
-        lines.append(
-            f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}"
-        )
+        lines.append(f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}")
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines.append(

@@ -166,18 +166,16 @@ async def _measure(
                         host = await start(app, writes, True)
                         address = "{}:{}".format(*host.bound["web"])
                         with anyio.fail_after(30):
-                            while not app.arrivals:
-                                await anyio.sleep(0.001)
+                            await app.wait_arrival()
                         landed.append(app.arrivals[0][1] - writes[0])
                         sent = anyio.current_time()
                         os.kill(os.getpid(), signal.SIGTERM)
                         with anyio.fail_after(30):
-                            while address in await addresses(reader):
+                            while address in await addresses(reader):  # noqa: ASYNC110 - polling a registry
                                 await anyio.sleep(0.002)
                         gone.append(anyio.current_time() - sent)
                         with anyio.fail_after(30):
-                            while host.report is None:
-                                await anyio.sleep(0.005)
+                            await host.wait_closed()
                     stop.set()
         stable.shutdown()
     return Row(
@@ -222,8 +220,9 @@ def render(rows: Sequence[Row]) -> str:
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(
-            f"{r.registry:<12} {r.restarts:>8} {r.gone_median_ms:>15.1f} ms {r.gone_p99_ms:>5.1f} ms"
-            f" {r.land_median_ms:>16.1f} ms {r.land_p99_ms:>5.1f} ms {r.requests:>9} {r.failed:>7}"
+            f"{r.registry:<12} {r.restarts:>8} {r.gone_median_ms:>15.1f} ms "
+            f"{r.gone_p99_ms:>5.1f} ms {r.land_median_ms:>16.1f} ms {r.land_p99_ms:>5.1f} ms "
+            f"{r.requests:>9} {r.failed:>7}"
         )
     return "\n".join(lines)
 

@@ -150,6 +150,7 @@ class Host:
         self._reason: str | None = None
         self._requested = anyio.Event()
         self._closed = anyio.Event()
+        self._draining = anyio.Event()
         self._body: anyio.CancelScope | None = None
         self._controllers: dict[str, EligibilityController] = {}
         self._report: HostReport | None = None
@@ -218,6 +219,16 @@ class Host:
         """Sleep until a shutdown is requested (a signal or :meth:`shutdown`)."""
         await self._requested.wait()
         await anyio.lowlevel.checkpoint()
+
+    async def wait_closed(self) -> HostReport:
+        """Wait until the host closed; its report (None only if it never ran)."""
+        await self._closed.wait()
+        assert self._report is not None or self._owner is None
+        return self._report  # type: ignore[return-value]
+
+    async def wait_draining(self) -> None:
+        """Wait until the deregistration is settled and new requests are refused."""
+        await self._draining.wait()
 
     # ---------------------------------------------------------------- tasks
 
@@ -294,6 +305,7 @@ class Host:
         self._phase = HostPhase.DRAINING
         for gate in self._gates.values():
             gate.close()
+        self._draining.set()
         for listener in self._listeners.values():
             listener.stop()
         # hypercorn cuts what still runs at the drain budget (graceful_timeout);

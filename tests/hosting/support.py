@@ -44,6 +44,7 @@ class RecordingApp:
     name: str = "app"
     arrivals: list[tuple[str, float]] = field(default_factory=list)
     lifespan: list[str] = field(default_factory=list)
+    _arrived: anyio.Event | None = field(default=None, repr=False)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -58,6 +59,9 @@ class RecordingApp:
                     return
         path: str = scope["path"]
         self.arrivals.append((path, anyio.current_time()))
+        if self._arrived is not None:
+            self._arrived.set()
+            self._arrived = None
         if path.startswith("/slow/"):
             await anyio.sleep(int(path.rsplit("/", 1)[1]) / 1000)
         body = self.name.encode()
@@ -69,6 +73,13 @@ class RecordingApp:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+    async def wait_arrival(self, count: int = 1) -> None:
+        """Wait until ``count`` requests have arrived."""
+        while len(self.arrivals) < count:
+            if self._arrived is None:
+                self._arrived = anyio.Event()
+            await self._arrived.wait()
 
     def arrived_after(self, moment: float) -> int:
         return sum(1 for _, at in self.arrivals if at > moment)
@@ -89,12 +100,12 @@ def etcd_config(
     registration ``web`` without ip/port (taken from the listener)."""
     connection: dict[str, Any] = {
         "provider": "etcd",
-        "request_timeout_ms": 500,
+        "request_timeout_ms": 2000,
         "poll_interval_ms": 1000,
         "monitor_interval_ms": 500,
-        "observation_grace_ms": 3000,
+        "observation_grace_ms": 4000,
         "deregister_timeout_ms": 1000,
-        "snapshot": {"max_age_ms": 3000, "stale_if_error_ms": 1500},
+        "snapshot": {"max_age_ms": 5000, "stale_if_error_ms": 2000},
         "etcd": {
             "endpoints": [url],
             "prefix": prefix,
@@ -183,7 +194,7 @@ class ThreadedConsul:
             self.url = fake.url
             self._token = trio.lowlevel.current_trio_token()
             self._ready.set()
-            while not self._stop.is_set():
+            while not self._stop.is_set():  # noqa: ASYNC110 - a flag set from another thread
                 await trio.sleep(0.05)
 
     def call(self, fn: Callable[[ConsulFake], object]) -> object:

@@ -98,9 +98,7 @@ async def roll(config: DiscoveryConfig, *, rounds: int = 3) -> dict[str, Any]:
                         await anyio.sleep(0.2)  # the new one gets traffic
                         old.shutdown()
                         with anyio.fail_after(15):
-                            while old.report is None:
-                                await anyio.sleep(0.02)
-                        report = old.report
+                            report = await old.wait_closed()
                         assert report.deregistered_at is not None
                         outcome["late"][old_app.name] = old_app.arrived_after(
                             report.deregistered_at

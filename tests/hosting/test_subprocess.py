@@ -88,19 +88,21 @@ def test_sigterm_deregisters_before_exit_and_the_in_flight_request_completes(
 
         async def scenario() -> None:
             assert await addresses() == [web]
-            async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
-                async with http.stream("GET", f"http://{web}/slow/800") as answer:
-                    chunks = answer.aiter_raw()
-                    first = await chunks.__anext__()
-                    assert first.startswith(b"started")  # inside the app now
-                    process.send_signal(signal.SIGTERM)
-                    with anyio.fail_after(10):
-                        while await addresses():
-                            await anyio.sleep(0.02)
-                    seen["alive_when_gone"] = process.poll() is None
-                    rest = b"".join([chunk async for chunk in chunks])
-                    seen["status"] = answer.status_code
-                    seen["body"] = first + rest
+            async with (
+                httpx.AsyncClient(trust_env=False, timeout=10) as http,
+                http.stream("GET", f"http://{web}/slow/800") as answer,
+            ):
+                chunks = answer.aiter_raw()
+                first = await chunks.__anext__()
+                assert first.startswith(b"started")  # inside the app now
+                process.send_signal(signal.SIGTERM)
+                with anyio.fail_after(10):
+                    while await addresses():  # noqa: ASYNC110 - polling a registry
+                        await anyio.sleep(0.02)
+                seen["alive_when_gone"] = process.poll() is None
+                rest = b"".join([chunk async for chunk in chunks])
+                seen["status"] = answer.status_code
+                seen["body"] = first + rest
 
         run_on("trio", scenario)
         code = process.wait(15)

@@ -5,6 +5,7 @@ registry behind real hypercorn on loopback, on trio and asyncio."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Any
@@ -117,8 +118,7 @@ async def test_the_gate_counts_requests_in_flight() -> None:
     gate = Gate(inner)
     async with anyio.create_task_group() as tg:
         tg.start_soon(call, gate, "/slow/50")
-        while not inner.arrivals:
-            await anyio.sleep(0)
+        await inner.wait_arrival()
         assert gate.in_flight == 1
         gate.close()  # closing does not cut what is running
     assert gate.in_flight == 0 and gate.served == 1
@@ -317,7 +317,7 @@ def test_eligibility_follows_the_server_and_a_registration_leaving_active_warns(
             assert host.owner.registrations()["web"].eligible
             registry.set_health(status.instance_id, HealthStatus.UNHEALTHY)
             with anyio.fail_after(5):
-                while "left Active" not in caplog.text:
+                while "left Active" not in caplog.text:  # noqa: ASYNC110 - polling the log
                     await anyio.sleep(0.05)
         assert "registration 'web' left Active" in caplog.text
         assert "host closed (exit)" in caplog.text
@@ -349,14 +349,11 @@ def test_a_drain_past_its_budget_is_cut_and_warned(
             )
 
             async def stuck() -> None:
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     await http.get(host.url("web") + "/slow/5000", timeout=10)
-                except httpx.HTTPError:
-                    pass
 
             tg.start_soon(stuck)
-            while not app.arrivals:
-                await anyio.sleep(0.01)
+            await app.wait_arrival()
             host.shutdown()
         report = host.report
         assert report.abandoned_requests == 1
@@ -398,8 +395,7 @@ def test_cancelling_the_surrounding_scope_still_deregisters_and_drains(backend: 
                 results["slow"] = answer.status_code
 
             tg.start_soon(slow)
-            while not app.arrivals:
-                await anyio.sleep(0.01)
+            await app.wait_arrival()
             scope.cancel()  # the host's surrounding scope goes away
         assert results["slow"] == 200  # the in-flight request was drained, not cut
         report = results["host"].report
