@@ -562,6 +562,11 @@ async def open_host(
     try:
         async with anyio.create_task_group() as tg:
             try:
+                if handle_signals:
+                    # From the start: a signal during startup lets the
+                    # startup finish, then shuts down at once (deregistering
+                    # what was written) instead of killing the process.
+                    await tg.start(host._signals)
                 # 2. Serve: hypercorn takes each socket once the app's lifespan started.
                 for listener in opened.values():
                     tg.start_soon(listener.run, name=f"nadisc.hosting:{listener.name}")
@@ -589,8 +594,6 @@ async def open_host(
                 ) as owner:
                     host._owner = owner
                     tg.start_soon(host._watch_registrations, owner)
-                    if handle_signals:
-                        await tg.start(host._signals)
                     host._phase = HostPhase.RUNNING
                     logger.info(
                         "host running: %s",
