@@ -18,6 +18,7 @@ for the running loop. Costs: one socket and one hypercorn server per listener.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import socket
@@ -150,6 +151,17 @@ class Listener:
 
     def stop(self) -> None:
         """Stop accepting and drain (hypercorn's graceful shutdown). Idempotent."""
+        if not self._stop.is_set() and sniffio.current_async_library() == "asyncio":
+            # Stop accepting now, in this step: a connection asyncio accepts
+            # while hypercorn closes its server can outlive the server's
+            # drain (left to the garbage collector). Connections still in the
+            # backlog are reset when the socket closes; callers see a refusal.
+            import asyncio
+
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                fd = self.sock.fileno()
+                if fd >= 0:
+                    asyncio.get_running_loop().remove_reader(fd)
         self._stop.set()
 
     def close(self) -> None:
