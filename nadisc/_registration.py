@@ -347,6 +347,7 @@ def resolve_registrations(
                 f"not {type(source).__name__}",
                 path=_path(name, "eligibility_ref"),
             )
+        ip, port = _advertised_address(name, entry, listener_ref, listeners)
         specs.append(
             RegistrationSpec(
                 name=name,
@@ -354,8 +355,8 @@ def resolve_registrations(
                 qualifier=entry.qualifier,
                 listener_ref=listener_ref,
                 eligibility_ref=eligibility_ref,
-                ip=entry.ip,
-                port=entry.port,
+                ip=ip,
+                port=port,
                 startup_required=entry.startup_required,
                 readiness_critical=entry.readiness_critical,
                 weight=entry.weight,
@@ -367,6 +368,50 @@ def resolve_registrations(
             )
         )
     return specs
+
+
+def _advertised_address(
+    name: str,
+    entry: RegistrationConfig,
+    listener_ref: str | None,
+    listeners: Mapping[str, tuple[str, int]],
+) -> tuple[str | None, int | None]:
+    """The address a config entry advertises: its own ``ip``, else the bound
+    listener's host (never a wildcard); ``advertised_port``, else the bound
+    port. An explicit ``port`` must equal the bound one."""
+    bound = listeners.get(listener_ref) if listener_ref is not None else None
+    ip = entry.ip
+    port = entry.port
+    if bound is not None:
+        host, bound_port = bound
+        if port is not None and port != bound_port:
+            raise RegistrationError(
+                name,
+                f"port {port} is configured but listener {listener_ref!r} is bound to port "
+                f"{bound_port}: drop port (the bound one is used), or set advertised_port "
+                "for a mapped port (NAT, containers)",
+                path=_path(name, "port"),
+            )
+        if ip is None:
+            if _is_wildcard(host):
+                raise RegistrationError(
+                    name,
+                    f"listener {listener_ref!r} is bound to the wildcard address {host}, which "
+                    "is never advertised: give the listener an advertised host or set ip",
+                    path=_path(name, "ip"),
+                )
+            ip = host
+        port = bound_port
+    if entry.advertised_port is not None:
+        port = entry.advertised_port
+    return ip, port
+
+
+def _is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return host in ("", "*")
 
 
 def _check_address(name: str, ip: str, *, allow_loopback: bool) -> None:
