@@ -14,6 +14,7 @@ from ._config import DiscoveryConfig as DiscoveryConfig
 from ._config import DnsConfig as DnsConfig
 from ._config import DnsServiceConfig as DnsServiceConfig
 from ._config import LimitsConfig as LimitsConfig
+from ._config import MaskedUrl as MaskedUrl
 from ._config import ProviderBlock as ProviderBlock
 from ._config import RegistrationConfig as RegistrationConfig
 from ._config import RestConfig as RestConfig
@@ -53,7 +54,9 @@ from ._evidence import Reason as Reason
 from ._instance import EvidenceKind as EvidenceKind
 from ._instance import Instance as Instance
 from ._instance import ProviderSnapshot as ProviderSnapshot
+from ._loading import ConfigWarning as ConfigWarning
 from ._loading import config_json_schema as config_json_schema
+from ._loading import expand_variables as expand_variables
 from ._loading import load_config as load_config
 from ._loading import load_config_file as load_config_file
 from ._loading import load_document as load_document
@@ -130,6 +133,7 @@ __all__ = [
     "CloseOutcome",
     "CloseReport",
     "ConfigError",
+    "ConfigWarning",
     "ConnectionConfig",
     "ConnectionContext",
     "ConnectionMetrics",
@@ -164,6 +168,7 @@ __all__ = [
     "LeaseLost",
     "LifecycleError",
     "LimitsConfig",
+    "MaskedUrl",
     "NoServingCandidate",
     "NotDiscoveryUrl",
     "NotServing",
@@ -220,6 +225,7 @@ __all__ = [
     "declared_scheme",
     "default_qualifier",
     "eligibility_probe_app",
+    "expand_variables",
     "first_serving",
     "load_config",
     "load_config_file",
