@@ -6,6 +6,8 @@ import json
 import random
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import msgspec
 import pytest
 import trio
@@ -247,10 +249,10 @@ async def test_cooperative_decoding_matches_and_yields() -> None:
     async def ticker() -> None:
         nonlocal ticks
         while True:
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
             ticks += 1
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(ticker)
         got = await decode_health_service_cooperatively(
             body, service="web", max_instances=1000, slice_seconds=0.0
@@ -515,12 +517,12 @@ async def test_cooperative_decoding_checkpoints_in_bounded_slices() -> None:
     async def ticker() -> None:
         nonlocal steps
         while True:
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
             steps += 1
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(ticker)
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         before = steps
         snapshot = await decode_health_service_cooperatively(
             body, service="web", max_instances=1000, slice_seconds=0.0
