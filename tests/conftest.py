@@ -48,7 +48,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The asyncio pass re-runs what depends on the loop: coroutine tests. A
     # plain test (pure logic, or one that starts its own loop) already ran on
     # the trio pass, so it is left out here to keep the suite's time bounded.
-    kept, dropped = [], []
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
     for item in items:
         function = getattr(item, "function", None)
         is_async = function is not None and inspect.iscoroutinefunction(function)
