@@ -169,7 +169,9 @@ def _load(body: bytes, what: str) -> object:
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise IncompleteSnapshot(f"{what}: response body is not JSON ({_brief(exc)})") from exc
+        # Not chained: json's and the codec's errors hold the whole body
+        # (``.doc``, ``.object``), and a body may carry credentials.
+        raise IncompleteSnapshot(f"{what}: response body is not JSON ({_brief(exc)})") from None
 
 
 def _brief(exc: Exception) -> str:
@@ -191,7 +193,10 @@ def _require_utf8(body: bytes, what: str) -> None:
     try:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise IncompleteSnapshot(f"{what}: response body is not UTF-8 JSON") from exc
+        # Not chained: the codec's error holds the whole body (``.object``).
+        raise IncompleteSnapshot(
+            f"{what}: response body is not UTF-8 JSON (byte {exc.start})"
+        ) from None
 
 
 def split_json_array(body: bytes, what: str) -> list[msgspec.Raw]:
@@ -226,7 +231,7 @@ def iter_json_array(text: str, what: str) -> Iterator[object]:
         except (ValueError, RecursionError) as exc:
             raise IncompleteSnapshot(
                 f"{what}: entry {position} is not JSON ({_brief(exc)})"
-            ) from exc
+            ) from None  # json's error holds the entry (``.doc``)
         yield value
 
 
@@ -438,7 +443,7 @@ class HealthDecoder:
             except (ValueError, RecursionError) as exc:  # e.g. a 5,000-digit integer
                 raise IncompleteSnapshot(
                     f"{self.what}: entry {self._count} is not JSON ({_brief(exc)})"
-                ) from exc
+                ) from None  # json's error holds the entry (``.doc``)
             self.add(value)
             return
         except (msgspec.DecodeError, RecursionError) as exc:

@@ -1084,8 +1084,15 @@ class ConsulFake:
             if path.startswith("/v1/agent/service/deregister/"):
                 service_id = path.removeprefix("/v1/agent/service/deregister/")
                 existing = self.services.get((self.agent_node, service_id))
-                if existing is not None:
-                    self._require(token, "write", existing.name)
+                if existing is None:
+                    # What the agent answers for an ID it does not hold (for
+                    # instance after DeregisterCriticalServiceAfter reaped it).
+                    raise FakeError(
+                        404,
+                        f'Unknown service ID "{service_id}". Ensure that the service ID '
+                        "is passed, not the service name.",
+                    )
+                self._require(token, "write", existing.name)
                 self.deregister(service_id)
                 return 200, b"", {}
             for verb, status in (("pass", "passing"), ("warn", "warning"), ("fail", "critical")):

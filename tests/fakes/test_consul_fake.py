@@ -177,11 +177,16 @@ async def test_register_validates_like_the_agent(fake: ConsulFake) -> None:
     assert ("fake-node-1", "x") not in fake.services
 
 
-async def test_deregister_is_a_no_op_when_absent(fake: ConsulFake) -> None:
+async def test_deregister_of_an_absent_id_is_404_unknown_service_id(fake: ConsulFake) -> None:
+    # Consul's agent endpoint: agent_endpoint.go AgentDeregisterService answers
+    # an ID it does not hold with a NotFoundError, HTTP 404, this exact text.
     async with client_for(fake) as client:
         before = fake.index
         response = await client.put("/v1/agent/service/deregister/ghost")
-    assert response.status_code == 200
+    assert response.status_code == 404
+    assert response.text == (
+        'Unknown service ID "ghost". Ensure that the service ID is passed, not the service name.'
+    )
     assert fake.index == before
 
 

@@ -357,6 +357,33 @@ async def test_a_failed_deregistration_is_reported_and_never_re_applied(
     assert all_tasks() == before
 
 
+async def test_deregistering_a_service_the_agent_already_reaped_is_deregistered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # After DeregisterCriticalServiceAfter the agent no longer holds the ID and
+    # answers the deregistration 404 "Unknown service ID": absent is the goal.
+    before = all_tasks()
+    async with open_consul_fake() as fake, anyio.create_task_group() as nursery:
+        nursery.start_soon(agent_probes, fake)
+        cfg = config(fake.url)
+        async with open_discovery(
+            cfg,
+            providers=in_process(cfg, fake),
+            listeners=listeners(),
+            eligibility={"web": Eligibility.always()},
+        ) as owner:
+            assert fake.deregister(INSTANCE)  # reaped behind the owner's back
+        report = owner.close_report
+        assert report is not None
+        (entry,) = report.registrations
+        assert getattr(entry, "outcome", None) is CloseOutcome.DEREGISTERED
+        assert getattr(entry, "possibly_remaining", None) is False
+        answers = [r for r in fake.requests if r.path.startswith("/v1/agent/service/deregister/")]
+        assert [r.outcome for r in answers] == ["answered"]  # once, answered 404, not retried
+        nursery.cancel_scope.cancel()
+    assert all_tasks() == before
+
+
 async def test_advertised_host_is_used(autojump_clock: trio.testing.MockClock) -> None:
     before = all_tasks()
     async with open_consul_fake() as fake:

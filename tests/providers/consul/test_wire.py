@@ -451,7 +451,9 @@ def test_invalid_utf8_anywhere_is_incomplete_even_in_a_field_we_skip() -> None:
     broken = body.replace("\u00e9".encode(), b"\xff")
     with pytest.raises(IncompleteSnapshot, match="not UTF-8") as caught:
         decode_health_service(broken, service="web", max_instances=5)
-    assert isinstance(caught.value.__cause__, UnicodeDecodeError)
+    # the codec's error holds the whole body (its Output fields may carry
+    # credentials): nothing of it is chained
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
     with pytest.raises(IncompleteSnapshot, match="not UTF-8"):
         split_json_array(broken, "q")
 
@@ -686,7 +688,8 @@ def test_pathological_values_are_incomplete_not_crashes(odd: bytes) -> None:
     ):
         with pytest.raises(IncompleteSnapshot) as caught:
             decode_now()
-        assert isinstance(caught.value.__cause__, ValueError | RecursionError)
+        # json's error would hold the entry (.doc): it is not chained
+        assert caught.value.__cause__ is None or isinstance(caught.value.__cause__, RecursionError)
         assert len(str(caught.value)) < 200
     deep = b"[" * 100_000 + b"]" * 100_000
     with pytest.raises(IncompleteSnapshot, match="nested too deeply"):
