@@ -69,10 +69,11 @@ class ConsulSettings(BaseModel):
     consistency: Literal["default", "stale", "consistent"] = "default"
     #: Blocking wait sent as ``wait=``; Consul caps it at 10 minutes.
     wait: float = Field(default=30.0, gt=0, le=600)
-    #: Instance identity: ``service`` = Service.ID (Consul's own key on one
-    #: agent); ``node`` = ``<node>/<Service.ID>`` for fleets that reuse IDs
-    #: across nodes (Consul's default ID is the service name).
-    identity_scope: Literal["service", "node"] = "service"
+    #: Instance identity: ``node`` (default) = ``<node>/<Service.ID>``, since
+    #: a Service.ID is unique per agent only and defaults to the service name,
+    #: so fleets repeat it on every node; ``service`` = Service.ID alone, for
+    #: catalogs whose IDs are unique across nodes.
+    identity_scope: Literal["service", "node"] = "node"
     #: Service aliases bound on this connection.
     services: dict[str, ServiceBinding] = Field(default_factory=dict)
     #: Re-issue rate limit of blocking loops (requests per second, burst).

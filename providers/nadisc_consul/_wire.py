@@ -494,6 +494,11 @@ class HealthDecoder:
         if problem is not None:
             self._invalid[f"{node_name}/{service_id}"] = problem
             return
+        # Health first: an unhealthy entry is left out before it can make a
+        # healthy one with the same identity look like its duplicate.
+        checks = entry.Checks
+        if checks and not _PASSING_ONLY.issuperset(map(_STATUS, checks)):
+            return
         identity = service_id if self._scope == "service" else f"{node_name}/{service_id}"
         first = self._seen.get(identity)
         if first is not None:
@@ -502,9 +507,6 @@ class HealthDecoder:
             )
             return
         self._seen[identity] = node_name
-        checks = entry.Checks
-        if checks and not _PASSING_ONLY.issuperset(map(_STATUS, checks)):
-            return
         # narrowed by the checks above
         assert host is not None and port is not None and tags is not None and meta is not None
         weight = 1.0 if weights is None else float(weights.Passing)
@@ -625,7 +627,9 @@ class HealthDecoder:
         meta: dict[str, str] | None,
         tags: tuple[str, ...] | None,
     ) -> None:
-        """Identity and duplicates, then health, then the :class:`Instance`."""
+        """Health, then identity and duplicates, then the :class:`Instance`."""
+        if not healthy:
+            return  # before de-duplication: never the "first" of a healthy entry
         identity = service_id if self._scope == "service" else f"{node_name}/{service_id}"
         first = self._seen.get(identity)
         if first is not None:
@@ -634,8 +638,6 @@ class HealthDecoder:
             )
             return
         self._seen[identity] = node_name
-        if not healthy:
-            return
         # Fleets repeat the same meta and tags on every instance: share one
         # immutable copy per distinct value (fewer objects for the collector).
         shared_meta = self._share_meta(meta)

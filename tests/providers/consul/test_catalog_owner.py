@@ -46,7 +46,12 @@ def config(url: str, **block: Any) -> DiscoveryConfig:
             "connections": {
                 "primary": {
                     "provider": "consul",
-                    "consul": {"url": url, "catalog_wait": 30, **block},
+                    "consul": {
+                        "url": url,
+                        "catalog_wait": 30,
+                        "identity_scope": "service",  # see SERVICE_SCOPE in conftest.py
+                        **block,
+                    },
                 },
                 "other": {"provider": "memory"},
             },
@@ -139,7 +144,11 @@ async def test_catalog_of_an_entry_point_provider_over_loopback_sees_recovery_qu
                 "connections": {
                     "primary": {
                         "provider": "consul",
-                        "consul": {"url": fake.url, "catalog_wait": 30},
+                        "consul": {
+                        "url": fake.url,
+                        "catalog_wait": 30,
+                        "identity_scope": "service",
+                    },
                     }
                 },
             }

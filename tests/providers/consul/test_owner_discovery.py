@@ -54,6 +54,7 @@ def config(
 ) -> DiscoveryConfig:
     consul: dict[str, Any] = {
         "url": url,
+        "identity_scope": "service",  # see SERVICE_SCOPE in conftest.py
         "wait": 20,
         "watch_rate": 50,
         "watch_burst": 10,

@@ -54,6 +54,7 @@ def config(
 ) -> DiscoveryConfig:
     consul: dict[str, Any] = {
         "url": url,
+        "identity_scope": "service",  # see SERVICE_SCOPE in conftest.py
         "wait": 20,
         "health_check_path": "/health",
         "tags": ["edge"],
