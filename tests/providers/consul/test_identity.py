@@ -66,7 +66,7 @@ def test_an_unhealthy_entry_never_makes_a_healthy_one_a_duplicate() -> None:
             body,
             service="web",
             max_instances=10,
-            identity_scope=scope,  # type: ignore[arg-type]
+            identity_scope=scope,
         )
         assert [i.host for i in snapshot.instances] == ["10.0.0.2"], scope
         assert not snapshot.invalid
