@@ -94,6 +94,7 @@ from ._provider import Provider as Provider
 from ._provider import ProviderFactory as ProviderFactory
 from ._provider import Registered as Registered
 from ._provider import RegistrationRecord as RegistrationRecord
+from ._redact import redacted_excerpt as redacted_excerpt
 from ._registration import CloseOutcome as CloseOutcome
 from ._registration import ConnectionPlan as ConnectionPlan
 from ._registration import FrozenRegistration as FrozenRegistration
@@ -233,6 +234,7 @@ __all__ = [
     "open_discovery",
     "parse_config",
     "provider_block",
+    "redacted_excerpt",
     "resolve_registrations",
     "rest_client",
     "rest_clients",

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import httpx
@@ -38,6 +38,7 @@ from nadisc import (
     OutcomeUnknown,
     ProviderFailure,
     RegistrationRejected,
+    redacted_excerpt,
 )
 
 from ._settings import ConsulSettings
@@ -67,18 +68,16 @@ class ConsulResponse:
     status: int
     body: bytes
     headers: Mapping[str, str]
+    #: What must never be quoted from the body (the connection's token).
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
     def text(self) -> str:
-        return _snippet(self.body)
+        """A short, filtered excerpt of the body for messages and logs."""
+        return redacted_excerpt(self.body, self.secrets, limit=_TEXT_LIMIT)
 
     @property
     def filtered_by_acls(self) -> bool:
         return self.headers.get(FILTERED_HEADER, "").strip().lower() == "true"
-
-
-def _snippet(body: bytes) -> str:
-    text = body[:_TEXT_LIMIT].decode("utf-8", "replace").strip()
-    return " ".join(text.split())
 
 
 class ConsulHttp:
@@ -94,8 +93,13 @@ class ConsulHttp:
         self._base = settings.base_url
         self._max_bytes = max_response_bytes
         headers = {"User-Agent": "nadisc-consul", "Accept": "application/json"}
+        self._secrets: tuple[str, ...] = ()
         if settings.token is not None:
-            headers["X-Consul-Token"] = settings.token.get_secret_value()
+            # Consul accepts the ACL token as a bearer credential; httpx masks
+            # Authorization in every repr (X-Consul-Token it would show).
+            token = settings.token.get_secret_value()
+            headers["Authorization"] = f"Bearer {token}"
+            self._secrets = (token,)
         verify: ssl.SSLContext | bool = True
         if settings.ca_file is not None:
             try:
@@ -189,7 +193,9 @@ class ConsulHttp:
                     method, url, params=params, json=body, timeout=http_timeout
                 ) as response:
                     content = await self._read_bounded(response, what)
-                    return ConsulResponse(response.status_code, content, response.headers)
+                    return ConsulResponse(
+                        response.status_code, content, response.headers, self._secrets
+                    )
         except TimeoutError as exc:
             raise IncompleteSnapshot(f"{what}: no complete answer within {budget:.1f}s") from exc
         except httpx.TimeoutException as exc:

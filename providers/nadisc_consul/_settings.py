@@ -157,6 +157,9 @@ class ConsulSettings(BaseModel):
     def _no_credentials_in_url(cls, value: AnyHttpUrl) -> AnyHttpUrl:
         if value.username is not None or value.password is not None:
             raise ValueError("credentials do not belong in url; use token")
+        if value.query or value.fragment:
+            # ?token=... would travel in every request line and log: refuse it
+            raise ValueError("url must not carry a query or fragment (a token belongs in token)")
         return value
 
     @field_validator("health_check_path")
