@@ -915,6 +915,22 @@ class RegistrationConfig(_Frozen):
     tags: list[StrictStr] = Field(default_factory=list)
     #: Explicit instance id (default: derived from service, ip and port).
     instance_id: StrictStr | None = Field(default=None, min_length=1)
+    #: Metadata keys that look secret (``db_password``, ``api_key``, ...) but
+    #: are meant to be published: every observer of the registry reads them.
+    publish_secret_looking_metadata: list[StrictStr] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _no_secrets_published(self) -> RegistrationConfig:
+        allowed = set(self.publish_secret_looking_metadata)
+        for key in self.metadata:
+            if _is_secret_key(key) and key not in allowed:
+                raise _problem(
+                    f"metadata.{key}",
+                    "looks like a secret, and metadata is published to every observer of "
+                    "the registry; remove it, or list the key in "
+                    "publish_secret_looking_metadata if it is meant to be public",
+                )
+        return self
 
     @model_validator(mode="before")
     @classmethod

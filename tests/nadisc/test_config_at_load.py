@@ -266,3 +266,34 @@ def test_lone_surrogates_are_refused(text: str, fmt: str) -> None:
     with pytest.raises(ConfigError, match="surrogate") as info:
         load_config(text, fmt)  # type: ignore[arg-type]
     assert info.value.path.startswith("discovery")
+
+
+# ----------------------------------------------------------------- published metadata
+
+
+def registration_doc(metadata: str, extra: str = "") -> str:
+    return (
+        "discovery:\n  enabled: true\n  connections:\n    primary:\n      provider: etcd\n"
+        "      etcd: {endpoints: ['http://127.0.0.1:2379'], services: {self: {name: api}}}\n"
+        "  registrations:\n    web:\n      service_name: self\n      ip: 10.0.0.5\n"
+        f"      port: 8080\n      metadata: {metadata}\n{extra}"
+    )
+
+
+@pytest.mark.parametrize("key", ["db_password", "api_key", "authToken", "client-secret"])
+def test_secret_looking_registration_metadata_is_refused(key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(registration_doc(f"{{{key}: hunter2, zone: a}}"))
+    assert info.value.path == f"discovery.registrations.web.metadata.{key}"
+    assert "hunter2" not in str(info.value)
+
+
+def test_secret_looking_metadata_can_be_published_explicitly() -> None:
+    config = load_config(
+        registration_doc(
+            "{public_key: ssh-ed25519-AAAA, zone: a}",
+            "      publish_secret_looking_metadata: [public_key]\n",
+        )
+    )
+    assert config.registrations["web"].metadata["public_key"] == "ssh-ed25519-AAAA"
+    assert load_config(registration_doc("{zone: a, version: '2'}")).registrations["web"]
