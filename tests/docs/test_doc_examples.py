@@ -76,7 +76,7 @@ class _Environ(dict[str, str]):
     def __missing__(self, key: str) -> str:
         return "8080" if key.endswith("PORT") else "placeholder-value"
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         return self[key]
 
 
