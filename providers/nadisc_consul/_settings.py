@@ -139,8 +139,8 @@ class ConsulSettings(BaseModel):
             seen = first.setdefault(binding.name, (alias, binding.tag))
             if seen[1] != binding.tag:
                 raise ValueError(
-                    f"aliases {seen[0]!r} and {alias!r} bind the remote service "
-                    f"{binding.name!r} with different tags; services are observed by remote "
+                    f"aliases {seen[0]!r} and {alias!r} bind the same remote service "
+                    "with different tags; services are observed by remote "
                     "name, so give each remote name one tag"
                 )
         for alias, binding in value.items():
