@@ -14,6 +14,7 @@ from ._config import DiscoveryConfig as DiscoveryConfig
 from ._config import DnsConfig as DnsConfig
 from ._config import DnsServiceConfig as DnsServiceConfig
 from ._config import LimitsConfig as LimitsConfig
+from ._config import MaskedUrl as MaskedUrl
 from ._config import ProviderBlock as ProviderBlock
 from ._config import RegistrationConfig as RegistrationConfig
 from ._config import RestConfig as RestConfig
@@ -54,7 +55,9 @@ from ._instance import EvidenceKind as EvidenceKind
 from ._instance import IncrementalListing as IncrementalListing
 from ._instance import Instance as Instance
 from ._instance import ProviderSnapshot as ProviderSnapshot
+from ._loading import ConfigWarning as ConfigWarning
 from ._loading import config_json_schema as config_json_schema
+from ._loading import expand_variables as expand_variables
 from ._loading import load_config as load_config
 from ._loading import load_config_file as load_config_file
 from ._loading import load_document as load_document
@@ -96,6 +99,7 @@ from ._provider import Provider as Provider
 from ._provider import ProviderFactory as ProviderFactory
 from ._provider import Registered as Registered
 from ._provider import RegistrationRecord as RegistrationRecord
+from ._redact import redacted_excerpt as redacted_excerpt
 from ._registration import CloseOutcome as CloseOutcome
 from ._registration import ConnectionPlan as ConnectionPlan
 from ._registration import FrozenRegistration as FrozenRegistration
@@ -135,6 +139,7 @@ __all__ = [
     "CloseOutcome",
     "CloseReport",
     "ConfigError",
+    "ConfigWarning",
     "ConnectionConfig",
     "ConnectionContext",
     "ConnectionMetrics",
@@ -172,6 +177,7 @@ __all__ = [
     "LeaseLost",
     "LifecycleError",
     "LimitsConfig",
+    "MaskedUrl",
     "NoServingCandidate",
     "NotDiscoveryUrl",
     "NotServing",
@@ -230,6 +236,7 @@ __all__ = [
     "declared_scheme",
     "default_qualifier",
     "eligibility_probe_app",
+    "expand_variables",
     "first_serving",
     "load_config",
     "load_config_file",
@@ -237,6 +244,7 @@ __all__ = [
     "open_discovery",
     "parse_config",
     "provider_block",
+    "redacted_excerpt",
     "resolve_registrations",
     "rest_client",
     "rest_clients",

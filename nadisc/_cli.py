@@ -9,9 +9,14 @@ network resource is created. This command is such a host::
     nadisc console discovery.yaml          serve the live console (nadisc.observability)
     nadisc watch discovery.yaml orders     a live table of services (or --connect ws://...)
 
-Variable syntax (in string values only): ``${NAME}`` (must be set),
-``${NAME:-fallback}`` (fallback when unset or empty), and ``$${`` for a
-literal ``${``. Errors name the config path and the variable, never a value.
+Variable syntax (in string values only; :func:`nadisc.expand_variables`):
+``${NAME}`` (must be set), ``${NAME:-fallback}`` (fallback when unset or
+empty), and ``$${`` for a literal ``${``; a value that is exactly one
+placeholder takes the type its expansion reads as (``port: ${PORT}``).
+``check`` requires the ``discovery`` root, validates every provider block
+with its installed provider's settings (no network) and reports every
+problem at once, one per line. Errors name the config path and the
+variable, never a value.
 Exit status: 0 on success, 2 on a config or usage error, 1 when discovery
 itself failed.
 """
@@ -22,61 +27,23 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from ._config import DiscoveryConfig
 from ._errors import ConfigError, DiscoveryError
-from ._loading import config_json_schema, load_document, parse_config
+from ._loading import config_json_schema, expand_variables, load_document, parse_config
 
-__all__ = ["expand_variables", "main"]
+__all__ = ["expand_variables", "main"]  # expand_variables: also nadisc.expand_variables
 
-_VARIABLE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SUFFIXES = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".json": "json"}
 
 
-def expand_variables(document: Any, environ: Mapping[str, str], path: str = "") -> Any:
-    """Return a copy of ``document`` with ``${NAME}`` references expanded.
-
-    Only string values are expanded (keys are not). A reference to an unset
-    variable without a fallback raises :class:`~nadisc.ConfigError` naming the
-    path and the variable. Unterminated ``${`` is an error too, so a typo
-    cannot silently reach a registry as a literal.
-    """
-    if isinstance(document, Mapping):
-        return {
-            key: expand_variables(value, environ, f"{path}.{key}" if path else str(key))
-            for key, value in document.items()
-        }
-    if isinstance(document, list):
-        return [
-            expand_variables(value, environ, f"{path}[{i}]") for i, value in enumerate(document)
-        ]
-    if not isinstance(document, str):
-        return document
-
-    def replace(match: re.Match[str]) -> str:
-        if match.group(0) == "$${":
-            return "${"
-        name, fallback = match.group(1), match.group(2)
-        value = environ.get(name)
-        if value:
-            return value
-        if fallback is not None:
-            return fallback
-        raise ConfigError(path or "<document>", f"environment variable {name} is not set")
-
-    expanded = _VARIABLE.sub(replace, document)
-    leftover = _VARIABLE.sub("", document)
-    if "${" in leftover:
-        raise ConfigError(path or "<document>", "unterminated or malformed ${...} reference")
-    return expanded
-
-
 def _load(path: str, environ: Mapping[str, str]) -> DiscoveryConfig:
+    """Read, expand and validate like a host that means it: the ``discovery``
+    root is required and every provider named must be installed."""
     file = Path(path)
     fmt = _SUFFIXES.get(file.suffix.lower())
     if fmt is None:
@@ -86,7 +53,7 @@ def _load(path: str, environ: Mapping[str, str]) -> DiscoveryConfig:
     except OSError as exc:
         raise ConfigError("<document>", f"cannot read {file.name!r}: {exc.strerror}") from exc
     document = load_document(text, fmt)  # type: ignore[arg-type]
-    return parse_config(expand_variables(document, environ))
+    return parse_config(document, environ=environ, require_root=True, require_providers=True)
 
 
 def _describe(config: DiscoveryConfig, out: TextIO) -> None:
@@ -175,7 +142,8 @@ def main(
             _observe, config, args.service, args.qualifier, args.strict, args.timeout
         )
     except ConfigError as exc:
-        err.write(f"nadisc: config error: {exc}\n")
+        for path, message in exc.problems:
+            err.write(f"nadisc: config error: {path}: {message}\n")
         return 2
     except DiscoveryError as exc:
         err.write(f"nadisc: {type(exc).__name__}: {exc}\n")

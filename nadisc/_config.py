@@ -77,6 +77,7 @@ __all__ = [
     "DnsConfig",
     "DnsServiceConfig",
     "LimitsConfig",
+    "MaskedUrl",
     "ProviderBlock",
     "RegistrationConfig",
     "RestConfig",
@@ -85,12 +86,15 @@ __all__ = [
     "StaticConfig",
     "StaticInstanceConfig",
     "binding_names",
+    "config_error",
     "default_qualifier",
+    "is_secret_key",
     "parse_nameserver",
     "provider_block",
     "restart_required",
     "translate_validation_error",
     "validate_provider_block",
+    "validation_problems",
 ]
 
 #: The fixed name of the default connection. Never inferred from count or order.
@@ -181,28 +185,114 @@ def _is_secret_key(key: str) -> bool:
     return parts[-1] in _SECRET_WORDS or "_".join(parts[-2:]) in _SECRET_WORDS
 
 
+#: ``scheme://user-info@rest``: the user-info part is masked wherever it appears.
+_URL_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#@]*)@(.*)$", re.DOTALL)
+
+
+class MaskedUrl(SecretStr):
+    """A URL that carries user-info (``http://bob:hunter2@host``): shown as
+    ``http://***@host``. The value is kept so the provider's settings model
+    can refuse it with its own message (credentials belong in their fields)."""
+
+    def _display(self) -> str:
+        match = _URL_USERINFO.match(self.get_secret_value())
+        if match is None:  # pragma: no cover - only built from matching text
+            return "**********"
+        return f"{match.group(1)}***@{match.group(3)}"
+
+
+def _field_annotation(model: Any, key: str) -> tuple[bool, Any]:
+    """``(known, annotation)`` of ``key`` below the shape ``model``.
+
+    ``model`` is a settings model class, a mapping/sequence annotation, or
+    ``None`` (unknown shape: every key is unknown)."""
+    shape = _strip(model)
+    if isinstance(shape, type) and issubclass(shape, BaseModel):
+        info = shape.model_fields.get(key)
+        if info is None:
+            for candidate in shape.model_fields.values():
+                if candidate.alias == key:
+                    info = candidate
+                    break
+        if info is None:
+            return False, None
+        return True, info.annotation
+    origin = get_origin(shape)
+    if origin is not None and isinstance(origin, type) and issubclass(origin, Mapping):
+        args = get_args(shape)
+        return True, args[-1] if args else Any
+    if shape is Any:
+        return True, Any
+    return False, None
+
+
+def _is_secret_annotation(annotation: Any) -> bool:
+    shape = _strip(annotation)
+    return isinstance(shape, type) and issubclass(shape, SecretStr)
+
+
+def _item_annotation(annotation: Any) -> Any:
+    shape = _strip(annotation)
+    if shape is Any:
+        return Any
+    origin = get_origin(shape)
+    if origin in (list, tuple, set, frozenset) or (
+        isinstance(origin, type) and issubclass(origin, Sequence)
+    ):
+        args = [a for a in get_args(shape) if a is not Ellipsis]
+        return args[0] if args else Any
+    return None
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether values under ``key`` are treated as secrets (see ``_SECRET_WORDS``)."""
+    return _is_secret_key(key)
+
+
 class ProviderBlock(dict[str, Any]):
     """The raw, read-only block of a provider that validates its own settings.
 
-    Values under secret-looking keys (``username``, ``password``, ``token``,
-    ``secret``, ``key``, ``authorization``, ``bearer``, ``*_token``,
-    ``*_key_id``, ``api_key``, ``client_secret``, camelCase and dashed
-    spellings too, ...) are held as :class:`pydantic.SecretStr`
-    and masked in ``repr``/``str``; :func:`validate_provider_block` hands the
-    provider's model plain values again. Nested mappings are ProviderBlocks,
-    lists are tuples.
+    What ``repr``/``str``/``model_dump`` show is decided at load:
+
+    * values under secret-looking keys (``username``, ``password``, ``token``,
+      ``secret``, ``key``, ``authorization``, ``bearer``, ``*_token``,
+      ``*_key_id``, ``api_key``, ``client_secret``, camelCase and dashed
+      spellings too, ...) and fields the provider's settings model types as
+      :class:`pydantic.SecretStr` are held as ``SecretStr``;
+    * values under keys the installed provider's settings model does not
+      know (a misspelt ``passwrd:``), and every value of a block whose
+      provider is not installed, are held as ``SecretStr`` too;
+    * URLs with user-info anywhere are held as :class:`MaskedUrl`.
+
+    :func:`validate_provider_block` hands the provider's model plain values
+    again. Nested mappings are ProviderBlocks, lists are tuples.
     """
 
     __slots__ = ()
 
     @classmethod
-    def freeze(cls, value: Mapping[str, Any], *, secret: bool = False) -> ProviderBlock:
-        """A read-only deep copy of ``value``; with ``secret`` every string in
-        it is held as a secret (the block sits under a secret-looking key)."""
+    def freeze(
+        cls, value: Mapping[str, Any], *, secret: bool = False, model: Any = Any
+    ) -> ProviderBlock:
+        """A read-only deep copy of ``value``.
+
+        With ``secret`` every string in it is held as a secret (the block sits
+        under a secret-looking or unknown key). ``model`` is the shape the
+        block is read with: a settings model class (keys it does not know are
+        masked), ``None`` (no model: every value is masked) or ``Any`` (only
+        secret-looking keys are masked).
+        """
         block = cls()
         for key, item in value.items():
             name = str(key)
-            dict.__setitem__(block, name, _freeze_value(item, secret or _is_secret_key(name)))
+            known, annotation = _field_annotation(model, name)
+            hidden = (
+                secret
+                or _is_secret_key(name)
+                or not known
+                or _is_secret_annotation(annotation)
+            )
+            dict.__setitem__(block, name, _freeze_value(item, hidden, annotation))
         return block
 
     def thaw(self) -> dict[str, Any]:
@@ -231,13 +321,17 @@ class ProviderBlock(dict[str, Any]):
         return (_restore_block, (dict(self),))
 
 
-def _freeze_value(value: Any, secret: bool) -> Any:
+def _freeze_value(value: Any, secret: bool, annotation: Any = Any) -> Any:
     if isinstance(value, Mapping):
-        return ProviderBlock.freeze(value, secret=secret)
+        return ProviderBlock.freeze(value, secret=secret, model=annotation)
     if isinstance(value, list | tuple):
-        return tuple(_freeze_value(v, secret) for v in value)
-    if isinstance(value, str) and secret:
-        return SecretStr(value)
+        item = _item_annotation(annotation)
+        return tuple(_freeze_value(v, secret or item is None, item) for v in value)
+    if isinstance(value, str):
+        if _URL_USERINFO.match(value):
+            return MaskedUrl(value)
+        if secret:
+            return SecretStr(value)
     return value
 
 
@@ -264,6 +358,8 @@ def _masked_repr(key: str, value: Any) -> str:
         return repr(value)
     if isinstance(value, tuple):
         return "[" + ", ".join(_masked_repr(key, v) for v in value) + "]"
+    if isinstance(value, MaskedUrl):
+        return repr(str(value))
     if _is_secret_key(key) or isinstance(value, SecretStr):
         return "'**********'"
     return repr(value)
@@ -275,14 +371,23 @@ def _masked_repr(key: str, value: Any) -> str:
 class LimitsConfig(_Frozen):
     """Capacity limits of one owner (``discovery.limits``). All values >= 1."""
 
+    #: Most connections one owner may configure.
     max_connections: StrictInt = Field(default=16, ge=1, le=256)
+    #: Most registrations one owner may configure.
     max_registrations: StrictInt = Field(default=64, ge=1, le=65_536)
+    #: Most services observed at once on one connection.
     max_service_watches_per_connection: StrictInt = Field(default=1024, ge=1, le=65_536)
+    #: Registry operations in flight at once per connection.
     max_parallel_operations: StrictInt = Field(default=4, ge=1, le=1024)
+    #: Watch streams open at once on one connection.
     max_watch_streams: StrictInt = Field(default=64, ge=1, le=4096)
+    #: Largest instance list one service may report.
     max_instances_per_service: StrictInt = Field(default=4096, ge=1, le=1_048_576)
+    #: Most instances held across all observations.
     max_total_instances: StrictInt = Field(default=65_536, ge=1, le=16_777_216)
+    #: Largest registry answer read for one snapshot, in bytes.
     max_snapshot_bytes: StrictInt = Field(default=67_108_864, ge=1, le=4_294_967_296)
+    #: Most concurrent calls through the transports of one owner.
     max_transport_tasks: StrictInt = Field(default=4096, ge=1, le=65_536)
 
     @model_validator(mode="after")
@@ -326,7 +431,9 @@ class SnapshotConfig(_Frozen):
 class RetryConfig(_Frozen):
     """Exponential backoff with jitter between half the current cap and the cap."""
 
+    #: First backoff after a failure.
     initial_backoff_ms: DurationMs = 1000
+    #: Largest backoff (the cap doubles up to it).
     max_backoff_ms: DurationMs = 30_000
 
     @model_validator(mode="after")
@@ -345,12 +452,17 @@ class RestConfig(_Frozen):
 
     #: Whole budget of one call, all attempts included.
     request_timeout_ms: DurationMs = 10_000
+    #: TCP connect budget of one attempt.
     connect_timeout_ms: DurationMs = 2000
+    #: How an instance is chosen for each call.
     lb_strategy: Literal["round_robin", "weighted", "p2c_peak_ewma"] = "round_robin"
+    #: Scheme used to call instances.
     instance_scheme: Literal["http", "https"] = "http"
     #: Attempts share the one budget.
     max_attempts: StrictInt = Field(default=1, ge=1, le=16)
+    #: Retry GET/HEAD on another instance after a transport error.
     retry_get_head_on_transport_error: StrictBool = False
+    #: Retry GET/HEAD on another instance after 502/503/504.
     retry_get_head_on_retryable_status: StrictBool = False
 
     @model_validator(mode="after")
@@ -370,11 +482,17 @@ class RestConfig(_Frozen):
 class StaticInstanceConfig(_Frozen):
     """One configured instance. ``id`` defaults to ``host:port``."""
 
+    #: Host name or IP address of the instance.
     host: StrictStr = Field(min_length=1)
+    #: Port of the instance.
     port: Port
+    #: Balancing weight (> 0).
     weight: Weight = 1.0
+    #: Instance identity (default host:port).
     id: StrictStr | None = Field(default=None, min_length=1)
+    #: Metadata of the instance.
     metadata: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    #: Tags of the instance.
     tags: list[StrictStr] = Field(default_factory=list)
 
     @property
@@ -398,6 +516,7 @@ class StaticInstanceConfig(_Frozen):
 class StaticConfig(_Frozen):
     """``static.services``: the complete instance list of each alias."""
 
+    #: Each alias's complete instance list.
     services: dict[StrictStr, list[StaticInstanceConfig]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -409,7 +528,8 @@ class StaticConfig(_Frozen):
                 if item.identity in seen:
                     raise _problem(
                         f"services.{alias}[{index}]",
-                        f"duplicate instance identity {item.identity!r} in service {alias!r}",
+                        "duplicate instance identity (an earlier instance of this alias has "
+                        "the same id, or the same host:port)",
                     )
                 seen.add(item.identity)
         return self
@@ -440,9 +560,13 @@ class DnsServiceConfig(_Frozen):
     from the records, so ``port`` must be absent.
     """
 
+    #: DNS name to query (an SRV name like _svc._tcp.example.org with srv: true).
     host: StrictStr
+    #: Port paired with every address (address mode only; SRV records carry their own).
     port: Port | None = None
+    #: Query SRV records instead of A/AAAA.
     srv: StrictBool = False
+    #: Record types queried in address mode.
     address_types: tuple[Literal["A", "AAAA"], ...] = ("A", "AAAA")
 
     @field_validator("host")
@@ -517,6 +641,7 @@ class DnsConfig(_Frozen):
     comes first, but never more often than ``min_refresh_ms``.
     """
 
+    #: Service aliases resolved through DNS.
     services: dict[StrictStr, DnsServiceConfig] = Field(default_factory=dict)
     #: ``ip[:port]`` entries; ``None`` reads the system resolver configuration.
     nameservers: tuple[StrictStr, ...] | None = None
@@ -575,14 +700,20 @@ class ConnectionConfig(_Frozen):
         },
     )
 
+    #: Name of the provider: static, dns, or an installed `nadisc.providers` entry
+    #: point (etcd, consul, ...).
     provider: StrictStr
+    #: Whether opening the owner fails when this connection cannot prepare.
     startup_required: StrictBool = True
     #: One operation, queueing included.
     request_timeout_ms: DurationMs = 3000
+    #: Refresh period of a polled observation (providers that cannot watch).
     poll_interval_ms: DurationMs = 5000
     #: Reclaim an observation nobody held for this long.
     idle_timeout_ms: DurationMs = 30_000
+    #: Evidence age rules of observations on this connection.
     snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
+    #: Backoff between failed refreshes.
     retry: RetryConfig = Field(default_factory=RetryConfig)
     #: Registration health re-check period.
     monitor_interval_ms: DurationMs = 5000
@@ -590,8 +721,11 @@ class ConnectionConfig(_Frozen):
     observation_grace_ms: DurationMs = 15_000
     #: Upper bound for one registration's deregistration.
     deregister_timeout_ms: DurationMs = 3000
+    #: Settings of the REST caller bound to this connection.
     rest: RestConfig = Field(default_factory=RestConfig)
+    #: The static provider's block (only with provider: static).
     static: StaticConfig | None = None
+    #: The DNS provider's block (only with provider: dns).
     dns: DnsConfig | None = None
 
     @model_validator(mode="before")
@@ -610,14 +744,14 @@ class ConnectionConfig(_Frozen):
                 raise _problem(None, "field names must be strings")
             if isinstance(provider, str) and key == provider:
                 if not isinstance(value, Mapping):
-                    raise _problem(key, f"the {provider!r} block must be a mapping")
-                out[key] = ProviderBlock.freeze(value)
+                    raise _problem(key, "the provider block must be a mapping")
+                out[key] = ProviderBlock.freeze(value, model=_settings_model(provider))
                 continue
             hint = _unknown_field(key, known)
             if hint == "unknown field" and isinstance(provider, str) and isinstance(value, Mapping):
                 hint = (
-                    f"unknown field, or a wrong provider block: this connection's provider "
-                    f"is {provider!r}"
+                    "unknown field, or a wrong provider block: this connection's provider "
+                    "is another one"
                 )
             raise _problem(key, hint)
         return out
@@ -638,7 +772,7 @@ class ConnectionConfig(_Frozen):
                 raise _problem(
                     builtin,
                     f"wrong provider block: {builtin!r} given, but this connection's "
-                    f"provider is {self.provider!r}",
+                    "provider is another one",
                 )
         if self.provider in BUILTIN_PROVIDERS and getattr(self, self.provider) is None:
             raise _problem(self.provider, f"provider {self.provider!r} needs its block")
@@ -659,6 +793,12 @@ class ConnectionConfig(_Frozen):
         if self.provider not in BUILTIN_PROVIDERS:
             _raw_bindings(self.provider, provider_block(self))
         return self
+
+
+def _settings_model(provider: str) -> type[BaseModel] | None:
+    from ._registry import installed_settings_model
+
+    return installed_settings_model(provider) if _PROVIDER_NAME.match(provider) else None
 
 
 def provider_block(config: ConnectionConfig) -> Mapping[str, Any]:
@@ -702,6 +842,8 @@ def validate_provider_block(connection: str, config: ConnectionConfig, model: ty
 
 def _raw_bindings(provider: str, block: Mapping[str, Any]) -> dict[str, str]:
     services = block.get("services", {})
+    if isinstance(services, ProviderBlock):
+        services = services.thaw()
     if services is None:
         return {}
     if not isinstance(services, Mapping):
@@ -747,10 +889,13 @@ class RegistrationConfig(_Frozen):
     is an alias bound on that connection, not a free remote name.
     """
 
+    #: Connection to register on (default `primary`).
     qualifier: StrictStr = DEFAULT_QUALIFIER
     #: Legacy alias of ``qualifier``; when given, ``qualifier`` holds the same value.
     connection_ref: StrictStr | None = None
+    #: Service alias bound on that connection (not a free remote name).
     service_name: StrictStr = Field(min_length=1)
+    #: Host listener whose readiness the registration follows.
     listener_ref: StrictStr | None = Field(default=None, min_length=1)
     #: Defaults to the listener's eligibility.
     eligibility_ref: StrictStr | None = Field(default=None, min_length=1)
@@ -762,12 +907,34 @@ class RegistrationConfig(_Frozen):
     port: Port | None = None
     #: The port peers dial when it differs from the bound one (NAT, containers).
     advertised_port: Port | None = None
+    #: Whether opening fails when this registration cannot be published.
     startup_required: StrictBool = True
+    #: Whether losing this registration makes the host not ready.
     readiness_critical: StrictBool = False
+    #: Balancing weight published with the instance (> 0).
     weight: Weight = 1.0
+    #: Metadata published with the instance (every observer can read it: no secrets).
     metadata: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    #: Tags published with the instance.
     tags: list[StrictStr] = Field(default_factory=list)
+    #: Explicit instance id (default: derived from service, ip and port).
     instance_id: StrictStr | None = Field(default=None, min_length=1)
+    #: Metadata keys that look secret (``db_password``, ``api_key``, ...) but
+    #: are meant to be published: every observer of the registry reads them.
+    publish_secret_looking_metadata: list[StrictStr] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _no_secrets_published(self) -> RegistrationConfig:
+        allowed = set(self.publish_secret_looking_metadata)
+        for key in self.metadata:
+            if _is_secret_key(key) and key not in allowed:
+                raise _problem(
+                    f"metadata.{key}",
+                    "looks like a secret, and metadata is published to every observer of "
+                    "the registry; remove it, or list the key in "
+                    "publish_secret_looking_metadata if it is meant to be public",
+                )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -813,13 +980,17 @@ class RegistrationConfig(_Frozen):
 class DiscoveryConfig(_Frozen):
     """The whole ``discovery`` node. Frozen for the owner's life."""
 
+    #: Master switch; false (the default) means discovery is off and nothing else may be set.
     enabled: StrictBool = False
     #: Serve /discovery/eligible/{registration} (restrict its network access).
     eligibility_probe: StrictBool = False
     #: Legacy: when set, the default for unqualified selection (wins over ``primary``).
     default_connection: StrictStr | None = None
+    #: Named connections to registries (one of them is usually `primary`).
     connections: dict[StrictStr, ConnectionConfig] = Field(default_factory=dict)
+    #: Instances of this process to publish, by registration name.
     registrations: dict[StrictStr, RegistrationConfig] = Field(default_factory=dict)
+    #: Capacity limits of the owner.
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     #: First-shutdown budget shared by quiesce and close.
     shutdown_timeout_ms: DurationMs = 10_000
@@ -855,10 +1026,7 @@ class DiscoveryConfig(_Frozen):
                 f"({self.limits.max_registrations})",
             )
         if self.default_connection is not None and self.default_connection not in self.connections:
-            raise _problem(
-                "default_connection",
-                f"unknown connection {self.default_connection!r}",
-            )
+            raise _problem("default_connection", "names no configured connection")
         backend_keys: dict[tuple[str, str, str, int], str] = {}
         for name, registration in self.registrations.items():
             where = f"registrations.{name}"
@@ -866,13 +1034,12 @@ class DiscoveryConfig(_Frozen):
             connection = self.connections.get(qualifier)
             if connection is None:
                 raise _problem(
-                    f"{where}.{registration.qualifier_field}",
-                    f"unknown connection {qualifier!r}",
+                    f"{where}.{registration.qualifier_field}", "names no configured connection"
                 )
             if connection.provider in BUILTIN_PROVIDERS:
                 raise _problem(
                     f"{where}.{registration.qualifier_field}",
-                    f"connection {qualifier!r} uses provider {connection.provider!r}, "
+                    "the connection it names uses a discovery-only provider (static or dns), "
                     "which cannot register",
                 )
             bindings = binding_names(connection)
@@ -880,8 +1047,8 @@ class DiscoveryConfig(_Frozen):
             if remote is None:
                 raise _problem(
                     f"{where}.service_name",
-                    f"service alias {registration.service_name!r} is not bound on "
-                    f"connection {qualifier!r}",
+                    "this service alias is not bound on the connection the registration "
+                    "names (bind it under the provider block's services)",
                 )
             if registration.ip is None or registration.port is None:
                 continue  # taken from the bound listener; the frozen plan checks it
@@ -976,17 +1143,16 @@ def _unknown_field(name: str, known: Iterable[str]) -> str:
     return f"unknown field (did you mean {close[0]!r}?)" if close else "unknown field"
 
 
-def translate_validation_error(
+def validation_problems(
     exc: ValidationError, *, prefix: str = "discovery", model: type[BaseModel] | None = None
-) -> ConfigError:
-    """One :class:`ConfigError` for a pydantic error, with full dotted paths.
+) -> list[tuple[str, str]]:
+    """Every problem of a pydantic error as ``(dotted path, message)``.
 
-    The first problem gives ``path``; further problems are appended to the
-    message. Input values never appear (they may be secrets). With ``model``
-    (the class validated at ``prefix``) unknown fields get a spelling hint.
+    Input values never appear (they may be secrets). With ``model`` (the
+    class validated at ``prefix``) unknown fields get a spelling hint.
     """
     problems: list[tuple[str, str]] = []
-    for error in exc.errors(include_input=False, include_url=False):
+    for error in exc.errors(include_input=False, include_url=False, include_context=True):
         loc = list(error["loc"])
         ctx = error.get("ctx") or {}
         field = ctx.get("field") if error["type"] == _ERROR_TYPE else None
@@ -1002,9 +1168,25 @@ def translate_validation_error(
             if found is not None:
                 message = _unknown_field(str(error["loc"][-1]), found.model_fields)
         problems.append((path, message))
+    return problems
+
+
+def config_error(problems: Sequence[tuple[str, str]], default: str = "discovery") -> ConfigError:
+    """One :class:`ConfigError` carrying every problem (the first names ``path``)."""
     if not problems:
-        return ConfigError(prefix, "invalid configuration")
+        return ConfigError(default, "invalid configuration")
     path, message = problems[0]
-    if len(problems) > 1:
-        message += "; also " + "; ".join(f"{p}: {m}" for p, m in problems[1:])
-    return ConfigError(path, message)
+    return ConfigError(path, message, problems=tuple(problems))
+
+
+def translate_validation_error(
+    exc: ValidationError, *, prefix: str = "discovery", model: type[BaseModel] | None = None
+) -> ConfigError:
+    """One :class:`ConfigError` for a pydantic error, with full dotted paths.
+
+    The first problem gives ``path``; every problem is in ``problems`` and
+    in the message. Input values never appear (they may be secrets). With
+    ``model`` (the class validated at ``prefix``) unknown fields get a
+    spelling hint.
+    """
+    return config_error(validation_problems(exc, prefix=prefix, model=model), prefix)

@@ -61,12 +61,24 @@ class DiscoveryError(Exception):
 
 class ConfigError(DiscoveryError, ValueError):
     """The configuration is invalid. ``path`` is dotted, e.g.
-    ``discovery.connections.business.provider``."""
+    ``discovery.connections.business.provider``.
 
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
+    ``problems`` lists every ``(path, message)`` found in the document (the
+    first one is ``path``/``detail``), so a host can show them all at once.
+    """
+
+    def __init__(
+        self, path: str, message: str, *, problems: tuple[tuple[str, str], ...] = ()
+    ) -> None:
+        if not problems:
+            problems = ((path, message),)
+        text = f"{path}: {message}"
+        if len(problems) > 1:
+            text += "".join(f"; also {p}: {m}" for p, m in problems[1:])
+        super().__init__(text)
         self.path = path
         self.detail = message
+        self.problems = problems
 
 
 class ProviderNotFound(ConfigError):

@@ -1095,8 +1095,12 @@ class OwnerBuilder:
         try:
             async with anyio.create_task_group() as tg:
                 owner._tg = tg
-                await tg.start(owner._run_work)
                 try:
+                    # Inside the cleanup: a cancellation that lands while the
+                    # work group starts (an already-cancelled scope, a
+                    # deadline that fired during provider construction) still
+                    # closes the providers and leaves a close report.
+                    await tg.start(owner._run_work)
                     yield owner
                 finally:
                     with anyio.CancelScope(shield=True):

@@ -9,13 +9,23 @@ point names a :class:`~nadisc.ProviderFactory`. An unknown name is a
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib.metadata
 import logging
+
+from pydantic import BaseModel
 
 from ._errors import ProviderNotFound
 from ._provider import ProviderFactory
 
-__all__ = ["GROUP", "available_providers", "load_factory"]
+__all__ = [
+    "GROUP",
+    "available_providers",
+    "forget_settings_models",
+    "installed_settings_model",
+    "load_factory",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +50,8 @@ def _install_hint(name: str) -> str:
     if source is not None:
         return f"reinstall {source} so that its entry point is registered"
     return (
-        f"install a package that registers a {name!r} entry point in the {GROUP!r} "
-        f"group (for example `pip install nadisc-{name}`)"
+        f"install a package that registers an entry point of this name in the {GROUP!r} "
+        "group"
     )
 
 
@@ -49,10 +59,14 @@ def load_factory(name: str, *, path: str = "provider") -> ProviderFactory:
     """The factory registered as ``name``; ``ProviderNotFound`` naming ``path`` otherwise."""
     matches = [ep for ep in importlib.metadata.entry_points(group=GROUP) if ep.name == name]
     if not matches:
-        installed = ", ".join(available_providers()) or "none"
+        names = available_providers()
+        installed = ", ".join(names) or "none"
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        # The name itself is not repeated: messages never quote config values.
         raise ProviderNotFound(
             path,
-            f"no provider named {name!r} is installed (installed: {installed}); "
+            f"no provider of this name is installed ({hint}installed: {installed}); "
             + _install_hint(name),
         )
     try:
@@ -60,16 +74,41 @@ def load_factory(name: str, *, path: str = "provider") -> ProviderFactory:
     except ImportError as exc:
         raise ProviderNotFound(
             path,
-            f"provider {name!r} is registered but its module cannot be imported "
+            "the provider is registered but its module cannot be imported "
             f"({exc.name or 'unknown module'}); " + _install_hint(name),
         ) from exc
     for attribute in ("name", "settings_model", "create"):
         if not hasattr(factory, attribute):
             raise ProviderNotFound(
                 path,
-                f"the entry point for provider {name!r} does not name a provider factory "
+                "the entry point of this provider does not name a provider factory "
                 f"(missing {attribute!r})",
             )
     logger.debug("loaded provider factory %r", name)
     result: ProviderFactory = factory
     return result
+
+
+@functools.lru_cache(maxsize=64)
+def installed_settings_model(name: str) -> type[BaseModel] | None:
+    """The ``settings_model`` of the installed provider ``name``, or ``None``.
+
+    Used while loading a config (no network, nothing constructed): a provider
+    that is not installed, cannot be imported or is not a factory gives
+    ``None`` here and is reported by the owner when it opens. Cached per
+    process; :func:`forget_settings_models` drops the cache (after installing
+    a provider at run time).
+    """
+    try:
+        factory = load_factory(name)
+    except ProviderNotFound:
+        return None
+    model = factory.settings_model
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return model
+    return None
+
+
+def forget_settings_models() -> None:
+    """Forget the cached settings models of :func:`installed_settings_model`."""
+    installed_settings_model.cache_clear()

@@ -1,9 +1,11 @@
 """Shared test setup.
 
 Async tests run on trio (pytest-trio's trio_mode). With TEST_BACKEND=asyncio
-(the Makefile's second pass over tests/poise) they run on asyncio through
-anyio's pytest plugin instead; tests marked ``trio_only`` are deselected
-there.
+(the Makefile's second pass over tests/poise, tests/nadisc, tests/providers
+and the docs' examples) they run on asyncio through anyio's pytest plugin
+instead; tests marked ``trio_only`` are deselected there. A test asking for
+trio's virtual clock (``autojump_clock``, ``mock_clock``) or a trio nursery
+fixture is marked ``trio_only`` automatically.
 """
 
 from __future__ import annotations
@@ -29,3 +31,29 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: objec
 @pytest.fixture
 def anyio_backend() -> str:
     return BACKEND
+
+
+#: Fixtures that only exist on trio: virtual time (``MockClock``) cannot be
+#: had on asyncio, so a test asking for one is trio-only by construction.
+TRIO_ONLY_FIXTURES = frozenset({"autojump_clock", "mock_clock", "nursery"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & TRIO_ONLY_FIXTURES:
+            item.add_marker(pytest.mark.trio_only)
+    if BACKEND != "asyncio":
+        return
+    # The asyncio pass re-runs what depends on the loop: coroutine tests. A
+    # plain test (pure logic, or one that starts its own loop) already ran on
+    # the trio pass, so it is left out here to keep the suite's time bounded.
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        function = getattr(item, "function", None)
+        is_async = function is not None and inspect.iscoroutinefunction(function)
+        (kept if is_async or item.get_closest_marker("both_loops") else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

@@ -1,7 +1,8 @@
 """In-process HTTP backends for integration tests (not a test module).
 
-Each :class:`HttpBackend` is a tiny ASGI app served by hypercorn on trio at
-127.0.0.1 on an ephemeral port. Its latency, status and body can be changed
+Each :class:`HttpBackend` is a tiny ASGI app served by hypercorn (its trio
+or asyncio server, following the running loop) at 127.0.0.1 on an ephemeral
+port. Its latency, status and body can be changed
 while it runs, and it records every request it received (method, path, time
 on the event-loop clock)::
 
@@ -12,6 +13,7 @@ on the event-loop clock)::
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -19,9 +21,11 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import trio
-from hypercorn.config import Config
+import sniffio
+from hypercorn.asyncio.run import worker_serve
+from hypercorn.config import Config, Sockets
 from hypercorn.trio import serve
+from hypercorn.utils import wrap_app
 
 from nadisc import Instance
 
@@ -133,18 +137,30 @@ def _config() -> Config:
     return config
 
 
+def stop_serving(stop: anyio.Event, scope: anyio.CancelScope) -> None:
+    """End what :func:`serve_app` serves in ``scope``: trio's server is
+    cancelled; hypercorn's asyncio server does not take cancellation well, so
+    it is asked to shut down (bounded by ``graceful_timeout``, and 5 s)."""
+    stop.set()
+    if sniffio.current_async_library() == "trio":
+        scope.cancel()
+    else:
+        scope.deadline = anyio.current_time() + 5
+
+
 @asynccontextmanager
 async def serve_backends(*backends: HttpBackend) -> AsyncIterator[tuple[HttpBackend, ...]]:
     """Run ``backends`` for the block (each on its own ephemeral port)."""
     try:
-        async with trio.open_nursery() as nursery:
+        stop = anyio.Event()
+        async with anyio.create_task_group() as nursery:
             for backend in backends:
-                binds: list[str] = await nursery.start(_serve_one, backend)
+                binds: list[str] = await nursery.start(_serve_one, backend, stop)
                 backend.port = int(binds[0].rsplit(":", 1)[1])
             try:
                 yield backends
             finally:
-                nursery.cancel_scope.cancel()
+                stop_serving(stop, nursery.cancel_scope)
     except BaseExceptionGroup as group:
         # The servers never fail on their own: hand the block's error back as is.
         if len(group.exceptions) != 1:
@@ -152,8 +168,56 @@ async def serve_backends(*backends: HttpBackend) -> AsyncIterator[tuple[HttpBack
         raise group.exceptions[0] from None
 
 
-async def _serve_one(backend: HttpBackend, *, task_status: trio.TaskStatus[list[str]]) -> None:
-    await serve(backend, _config(), task_status=task_status, mode="asgi")  # type: ignore[arg-type]
+async def _serve_one(
+    backend: HttpBackend, stop: anyio.Event, *, task_status: anyio.abc.TaskStatus[list[str]]
+) -> None:
+    await serve_app(backend, _config(), stop, task_status=task_status)
+
+
+async def serve_app(
+    app: Any,
+    config: Config,
+    stop: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the ASGI ``app`` with hypercorn on the running loop until ``stop``
+    is set; ``task_status`` receives the bound URLs (``http://127.0.0.1:<port>``).
+
+    ``config.bind`` must be ``127.0.0.1:0``. On trio, hypercorn reports its
+    binds itself; its asyncio server does not, so the socket is bound here
+    and handed over as a descriptor.
+    """
+    if sniffio.current_async_library() == "trio":
+        await serve(
+            app,
+            config,
+            task_status=task_status,  # type: ignore[arg-type]
+            shutdown_trigger=stop.wait,
+            mode="asgi",
+        )
+        return
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    with listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        secure = config.ssl_enabled
+        sockets = Sockets(
+            secure_sockets=[listener] if secure else [],
+            insecure_sockets=[] if secure else [listener],
+            quic_sockets=[],
+        )
+        scheme = "https" if secure else "http"
+        task_status.started([f"{scheme}://127.0.0.1:{port}"])
+        await worker_serve(
+            wrap_app(app, config.wsgi_max_body_size, "asgi"),
+            config,
+            sockets=sockets,
+            shutdown_trigger=stop.wait,
+        )
 
 
 @dataclass

@@ -33,7 +33,7 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import httpx
@@ -46,6 +46,7 @@ from nadisc import (
     OutcomeUnknown,
     ProviderFailure,
     RegistrationRejected,
+    redacted_excerpt,
 )
 
 from ._settings import ConsulSettings
@@ -75,18 +76,16 @@ class ConsulResponse:
     status: int
     body: bytes
     headers: Mapping[str, str]
+    #: What must never be quoted from the body (the connection's token).
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
     def text(self) -> str:
-        return _snippet(self.body)
+        """A short, filtered excerpt of the body for messages and logs."""
+        return redacted_excerpt(self.body, self.secrets, limit=_TEXT_LIMIT)
 
     @property
     def filtered_by_acls(self) -> bool:
         return self.headers.get(FILTERED_HEADER, "").strip().lower() == "true"
-
-
-def _snippet(body: bytes) -> str:
-    text = body[:_TEXT_LIMIT].decode("utf-8", "replace").strip()
-    return " ".join(text.split())
 
 
 class ConsulHttp:
@@ -105,8 +104,13 @@ class ConsulHttp:
         self._max_bytes = max_response_bytes
         self._given = transport
         headers = {"User-Agent": "nadisc-consul", "Accept": "application/json"}
+        self._secrets: tuple[str, ...] = ()
         if settings.token is not None:
-            headers["X-Consul-Token"] = settings.token.get_secret_value()
+            # Consul accepts the ACL token as a bearer credential; httpx masks
+            # Authorization in every repr (X-Consul-Token it would show).
+            token = settings.token.get_secret_value()
+            headers["Authorization"] = f"Bearer {token}"
+            self._secrets = (token,)
         dedicated = _verify is not None
         if _verify is None:
             try:
@@ -247,7 +251,9 @@ class ConsulHttp:
                     method, url, params=params, json=body, timeout=http_timeout
                 ) as response:
                     content = await self._read_bounded(response, what)
-                    return ConsulResponse(response.status_code, content, response.headers)
+                    return ConsulResponse(
+                        response.status_code, content, response.headers, self._secrets
+                    )
         except TimeoutError as exc:
             raise IncompleteSnapshot(f"{what}: no complete answer within {budget:.1f}s") from exc
         except httpx.TimeoutException as exc:

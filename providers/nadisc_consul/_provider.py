@@ -485,12 +485,21 @@ class ConsulProvider:
 
     async def deregister(self, registered: Registered, deadline: float) -> None:
         instance_id = registered.record.instance_id
-        await self._http.put(
+        what = f"deregister {instance_id!r}"
+        response = await self._http.put(
             f"/v1/agent/service/deregister/{quote(instance_id, safe='')}",
             None,
             budget=_remaining(deadline),
-            what=f"deregister {instance_id!r}",
+            what=what,
+            allow=(404,),
         )
+        if response.status == 404 and not _service_is_unknown(response.body):
+            # Not the agent's answer for an absent ID (a proxy, a wrong path):
+            # whether the service is still there is not known.
+            raise OutcomeUnknown(f"{what}: Consul answered HTTP 404 without naming the service")
+        # 200, or the agent no longer holds the ID (reaped after
+        # DeregisterCriticalServiceAfter, or removed by someone else): absent
+        # is what deregistration wants.
         self._payloads.pop(instance_id, None)
         self._applied.pop(instance_id, None)
         self._missing.discard(instance_id)
@@ -506,6 +515,12 @@ class ConsulProvider:
 #: more): ``Unknown check ID "…"`` (404 on current agents, 500 on older ones)
 #: and ``CheckID "…" does not have associated TTL`` (the ID names no TTL check).
 _CHECK_GONE = ("unknown check", "does not have associated ttl")
+
+
+def _service_is_unknown(body: bytes) -> bool:
+    """Consul's answer for an ID the agent does not hold: ``Unknown service
+    ID "<id>". Ensure that the service ID is passed, not the service name.``"""
+    return body[:512].lower().startswith(b"unknown service id")
 
 
 def _check_is_gone(text: str) -> bool:

@@ -36,7 +36,9 @@ class ServiceBinding(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    #: Remote Consul service name (default: the alias).
     name: str = Field(min_length=1, max_length=512)
+    #: Only entries carrying this tag.
     tag: str | None = Field(default=None, min_length=1)
 
 
@@ -55,39 +57,55 @@ class ConsulSettings(BaseModel):
     #: it, a token pasted in the wrong field) is never echoed by the error.
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
+    #: HTTP API address of the local Consul agent (no credentials in it).
     url: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8500")
+    #: ACL token, sent as `Authorization: Bearer` (never in a URL).
     token: SecretStr | None = None
     #: PEM bundle of the CA that signed the agent's certificate (https only).
     ca_file: str | None = None
+    #: Datacenter to query (default: the agent's).
     datacenter: str | None = Field(default=None, min_length=1)
+    #: Read consistency mode of discovery queries.
     consistency: Literal["default", "stale", "consistent"] = "default"
     #: Blocking wait sent as ``wait=``; Consul caps it at 10 minutes.
     wait: float = Field(default=30.0, gt=0, le=600)
-    #: Instance identity: ``service`` = Service.ID (Consul's own key on one
-    #: agent); ``node`` = ``<node>/<Service.ID>`` for fleets that reuse IDs
-    #: across nodes (Consul's default ID is the service name).
-    identity_scope: Literal["service", "node"] = "service"
+    #: Instance identity: ``node`` (default) = ``<node>/<Service.ID>``, since
+    #: a Service.ID is unique per agent only and defaults to the service name,
+    #: so fleets repeat it on every node; ``service`` = Service.ID alone, for
+    #: catalogs whose IDs are unique across nodes.
+    identity_scope: Literal["service", "node"] = "node"
+    #: Service aliases bound on this connection.
     services: dict[str, ServiceBinding] = Field(default_factory=dict)
     #: Re-issue rate limit of blocking loops (requests per second, burst).
     watch_rate: float = Field(default=2.0, gt=0, le=1000)
+    #: Burst of the blocking-query rate limit.
     watch_burst: int = Field(default=5, ge=1, le=1000)
     #: Retry backoff after failures (seconds).
     initial_backoff: float = Field(default=1.0, gt=0, le=3600)
+    #: Largest retry backoff after failures (seconds).
     max_backoff: float = Field(default=30.0, gt=0, le=3600)
 
     # -- registration (Fluens options) ---------------------------------
+    #: Whether this connection may register instances.
     enabled: bool = True
     #: Advertise this host instead of the one the registration record carries.
     advertised_host: str | None = Field(default=None, min_length=1)
     #: Local development only: allow advertising loopback, and rewrite
     #: wildcard binds (0.0.0.0, ::, *) to ``localhost``.
     allow_loopback: bool = False
+    #: Cluster id published in the instance's meta.
     cluster_id: str | None = Field(default=None, min_length=1, max_length=512)
+    #: Tags added to every registered instance.
     tags: tuple[str, ...] = ()
+    #: Meta added to every registered instance (readable by every observer).
     meta: dict[str, str] = Field(default_factory=dict)
+    #: How often a registration is re-sent to the agent (seconds).
     reregister_interval: float = Field(default=30.0, gt=0, le=86400)
+    #: HTTP path of the agent-run health check (default: a TTL check).
     health_check_path: str | None = None
+    #: Interval of the health check (seconds).
     health_check_interval: float = Field(default=10.0, gt=0, le=86400)
+    #: Consul reaps an instance critical for this long (seconds, >= 60).
     deregister_critical_service_after: float = Field(
         default=MIN_DEREGISTER_AFTER, ge=MIN_DEREGISTER_AFTER, le=86400 * 7
     )
@@ -121,8 +139,8 @@ class ConsulSettings(BaseModel):
             seen = first.setdefault(binding.name, (alias, binding.tag))
             if seen[1] != binding.tag:
                 raise ValueError(
-                    f"aliases {seen[0]!r} and {alias!r} bind the remote service "
-                    f"{binding.name!r} with different tags; services are observed by remote "
+                    f"aliases {seen[0]!r} and {alias!r} bind the same remote service "
+                    "with different tags; services are observed by remote "
                     "name, so give each remote name one tag"
                 )
         for alias, binding in value.items():
@@ -139,6 +157,9 @@ class ConsulSettings(BaseModel):
     def _no_credentials_in_url(cls, value: AnyHttpUrl) -> AnyHttpUrl:
         if value.username is not None or value.password is not None:
             raise ValueError("credentials do not belong in url; use token")
+        if value.query or value.fragment:
+            # ?token=... would travel in every request line and log: refuse it
+            raise ValueError("url must not carry a query or fragment (a token belongs in token)")
         return value
 
     @field_validator("health_check_path")

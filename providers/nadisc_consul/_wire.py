@@ -169,7 +169,9 @@ def _load(body: bytes, what: str) -> object:
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise IncompleteSnapshot(f"{what}: response body is not JSON ({_brief(exc)})") from exc
+        # Not chained: json's and the codec's errors hold the whole body
+        # (``.doc``, ``.object``), and a body may carry credentials.
+        raise IncompleteSnapshot(f"{what}: response body is not JSON ({_brief(exc)})") from None
 
 
 def _brief(exc: Exception) -> str:
@@ -191,7 +193,10 @@ def _require_utf8(body: bytes, what: str) -> None:
     try:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise IncompleteSnapshot(f"{what}: response body is not UTF-8 JSON") from exc
+        # Not chained: the codec's error holds the whole body (``.object``).
+        raise IncompleteSnapshot(
+            f"{what}: response body is not UTF-8 JSON (byte {exc.start})"
+        ) from None
 
 
 def split_json_array(body: bytes, what: str) -> list[msgspec.Raw]:
@@ -226,7 +231,7 @@ def iter_json_array(text: str, what: str) -> Iterator[object]:
         except (ValueError, RecursionError) as exc:
             raise IncompleteSnapshot(
                 f"{what}: entry {position} is not JSON ({_brief(exc)})"
-            ) from exc
+            ) from None  # json's error holds the entry (``.doc``)
         yield value
 
 
@@ -438,7 +443,7 @@ class HealthDecoder:
             except (ValueError, RecursionError) as exc:  # e.g. a 5,000-digit integer
                 raise IncompleteSnapshot(
                     f"{self.what}: entry {self._count} is not JSON ({_brief(exc)})"
-                ) from exc
+                ) from None  # json's error holds the entry (``.doc``)
             self.add(value)
             return
         except (msgspec.DecodeError, RecursionError) as exc:
@@ -489,6 +494,11 @@ class HealthDecoder:
         if problem is not None:
             self._invalid[f"{node_name}/{service_id}"] = problem
             return
+        # Health first: an unhealthy entry is left out before it can make a
+        # healthy one with the same identity look like its duplicate.
+        checks = entry.Checks
+        if checks and not _PASSING_ONLY.issuperset(map(_STATUS, checks)):
+            return
         identity = service_id if self._scope == "service" else f"{node_name}/{service_id}"
         first = self._seen.get(identity)
         if first is not None:
@@ -497,9 +507,6 @@ class HealthDecoder:
             )
             return
         self._seen[identity] = node_name
-        checks = entry.Checks
-        if checks and not _PASSING_ONLY.issuperset(map(_STATUS, checks)):
-            return
         # narrowed by the checks above
         assert host is not None and port is not None and tags is not None and meta is not None
         weight = 1.0 if weights is None else float(weights.Passing)
@@ -620,7 +627,9 @@ class HealthDecoder:
         meta: dict[str, str] | None,
         tags: tuple[str, ...] | None,
     ) -> None:
-        """Identity and duplicates, then health, then the :class:`Instance`."""
+        """Health, then identity and duplicates, then the :class:`Instance`."""
+        if not healthy:
+            return  # before de-duplication: never the "first" of a healthy entry
         identity = service_id if self._scope == "service" else f"{node_name}/{service_id}"
         first = self._seen.get(identity)
         if first is not None:
@@ -629,8 +638,6 @@ class HealthDecoder:
             )
             return
         self._seen[identity] = node_name
-        if not healthy:
-            return
         # Fleets repeat the same meta and tags on every instance: share one
         # immutable copy per distinct value (fewer objects for the collector).
         shared_meta = self._share_meta(meta)

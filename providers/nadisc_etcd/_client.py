@@ -62,6 +62,7 @@ from nadisc import (
     OutcomeUnknown,
     ProviderFailure,
     RegistrationRejected,
+    redacted_excerpt,
 )
 
 from ._settings import EtcdSettings
@@ -419,20 +420,28 @@ class EtcdClient:
                     return decode(data) if decode is not None else model.model_validate_json(data)
                 except (pydantic.ValidationError, ValueError) as exc:
                     raise _transport_failure(kind, f"{where}: undecodable response") from exc
-            failure = self._status_of(status, data)
+            failure = self._status_of(status, data, self._secrets())
             if attempt == 0 and failure.token_expired and self._username is not None:
                 await self._refresh_token(token, until, kind)
                 continue
             raise _server_failure(kind, where, failure)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _secrets(self) -> tuple[str, ...]:
+        """What an error body must never be quoted with (it may echo the request)."""
+        secrets = [self._token or ""]
+        if self._password is not None:
+            secrets.append(self._password.get_secret_value())
+        return tuple(s for s in secrets if s)
+
     @staticmethod
-    def _status_of(status: int, data: bytes) -> GatewayStatus:
+    def _status_of(status: int, data: bytes, secrets: tuple[str, ...] = ()) -> GatewayStatus:
         try:
-            return ErrorBody.model_validate_json(data).status(status)
+            parsed = ErrorBody.model_validate_json(data).status(status)
         except pydantic.ValidationError:
-            text = data[:200].decode("utf-8", "replace")
-            return GatewayStatus.of(0, f"HTTP {status}: {text}", status)
+            return GatewayStatus.of(0, f"HTTP {status}: {redacted_excerpt(data, secrets)}", status)
+        # The server's own message: still filtered (a proxy may have written it).
+        return GatewayStatus.of(parsed.code, redacted_excerpt(parsed.message, secrets), status)
 
     # ------------------------------------------------------------------ auth
 
@@ -455,7 +464,7 @@ class EtcdClient:
         )
         where = f"{self.endpoint}/v3/auth/authenticate"
         if status != 200:
-            refusal = self._status_of(status, data)
+            refusal = self._status_of(status, data, self._secrets())
             raise _server_failure(kind, f"{where}: authentication refused", refusal)
         try:
             return AuthenticateResponse.model_validate_json(data).token

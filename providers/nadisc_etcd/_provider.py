@@ -87,6 +87,7 @@ from nadisc import (
     RegistrationError,
     RegistrationRecord,
     RegistrationRejected,
+    redacted_excerpt,
 )
 
 from ._client import EtcdClient, WatchStream
@@ -523,9 +524,18 @@ class EtcdProvider:
             raise RegistrationError(record.registration, "; ".join(problems))
         key = self._layout.instance_key(record.service, record.instance_id)
         grant = await self._client.lease_grant(self._settings.ttl_seconds, deadline=deadline)
-        if grant.error or grant.ID == 0:
+        if grant.error:
             raise RegistrationRejected(
-                f"registration {record.registration!r}: lease grant refused: {grant.error}"
+                f"registration {record.registration!r}: lease grant refused: "
+                f"{redacted_excerpt(grant.error)}"
+            )
+        if grant.ID == 0:
+            # A 200 without a lease ID is as undecodable as a garbage 200: a
+            # lease may have been granted (it expires on its own), nothing is
+            # known of it.
+            raise OutcomeUnknown(
+                f"registration {record.registration!r}: the lease grant was answered "
+                "without a lease ID"
             )
         try:
             await self._client.put(key, encode_record(record), lease=grant.ID, deadline=deadline)

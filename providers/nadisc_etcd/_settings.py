@@ -47,6 +47,7 @@ class EtcdServiceBinding(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    #: Remote service name in the key layout (default: the alias).
     name: str | None = Field(default=None, min_length=1, max_length=512)
 
     @field_validator("name")
@@ -72,6 +73,7 @@ class EtcdSettings(BaseModel):
     prefix: str = Field(default="services", max_length=512)
     #: Kept out of ``repr`` and messages too (nadisc treats it as secret-looking).
     username: str | None = Field(default=None, min_length=1, max_length=256, repr=False)
+    #: Password of the etcd user (both username and password, or neither).
     password: SecretStr | None = None
     #: Lease TTL of registrations this process writes. The provider declares
     #: ``Capabilities.renew_within = ttl_seconds / 3``, so the owner sends a
@@ -90,6 +92,7 @@ class EtcdSettings(BaseModel):
     #: Reconnect backoff of a watch: exponential, jittered between half the
     #: current cap and the cap.
     retry_initial_backoff_ms: int = Field(default=1000, ge=1, le=3_600_000)
+    #: Largest reconnect backoff of a watch.
     retry_max_backoff_ms: int = Field(default=30_000, ge=1, le=86_400_000)
     #: A record value longer than this is a confirmed invalid candidate.
     max_record_bytes: int = Field(default=65_536, ge=64, le=16 * 1024 * 1024)

@@ -53,9 +53,9 @@ from urllib.parse import parse_qsl, unquote
 
 import anyio
 import httpx
-import trio
 from hypercorn.config import Config
-from hypercorn.trio import serve
+
+from tests.support_http import serve_app, stop_serving
 
 __all__ = [
     "ConsulFake",
@@ -1084,8 +1084,15 @@ class ConsulFake:
             if path.startswith("/v1/agent/service/deregister/"):
                 service_id = path.removeprefix("/v1/agent/service/deregister/")
                 existing = self.services.get((self.agent_node, service_id))
-                if existing is not None:
-                    self._require(token, "write", existing.name)
+                if existing is None:
+                    # What the agent answers for an ID it does not hold (for
+                    # instance after DeregisterCriticalServiceAfter reaped it).
+                    raise FakeError(
+                        404,
+                        f'Unknown service ID "{service_id}". Ensure that the service ID '
+                        "is passed, not the service name.",
+                    )
+                self._require(token, "write", existing.name)
                 self.deregister(service_id)
                 return 200, b"", {}
             for verb, status in (("pass", "passing"), ("warn", "warning"), ("fail", "critical")):
@@ -1280,20 +1287,12 @@ async def run_consul_fake(
     config.errorlog = None
     config.loglevel = "CRITICAL"
     config.graceful_timeout = 0.1
-    shutdown = trio.Event()
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            lambda task_status: serve(
-                fake,  # type: ignore[arg-type]
-                config,
-                shutdown_trigger=shutdown.wait,
-                task_status=task_status,
-            )
-        )
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as nursery:
+        binds = await nursery.start(serve_app, fake, config, shutdown)
         fake.url = binds[0].replace("http://", "https://", 1) if tls is not None else binds[0]
         await nursery.start(fake.run_background)
         try:
             yield fake
         finally:
-            shutdown.set()
-            nursery.cancel_scope.cancel()
+            stop_serving(shutdown, nursery.cancel_scope)

@@ -177,11 +177,16 @@ async def test_register_validates_like_the_agent(fake: ConsulFake) -> None:
     assert ("fake-node-1", "x") not in fake.services
 
 
-async def test_deregister_is_a_no_op_when_absent(fake: ConsulFake) -> None:
+async def test_deregister_of_an_absent_id_is_404_unknown_service_id(fake: ConsulFake) -> None:
+    # Consul's agent endpoint: agent_endpoint.go AgentDeregisterService answers
+    # an ID it does not hold with a NotFoundError, HTTP 404, this exact text.
     async with client_for(fake) as client:
         before = fake.index
         response = await client.put("/v1/agent/service/deregister/ghost")
-    assert response.status_code == 200
+    assert response.status_code == 404
+    assert response.text == (
+        'Unknown service ID "ghost". Ensure that the service ID is passed, not the service name.'
+    )
     assert fake.index == before
 
 
@@ -261,9 +266,9 @@ async def test_blocking_query_waits_for_wait_plus_jitter(
     async with client_for(fake) as client:
         first = await client.get("/v1/health/service/web")
         index = first.headers["x-consul-index"]
-        start = trio.current_time()
+        start = anyio.current_time()
         second = await client.get(f"/v1/health/service/web?index={index}&wait=30s")
-        elapsed = trio.current_time() - start
+        elapsed = anyio.current_time() - start
     assert 30.0 <= elapsed <= 30.0 * 17 / 16
     assert second.headers["x-consul-index"] == index  # a return is not a change
 
@@ -274,12 +279,12 @@ async def test_blocking_query_default_and_maximum_wait(
     fake = ConsulFake()
     async with client_for(fake) as client:
         index = (await client.get("/v1/catalog/services")).headers["x-consul-index"]
-        start = trio.current_time()
+        start = anyio.current_time()
         await client.get(f"/v1/catalog/services?index={index}")
-        default = trio.current_time() - start
-        start = trio.current_time()
+        default = anyio.current_time() - start
+        start = anyio.current_time()
         await client.get(f"/v1/catalog/services?index={index}&wait=1h")
-        capped = trio.current_time() - start
+        capped = anyio.current_time() - start
     assert 300.0 <= default <= 300.0 * 17 / 16
     assert 600.0 <= capped <= 600.0 * 17 / 16
 
@@ -295,16 +300,16 @@ async def test_blocking_query_returns_early_on_its_own_change_only(
         results: dict[str, float] = {}
 
         async def block() -> None:
-            start = trio.current_time()
+            start = anyio.current_time()
             response = await client.get(f"/v1/health/service/web?index={index}&wait=60s")
-            results["elapsed"] = trio.current_time() - start
+            results["elapsed"] = anyio.current_time() - start
             results["index"] = int(response.headers["x-consul-index"])
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(block)
-            await trio.sleep(5)
+            await anyio.sleep(5)
             fake.register({"Name": "other", "Port": 2}, now=5.0)  # another service
-            await trio.sleep(5)
+            await anyio.sleep(5)
             fake.set_check("service:web-1", "critical", now=10.0)  # ours
     assert results["elapsed"] == pytest.approx(10.0, abs=0.5)
     assert results["index"] > index
@@ -315,9 +320,9 @@ async def test_blocking_index_zero_does_not_block_and_bad_values_are_400(
 ) -> None:
     fake = ConsulFake()
     async with client_for(fake) as client:
-        start = trio.current_time()
+        start = anyio.current_time()
         await client.get("/v1/catalog/services?index=0&wait=30s")
-        assert trio.current_time() - start < 1.0
+        assert anyio.current_time() - start < 1.0
         bad_wait = await client.get("/v1/catalog/services?index=5&wait=soon")
         bad_index = await client.get("/v1/catalog/services?index=-3")
         both = await client.get("/v1/catalog/services?stale&consistent")
@@ -434,11 +439,11 @@ async def test_background_task_expires_ttls_under_mock_clock(
     async with open_consul_fake() as fake:
         fake.register(
             {**WEB, "Check": {"CheckID": "c", "TTL": "5s", "Status": "passing"}},
-            now=trio.current_time(),
+            now=anyio.current_time(),
         )
-        await trio.sleep(4)
+        await anyio.sleep(4)
         assert fake.checks[("fake-node-1", "c")].status == "passing"
-        await trio.sleep(2)
+        await anyio.sleep(2)
         assert fake.checks[("fake-node-1", "c")].status == "critical"
 
 
@@ -448,7 +453,7 @@ async def test_background_task_expires_ttls_under_mock_clock(
 async def test_served_on_loopback_with_transport_faults() -> None:
     async with run_consul_fake() as fake, httpx.AsyncClient(base_url=fake.url) as client:
         assert fake.url.startswith("http://127.0.0.1:")
-        fake.register(WEB, now=trio.current_time())
+        fake.register(WEB, now=anyio.current_time())
         fake.inject("/v1/health/service/", Fault("truncate"))
         with pytest.raises(httpx.RemoteProtocolError):
             await client.get("/v1/health/service/web")
@@ -456,9 +461,9 @@ async def test_served_on_loopback_with_transport_faults() -> None:
         with pytest.raises(httpx.RemoteProtocolError):
             await client.get("/v1/health/service/web")
         fake.inject("/v1/health/service/", Fault("slow", delay=0.02))
-        start = trio.current_time()
+        start = anyio.current_time()
         slow = await client.get("/v1/health/service/web")
-        assert trio.current_time() - start >= 0.1
+        assert anyio.current_time() - start >= 0.1
         assert len(slow.json()) == 1
         fake.inject("/v1/health/service/", Fault("hang"))
         with pytest.raises(httpx.ReadTimeout):
@@ -488,7 +493,7 @@ async def test_http_checks_are_really_performed() -> None:
 async def test_a_cancelled_blocking_query_is_seen_as_a_disconnect() -> None:
     async with run_consul_fake() as fake, httpx.AsyncClient(base_url=fake.url) as client:
         index = (await client.get("/v1/catalog/services")).headers["x-consul-index"]
-        with trio.move_on_after(0.2):
+        with anyio.move_on_after(0.2):
             await client.get(f"/v1/catalog/services?index={index}&wait=30s")
         with anyio.fail_after(5):
             await fake.wait_for(lambda: not fake.open_requests("/v1/catalog/services"))

@@ -7,8 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import trio
-import trio.lowlevel
+import sniffio
 
 from nadisc import (
     ConnectionConfig,
@@ -50,10 +49,17 @@ async def memory_owner(
         yield owner
 
 
-def all_tasks() -> set[trio.lowlevel.Task]:
-    """Every task of this trio run, walked from the root task."""
-    found: set[trio.lowlevel.Task] = set()
-    stack = [trio.lowlevel.current_root_task()]
+def all_tasks() -> set[object]:
+    """Every task of this run (trio: walked from the root task; asyncio: the
+    loop's live tasks), to compare before and after a block."""
+    if sniffio.current_async_library() == "asyncio":
+        import asyncio
+
+        return {task for task in asyncio.all_tasks() if not task.done()}
+    import trio.lowlevel
+
+    found: set[object] = set()
+    stack: list[trio.lowlevel.Task | None] = [trio.lowlevel.current_root_task()]
     while stack:
         task = stack.pop()
         if task is None or task in found:

@@ -30,6 +30,8 @@ from nadisc import (
 )
 from nadisc._config import MAX_DURATION_MS, parse_nameserver
 
+from .config_support import UNINSTALLED
+
 
 def static(services: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
     return {
@@ -278,14 +280,16 @@ def test_bad_provider_names(provider: object) -> None:
 
 
 def test_other_provider_block_is_kept_raw_and_read_only() -> None:
-    config = parse_config(
-        doc(connections={"primary": etcd({"orders": {"name": "order-worker", "zone": "a"}})})
-    )
+    # an uninstalled provider: its block is kept raw (and masked), the owner
+    # reports the missing provider when it opens
+    raw = etcd({"orders": {"name": "order-worker", "zone": "a"}})
+    raw = {"provider": UNINSTALLED, UNINSTALLED: raw["etcd"]}
+    config = parse_config(doc(connections={"primary": raw}))
     connection = config.connections["primary"]
     block = provider_block(connection)
     assert isinstance(block, ProviderBlock)
-    assert block["endpoints"] == ("http://127.0.0.1:2379",)
-    assert block["services"]["orders"]["zone"] == "a"
+    assert block.thaw()["endpoints"] == ["http://127.0.0.1:2379"]
+    assert block.thaw()["services"]["orders"]["zone"] == "a"
     with pytest.raises(TypeError):
         block["endpoints"] = ()
     assert binding_names(connection) == {"orders": "order-worker"}
@@ -300,6 +304,9 @@ def test_malformed_bindings_of_other_providers() -> None:
     assert error.path == "discovery.connections.p.etcd.services.orders"
     error = error_of(doc(connections={"p": etcd({"orders": {"name": 5}})}))
     assert error.path == "discovery.connections.p.etcd.services.orders.name"
+    raw = {"provider": UNINSTALLED, UNINSTALLED: {"services": {"orders": {"name": 5}}}}
+    error = error_of(doc(connections={"p": raw}))
+    assert error.path == f"discovery.connections.p.{UNINSTALLED}.services.orders.name"
 
 
 class EtcdSettings(BaseModel):
@@ -562,8 +569,10 @@ def test_registration_errors(registration: dict[str, Any], suffix: str) -> None:
 
 
 def test_unknown_qualifier_message() -> None:
-    error = error_of(business(r=reg(qualifier="nope")))
-    assert "unknown connection 'nope'" in str(error)
+    error = error_of(business(r=reg(qualifier="nope-secret-ref")))
+    assert error.path == "discovery.registrations.r.qualifier"
+    assert "names no configured connection" in str(error)
+    assert "nope-secret-ref" not in str(error)  # reference values are not echoed
 
 
 def test_duplicate_backend_key_is_refused() -> None:
@@ -597,8 +606,11 @@ def test_any_change_requires_a_restart() -> None:
     timing = doc(connections={"primary": etcd({"self": {"name": "a"}}, poll_interval_ms=4000)})
     assert restart_required(old, parse_config(timing))
     assert restart_required(old, DiscoveryConfig())
-    password = doc(connections={"primary": {"provider": "etcd", "etcd": {"password": "x"}}})
-    other_password = doc(connections={"primary": {"provider": "etcd", "etcd": {"password": "y"}}})
+    def with_password(value: str) -> dict[str, Any]:
+        block = {"endpoints": ["http://a:2379"], "username": "u", "password": value}
+        return doc(connections={"primary": {"provider": "etcd", "etcd": block}})
+
+    password, other_password = with_password("x"), with_password("y")
     assert restart_required(parse_config(password), parse_config(other_password))
     assert not restart_required(parse_config(password), parse_config(password))
 
@@ -606,7 +618,11 @@ def test_any_change_requires_a_restart() -> None:
 def test_several_problems_are_reported_together() -> None:
     error = error_of(doc(connections={"c": static(request_timeout_ms=0, poll_interval_ms=0)}))
     assert error.path == "discovery.connections.c.request_timeout_ms"
-    assert "discovery.connections.c.poll_interval_ms" in error.detail
+    assert "discovery.connections.c.poll_interval_ms" in str(error)
+    assert [p for p, _ in error.problems] == [
+        "discovery.connections.c.request_timeout_ms",
+        "discovery.connections.c.poll_interval_ms",
+    ]
 
 
 def test_direct_construction_matches_loading() -> None:

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SecretStr
 
 from nadisc import ConfigError, load_config
 from nadisc._config import provider_block, validate_provider_block
+
+from .config_support import installed
 
 BASE = """
 discovery:
   enabled: true
   connections:
     primary:
-      provider: nacos
-      nacos:
+      provider: acme
+      acme:
         server_addr: http://n:8848/nacos/
         username: USERSECRET1
         password: PWSECRET1
@@ -50,6 +52,21 @@ class _Echo(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
+    server_addr: str
+    username: SecretStr | None = None
+    password: SecretStr | None = None
+    services: dict[str, dict[str, str]] = {}
+    endpoint: str | None = None
+    keys: str | None = None
+    key_prefix: str | None = None
+    monkey: str | None = None
+    path: str | None = None
+
+
+@pytest.fixture(autouse=True)
+def _acme_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed(monkeypatch, acme=_Echo)
+
 
 def with_lines(*lines: str) -> str:
     extra = "".join(f"\n        {line}" for line in lines)
@@ -84,8 +101,43 @@ def test_ordinary_keys_stay_visible(key: str) -> None:
     assert "VISIBLE-VALUE" in repr(config)
 
 
+def test_keys_the_settings_model_does_not_know_are_masked() -> None:
+    # a misspelt secret (passwrd) is not secret-looking; an extra="allow"
+    # model accepts it, and it must not be shown either
+    config = load_config(with_lines("passwrd: TYPO-SECRET", "nested: {inner: TYPO-2}"))
+    connection = config.connections["primary"]
+    texts = [repr(config), str(config), repr(provider_block(connection))]
+    texts.append(str(connection.model_dump(mode="json")))
+    for text in texts:
+        assert "TYPO-SECRET" not in text and "TYPO-2" not in text
+    block = validate_provider_block("primary", connection, _Echo).model_dump()
+    assert block["passwrd"] == "TYPO-SECRET"
+
+
+def test_every_value_of_an_uninstalled_provider_is_masked() -> None:
+    config = load_config(BASE.replace("acme", "nobody-installed-this"))
+    assert "http://n:8848/nacos/" not in repr(config)
+    block = provider_block(config.connections["primary"]).thaw()  # type: ignore[attr-defined]
+    assert block["server_addr"] == "http://n:8848/nacos/"
+
+
+@pytest.mark.parametrize(
+    "url", ["http://bob:hunter2@n:8848/nacos/", "https://bob@n:8848", "http://:hunter2@n"]
+)
+def test_url_user_info_is_masked_at_load(url: str) -> None:
+    config = load_config(BASE.replace("http://n:8848/nacos/", url))
+    connection = config.connections["primary"]
+    texts = [repr(config), str(config), repr(provider_block(connection))]
+    texts += [str(connection.model_dump()), str(connection.model_dump(mode="json"))]
+    for text in texts:
+        assert "hunter2" not in text and "bob" not in text, text
+    assert "***@n" in repr(config)
+    block = validate_provider_block("primary", connection, _Echo)
+    assert block.server_addr == url  # the provider's model still sees it (and may refuse it)
+
+
 def test_config_errors_carry_no_input_values() -> None:
-    bad = BASE.replace("provider: nacos", "provider: nacos\n      request_timeout_ms: PWSECRET2")
+    bad = BASE.replace("provider: acme", "provider: acme\n      request_timeout_ms: PWSECRET2")
     with pytest.raises(ConfigError) as info:
         load_config(bad)
     assert info.value.path == "discovery.connections.primary.request_timeout_ms"

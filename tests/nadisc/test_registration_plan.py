@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 from nadisc import (
@@ -325,7 +326,6 @@ def test_resolve_reference_errors_carry_config_paths() -> None:
 
 
 async def test_no_write_for_an_invalid_plan() -> None:
-    import trio
 
     from nadisc import LifecycleError
     from nadisc._memory_registry import MemoryRegistry
@@ -336,10 +336,10 @@ async def test_no_write_for_an_invalid_plan() -> None:
     registrations = RegistrationSet()
     with pytest.raises(RegistrationError):
         registrations.freeze([spec("a"), spec("b", ip="0.0.0.0")], CONNECTIONS)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         with pytest.raises(LifecycleError, match="before freeze"):
             await registrations.publish(
-                nursery, {"primary": RegistryProvider(registry)}, trio.current_time() + 5
+                nursery, {"primary": RegistryProvider(registry)}, anyio.current_time() + 5
             )
     assert registry.log == []
     assert registry.instance_ids() == ()

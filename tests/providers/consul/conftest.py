@@ -65,10 +65,17 @@ def context(**overrides: Any) -> ConnectionContext:
     return ConnectionContext(**values)
 
 
+#: The fake fleets of these tests give every instance a catalog-unique ID,
+#: and the tests name instances by it: they read identities in ``service``
+#: scope. The default (``node``) is pinned by test_identity.py.
+SERVICE_SCOPE = "service"
+
+
 def in_process(
     fake: ConsulFake, *, ctx: ConnectionContext | None = None, **settings: Any
 ) -> ConsulProvider:
     """A provider talking to ``fake`` without sockets (MockClock friendly)."""
+    settings.setdefault("identity_scope", SERVICE_SCOPE)
     return ConsulProvider(
         ctx or context(),
         ConsulSettings(url=fake.url, **settings),  # type: ignore[arg-type]
@@ -80,6 +87,7 @@ def over_loopback(
     fake: ConsulFake, *, ctx: ConnectionContext | None = None, **settings: Any
 ) -> ConsulProvider:
     """A provider talking to a fake served on a real port."""
+    settings.setdefault("identity_scope", SERVICE_SCOPE)
     return ConsulProvider(ctx or context(), ConsulSettings(url=fake.url, **settings))  # type: ignore[arg-type]
 
 

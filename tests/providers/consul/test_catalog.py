@@ -42,7 +42,7 @@ async def test_one_catalog_per_connection_started_once(
     catalog = catalog_for(provider)
     assert catalog_for(provider) is catalog
     assert catalog_for(in_process(ConsulFake())) is not catalog
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(catalog.run)
         with pytest.raises(LifecycleError, match="runs once"):
             await catalog.run()
@@ -58,7 +58,7 @@ async def test_resolve_round_robins_over_every_instance_ignoring_tags(
     provider = in_process(populated())
     catalog = ConsulCatalog(provider)
     assert catalog.resolve("orders") is None  # nothing built yet
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(catalog.run)
         picks = [catalog.resolve("orders") for _ in range(6)]
         assert [p.instance.identity for p in picks if p] == [
@@ -84,7 +84,7 @@ async def test_list_filters_at_instance_granularity(
 ) -> None:
     provider = in_process(populated())
     catalog = ConsulCatalog(provider)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(catalog.run)
         c1 = catalog.list("grpc", {"nadisc-cluster": "c1"})
         assert [(s.name, [i.identity for i in s.instances]) for s in c1] == [
@@ -109,19 +109,19 @@ async def test_unhealthy_instances_are_not_in_the_catalog_and_failures_keep_the_
     fake.set_check("service:orders-2", "critical")
     provider = in_process(fake, catalog_wait=60.0, initial_backoff=1.0, max_backoff=2.0)
     catalog = ConsulCatalog(provider)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(catalog.run)
         before = catalog.snapshot()
         assert [i.identity for i in before.services["orders"]] == ["orders-1", "orders-3"]
         fake.inject("/v1/catalog/services", Fault("status", status=500, body=b"No leader"), times=3)
         fake.inject("/v1/health/state/any", Fault("status", status=500, body=b"No leader"), times=3)
         fake.set_check("service:orders-2", "passing")  # wakes the health query
-        await trio.sleep(0.5)
+        await anyio.sleep(0.5)
         assert catalog.snapshot() is before  # still serving the last good snapshot
         stats = catalog.statistics()
         assert stats.failures >= 1 and stats.last_error is not None
         assert "No leader" in stats.last_error
-        await trio.sleep(10)
+        await anyio.sleep(10)
         assert len(catalog.snapshot().services["orders"]) == 3
         nursery.cancel_scope.cancel()
     await provider.aclose()
@@ -133,17 +133,17 @@ async def test_equal_rebuilds_publish_nothing_and_changes_are_latest_only(
     fake = populated()
     provider = in_process(fake, catalog_wait=60.0)
     catalog = ConsulCatalog(provider)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(catalog.run)
         changes = catalog.changes()
         fake.set_check("service:orders-1", "passing", "new output only")  # index moves
-        await trio.sleep(1)
+        await anyio.sleep(1)
         assert catalog.statistics().rebuilds == 2
         assert not changes.pending  # same content: no publish
         fake.set_check("service:orders-1", "critical")
-        await trio.sleep(1)
+        await anyio.sleep(1)
         fake.set_check("service:orders-3", "critical")
-        await trio.sleep(1)
+        await anyio.sleep(1)
         latest = await changes.receive()  # two swaps, one (the newest) delivered
         assert [i.identity for i in latest.services["orders"]] == ["orders-2"]
         assert not changes.pending
@@ -159,20 +159,20 @@ async def test_equal_rebuilds_publish_nothing_and_changes_are_latest_only(
 
 async def test_peer_recovery_is_seen_within_one_round_trip_without_topology_change() -> None:
     async with run_consul_fake() as fake:
-        fake.register(orders(1), now=trio.current_time())
-        fake.register(orders(2), now=trio.current_time())
+        fake.register(orders(1), now=anyio.current_time())
+        fake.register(orders(2), now=anyio.current_time())
         provider = over_loopback(fake, catalog_wait=30.0)
         catalog = catalog_for(provider)
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             await nursery.start(catalog.run)
             initial = catalog.snapshot()
             changes = catalog.changes()
 
             async def next_snapshot() -> tuple[CatalogSnapshot, float]:
-                start = trio.current_time()
+                start = anyio.current_time()
                 with anyio.fail_after(2):  # far below catalog_wait: the health index woke us
                     snapshot = await changes.receive()
-                return snapshot, trio.current_time() - start
+                return snapshot, anyio.current_time() - start
 
             fake.set_check("service:orders-2", "critical")
             down, _ = await next_snapshot()
@@ -190,10 +190,10 @@ async def test_peer_recovery_is_seen_within_one_round_trip_without_topology_chan
 
 async def test_the_losing_query_is_cancelled_awaited_and_reissued_with_its_index() -> None:
     async with run_consul_fake() as fake:
-        fake.register(orders(1), now=trio.current_time())
+        fake.register(orders(1), now=anyio.current_time())
         provider = over_loopback(fake, catalog_wait=30.0)
         catalog = catalog_for(provider)
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             await nursery.start(catalog.run)
             changes = catalog.changes()
             with anyio.fail_after(5):
@@ -237,10 +237,10 @@ async def test_a_new_service_wins_through_the_topology_query() -> None:
     async with run_consul_fake() as fake:
         provider = over_loopback(fake, catalog_wait=30.0)
         catalog = catalog_for(provider)
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             await nursery.start(catalog.run)
             changes = catalog.changes()
-            fake.register({"Name": "fresh", "Port": 9999}, now=trio.current_time())  # no checks
+            fake.register({"Name": "fresh", "Port": 9999}, now=anyio.current_time())  # no checks
             with anyio.fail_after(2):
                 snapshot = await changes.receive()
             assert "fresh" in snapshot.services
@@ -255,13 +255,13 @@ async def test_index_reset_re_primes_both_queries_and_keeps_converging(
     fake = populated()
     provider = in_process(fake, catalog_wait=60.0)
     catalog = ConsulCatalog(provider)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(catalog.run)
         high = catalog.snapshot().topology_index
         fake.reset_index(to=1)  # the agent's state was restored from an older snapshot
-        await trio.sleep(60 * 17 / 16 + 1)  # the blocked queries return at their wait
-        fake.register({"Name": "after-reset", "Port": 1}, now=trio.current_time())
-        await trio.sleep(1)
+        await anyio.sleep(60 * 17 / 16 + 1)  # the blocked queries return at their wait
+        fake.register({"Name": "after-reset", "Port": 1}, now=anyio.current_time())
+        await anyio.sleep(1)
         snapshot = catalog.snapshot()
         assert "after-reset" in snapshot.services
         assert snapshot.topology_index < high
@@ -278,7 +278,7 @@ async def test_one_service_over_the_instance_limit_does_not_empty_the_catalog(
         fake.register({"Name": "big", "ID": f"big-{n}", "Port": 80}, now=0.0)
     provider = in_process(fake, ctx=context(max_instances_per_service=3))
     catalog = ConsulCatalog(provider)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(catalog.run)
         assert [i.identity for i in catalog.snapshot().services["big"]] == [
             "big-0",
@@ -286,8 +286,8 @@ async def test_one_service_over_the_instance_limit_does_not_empty_the_catalog(
             "big-2",
         ]
         changes = catalog.changes()
-        fake.register({"Name": "big", "ID": "big-3", "Port": 80}, now=trio.current_time())
-        fake.register(orders(2), now=trio.current_time())
+        fake.register({"Name": "big", "ID": "big-3", "Port": 80}, now=anyio.current_time())
+        fake.register(orders(2), now=anyio.current_time())
         snapshot = await changes.receive()
         # The rest publishes; the oversized service keeps what it had.
         assert [i.identity for i in snapshot.services["orders"]] == ["orders-1", "orders-2"]
@@ -296,10 +296,10 @@ async def test_one_service_over_the_instance_limit_does_not_empty_the_catalog(
         assert set(stats.rejected) == {"big"} and stats.rejected["big"].startswith("capacity")
         assert stats.rejections >= 1 and stats.failures == 0 and stats.last_error is None
         passes = stats.rebuilds
-        await trio.sleep(300)  # no retry storm: rebuilds follow changes only
+        await anyio.sleep(300)  # no retry storm: rebuilds follow changes only
         assert catalog.statistics().rebuilds - passes <= 1
         fake.deregister("big-3")
-        await trio.sleep(5)  # an equal snapshot: nothing published, the record clears
+        await anyio.sleep(5)  # an equal snapshot: nothing published, the record clears
         assert catalog.statistics().rejected == {}
         nursery.cancel_scope.cancel()
     await provider.aclose()
@@ -314,7 +314,7 @@ async def test_an_oversized_service_never_seen_before_is_empty_not_fatal(
         fake.register({"Name": "big", "ID": f"big-{n}", "Port": 80}, now=0.0)
     provider = in_process(fake, ctx=context(max_instances_per_service=4))
     catalog = ConsulCatalog(provider)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(catalog.run)
         assert catalog.snapshot().services["big"] == ()
         resolved = catalog.resolve("orders")
@@ -333,7 +333,7 @@ async def test_least_privilege_token_builds_the_readable_part_of_the_catalog(
     fake.add_token("orders-only", read=("orders",), write=())
     provider = in_process(fake, token="orders-only")
     catalog = ConsulCatalog(provider)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(catalog.run)
         # /v1/catalog/services is filtered for this token: normal, not a revocation.
         assert set(catalog.snapshot().services) == {"orders"}
@@ -351,7 +351,7 @@ async def test_a_service_whose_health_read_is_acl_filtered_is_left_out_with_a_re
     fake.add_token("t", read=("",), write=())
     provider = in_process(fake, token="t")
     catalog = ConsulCatalog(provider)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(catalog.run)
         assert {"db", "orders"} <= set(catalog.snapshot().services)
         # The catalog listing still names "db" (read on the catalog prefix) but
@@ -364,7 +364,7 @@ async def test_a_service_whose_health_read_is_acl_filtered_is_left_out_with_a_re
 
         fake.health_service = trimmed  # type: ignore[method-assign]
         changes = catalog.changes()
-        fake.register(orders(4), now=trio.current_time())
+        fake.register(orders(4), now=anyio.current_time())
         snapshot = await changes.receive()
         assert "db" not in snapshot.services
         assert len(snapshot.services["orders"]) == 4
@@ -381,7 +381,7 @@ async def test_snapshots_are_read_only_and_old_ones_never_change(
     fake.register(orders(1), now=0.0)
     provider = in_process(fake, catalog_wait=60.0)
     catalog = ConsulCatalog(provider)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(catalog.run)
         old = catalog.snapshot()
         with pytest.raises(TypeError):
@@ -390,7 +390,7 @@ async def test_snapshots_are_read_only_and_old_ones_never_change(
         with pytest.raises(TypeError):
             built.services["intruder"] = ()  # type: ignore[index]
         changes = catalog.changes()
-        fake.register(orders(2), now=trio.current_time())
+        fake.register(orders(2), now=anyio.current_time())
         new = await changes.receive()
         assert [i.identity for i in old.services["orders"]] == ["orders-1"]
         assert [i.identity for i in new.services["orders"]] == ["orders-1", "orders-2"]

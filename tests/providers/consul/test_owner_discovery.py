@@ -54,6 +54,7 @@ def config(
 ) -> DiscoveryConfig:
     consul: dict[str, Any] = {
         "url": url,
+        "identity_scope": "service",  # see SERVICE_SCOPE in conftest.py
         "wait": 20,
         "watch_rate": 50,
         "watch_burst": 10,
@@ -118,11 +119,11 @@ async def test_provider_consul_is_loaded_through_the_entry_point() -> None:
     assert "consul" in {p.name for p in entry_points(group="nadisc.providers")}
     before = all_tasks()
     async with run_consul_fake() as fake:
-        fake.register(instance(1), now=trio.current_time())
-        fake.register(instance(2, Tags=["http"]), now=trio.current_time())
+        fake.register(instance(1), now=anyio.current_time())
+        fake.register(instance(2, Tags=["http"]), now=anyio.current_time())
         cfg = config(fake.url, services={"orders": {"name": "orders", "tag": "grpc"}})
         async with open_discovery(cfg) as owner:
-            observation = await owner.client().observe("orders", trio.current_time() + 5)
+            observation = await owner.client().observe("orders", anyio.current_time() + 5)
             snapshot = observation.snapshot()
             # The alias's tag survives the owner asking by remote name.
             assert snapshot.identities() == ("orders-1",)
@@ -139,7 +140,7 @@ async def test_provider_consul_is_loaded_through_the_entry_point() -> None:
 async def test_truncated_bodies_over_loopback_are_incomplete_and_served_from_grace() -> None:
     before = all_tasks()
     async with run_consul_fake() as fake:
-        fake.register(instance(1), now=trio.current_time())
+        fake.register(instance(1), now=anyio.current_time())
         cfg = config(
             fake.url,
             connection={
@@ -150,7 +151,7 @@ async def test_truncated_bodies_over_loopback_are_incomplete_and_served_from_gra
             wait=1,
         )
         async with open_discovery(cfg) as owner:
-            observation = await owner.client().observe("orders", trio.current_time() + 5)
+            observation = await owner.client().observe("orders", anyio.current_time() + 5)
             fake.inject(HEALTH, Fault("truncate"), times=1000)
             await wait_until(observation, lambda: observation.snapshot().degraded)
             assert observation.snapshot().identities() == ("orders-1",)
@@ -169,16 +170,16 @@ async def test_instances_appear_and_disappear_and_recover_within_one_round_trip(
         fake.register(instance(1), now=0.0)
         cfg = config(fake.url)
         async with open_discovery(cfg, providers=in_process(cfg, fake)) as owner:
-            observation = await owner.client().observe("orders", trio.current_time() + 5)
+            observation = await owner.client().observe("orders", anyio.current_time() + 5)
             assert identities(observation) == ("orders-1",)
 
             async def moved_within(
                 action: Callable[[], object], expected: tuple[str, ...]
             ) -> float:
-                start = trio.current_time()
+                start = anyio.current_time()
                 action()
                 await wait_until(observation, lambda: identities(observation) == expected)
-                return trio.current_time() - start
+                return anyio.current_time() - start
 
             now = trio.current_time
             assert (
@@ -225,7 +226,7 @@ async def test_failed_refreshes_get_grace_then_go_stale_then_recover(
         fake.register(instance(1), now=0.0)
         cfg = config(fake.url)
         async with open_discovery(cfg, providers=in_process(cfg, fake)) as owner:
-            observation = await owner.client().observe("orders", trio.current_time() + 5)
+            observation = await owner.client().observe("orders", anyio.current_time() + 5)
             fake.inject(HEALTH, fault, times=10_000)
             await wait_until(observation, lambda: observation.snapshot().degraded)
             graced: ObservationSnapshot = observation.snapshot()
@@ -234,7 +235,7 @@ async def test_failed_refreshes_get_grace_then_go_stale_then_recover(
             await wait_until(observation, lambda: refusal(observation) is not None)
             assert refusal(observation) == "stale"
             # The grace is stale_if_error (10 s) from the last complete listing.
-            assert trio.current_time() - graced.confirmed_at == pytest.approx(10.0, abs=0.01)
+            assert anyio.current_time() - graced.confirmed_at == pytest.approx(10.0, abs=0.01)
             fake._faults.clear()
             await wait_until(observation, lambda: refusal(observation) is None)
             fresh = observation.snapshot()
@@ -252,14 +253,14 @@ async def test_acl_revocation_refuses_at_once_without_grace(
         fake.add_token("s3cr3t-token")
         cfg = config(fake.url, token="s3cr3t-token")
         async with open_discovery(cfg, providers=in_process(cfg, fake)) as owner:
-            observation = await owner.client().observe("orders", trio.current_time() + 5)
+            observation = await owner.client().observe("orders", anyio.current_time() + 5)
             assert identities(observation) == ("orders-1",)
-            revoked_at = trio.current_time()
+            revoked_at = anyio.current_time()
             fake.revoke_token("s3cr3t-token")
             await wait_until(observation, lambda: refusal(observation) is not None)
             # No grace although stale_if_error is 10 s: a revocation is not incomplete.
             assert refusal(observation) == "revoked"
-            assert trio.current_time() - revoked_at < 1.0
+            assert anyio.current_time() - revoked_at < 1.0
             with pytest.raises(EvidenceUnavailable) as info:
                 observation.snapshot()
             assert "s3cr3t" not in str(info.value)
@@ -281,16 +282,16 @@ async def test_trimmed_service_read_refuses_at_once_as_revoked_without_grace(
         fake.add_token("s3cr3t-token", read=("orders",), write=())
         cfg = config(fake.url, token="s3cr3t-token")
         async with open_discovery(cfg, providers=in_process(cfg, fake)) as owner:
-            observation = await owner.client().observe("orders", trio.current_time() + 5)
+            observation = await owner.client().observe("orders", anyio.current_time() + 5)
             assert identities(observation) == ("orders-1",)
-            trimmed_at = trio.current_time()
+            trimmed_at = anyio.current_time()
             fake.set_token_rules("s3cr3t-token", read=("billing",))
             await wait_until(observation, lambda: refusal(observation) is not None)
             assert refusal(observation) == "revoked"
             # Consul's index does not move when a policy changes, so the blocked
             # watch sleeps on; the next confirmation read (poll interval, 5 s)
             # sees the trimmed answer and refuses at once: no 10 s grace.
-            assert trio.current_time() - trimmed_at <= 5.0 + 0.01
+            assert anyio.current_time() - trimmed_at <= 5.0 + 0.01
             with pytest.raises(EvidenceUnavailable) as info:
                 observation.snapshot()
             assert "s3cr3t" not in str(info.value)
@@ -306,28 +307,28 @@ async def test_index_reset_is_followed_end_to_end(autojump_clock: trio.testing.M
         fake.register(instance(2), now=0.0)
         cfg = config(fake.url)
         async with open_discovery(cfg, providers=in_process(cfg, fake)) as owner:
-            observation = await owner.client().observe("orders", trio.current_time() + 5)
+            observation = await owner.client().observe("orders", anyio.current_time() + 5)
             assert identities(observation) == ("orders-1", "orders-2")
-            await trio.sleep(1)  # the watch is blocking on its index now
+            await anyio.sleep(1)  # the watch is blocking on its index now
             high = max(int(r.query["index"]) for r in fake.requests if "index" in r.query)
             count = len(fake.requests)
             fake.reset_index(to=1)  # snapshot restore: the index goes backwards
-            start = trio.current_time()
+            start = anyio.current_time()
             fake.deregister("orders-1")
             # Like Consul, the fake keeps a request blocked on the old, higher
             # index until its wait ends; the confirmation read (a fresh,
             # non-blocking query every poll interval) sees the change first.
             await wait_until(observation, lambda: identities(observation) == ("orders-2",))
-            assert trio.current_time() - start <= 5.0 + 0.01
-            await trio.sleep(25)  # the blocked watch returns (20 s wait + jitter) and resets
+            assert anyio.current_time() - start <= 5.0 + 0.01
+            await anyio.sleep(25)  # the blocked watch returns (20 s wait + jitter) and resets
             after = [r for r in fake.requests[count:] if r.path == HEALTH]
             blocking = [int(r.query["index"]) for r in after if "index" in r.query]
             assert any("index" not in r.query for r in after)
             assert blocking[-1] < high  # blocking again, on the new, low index
-            start = trio.current_time()
-            fake.register(instance(3), now=trio.current_time())
+            start = anyio.current_time()
+            fake.register(instance(3), now=anyio.current_time())
             await wait_until(observation, lambda: "orders-3" in identities(observation))
-            assert trio.current_time() - start < 1.0  # the watch wakes at once again
+            assert anyio.current_time() - start < 1.0  # the watch wakes at once again
             assert not observation.snapshot().degraded
     assert all_tasks() == before
 
@@ -350,10 +351,10 @@ async def test_alias_tags_are_kept_and_ambiguous_bindings_are_refused(
         )
         async with open_discovery(cfg, providers=in_process(cfg, fake)) as owner:
             handle = owner.client()
-            rpc = await handle.observe("rpc", trio.current_time() + 5)
+            rpc = await handle.observe("rpc", anyio.current_time() + 5)
             assert identities(rpc) == ("orders-2",)
             assert rpc.service == "rpc"
-            assert identities(await handle.observe("payments", trio.current_time() + 5)) == (
+            assert identities(await handle.observe("payments", anyio.current_time() + 5)) == (
                 "pay-1",
             )
     for services, message in [

@@ -54,6 +54,7 @@ def config(
 ) -> DiscoveryConfig:
     consul: dict[str, Any] = {
         "url": url,
+        "identity_scope": "service",  # see SERVICE_SCOPE in conftest.py
         "wait": 20,
         "health_check_path": "/health",
         "tags": ["edge"],
@@ -122,7 +123,7 @@ async def agent_probes(fake: ConsulFake) -> None:
     while True:
         for check in list(fake.checks.values()):
             if check.kind == "http" and check.status != "passing":
-                fake.set_check(check.check_id, "passing", now=trio.current_time())
+                fake.set_check(check.check_id, "passing", now=anyio.current_time())
         await fake.wait_for(
             lambda: any(c.kind == "http" and c.status != "passing" for c in fake.checks.values())
         )
@@ -132,7 +133,7 @@ async def until(predicate: Callable[[], bool]) -> None:
     """Wait for a condition that spans the owner and the fake (virtual time)."""
     with anyio.fail_after(300):
         while not predicate():  # noqa: ASYNC110 - no single event covers both sides
-            await trio.sleep(0.05)
+            await anyio.sleep(0.05)
 
 
 # -- over loopback: the agent really probes the check ------------------------------------------
@@ -157,7 +158,7 @@ async def test_publish_becomes_active_after_the_agents_check_and_quiesce_deregis
             listeners=listeners(("127.0.0.1", port)),
             eligibility={"web": Eligibility.always()},
             allow_loopback=True,
-            publish_deadline=trio.current_time() + 10,
+            publish_deadline=anyio.current_time() + 10,
         ) as owner:
             # open_discovery returns once the startup-required registration is Active.
             assert state(owner) is RegistrationState.ACTIVE
@@ -170,7 +171,7 @@ async def test_publish_becomes_active_after_the_agents_check_and_quiesce_deregis
             assert check.target == f"http://127.0.0.1:{port}/v1/status/leader"
             assert check.deregister_after == 60.0
             # Discovery on the same connection sees the registration.
-            observation = await owner.client().observe("self", trio.current_time() + 5)
+            observation = await owner.client().observe("self", anyio.current_time() + 5)
             assert observation.snapshot().identities() == (instance,)
         assert (NODE, instance) not in fake.services
         report = owner.close_report
@@ -189,14 +190,14 @@ async def test_renewals_reapply_at_the_reregister_interval_not_every_tick(
 ) -> None:
     before = all_tasks()
     times: list[float] = []
-    async with open_consul_fake() as fake, trio.open_nursery() as nursery:
+    async with open_consul_fake() as fake, anyio.create_task_group() as nursery:
         nursery.start_soon(agent_probes, fake)
 
         async def record_puts() -> None:
             while True:
                 seen = puts(fake)
                 await fake.wait_for(partial(more_puts, fake, seen))
-                times.append(trio.current_time())
+                times.append(anyio.current_time())
 
         nursery.start_soon(record_puts)
         cfg = config(fake.url, reregister_interval=30)
@@ -207,8 +208,8 @@ async def test_renewals_reapply_at_the_reregister_interval_not_every_tick(
             eligibility={"web": Eligibility.always()},
         ) as owner:
             assert state(owner) is RegistrationState.ACTIVE
-            start = trio.current_time()
-            await trio.sleep(100)
+            start = anyio.current_time()
+            await anyio.sleep(100)
             assert state(owner) is RegistrationState.ACTIVE
             health_reads = [r for r in fake.requests if r.path.startswith("/v1/agent/health/")]
             assert len(health_reads) >= 19  # a check every monitor interval (5 s)
@@ -235,11 +236,11 @@ async def test_a_reaped_registration_is_reapplied_by_the_lifecycle(
         ) as owner:
             await until(lambda: (NODE, INSTANCE) in fake.services)
             await until(lambda: (NODE, INSTANCE) not in fake.services)
-            reaped_at = trio.current_time()
+            reaped_at = anyio.current_time()
             assert reaped_at >= 60
             await until(lambda: (NODE, INSTANCE) in fake.services)
             # Seen missing by the next check, re-applied by the renewal after it.
-            assert trio.current_time() - reaped_at <= 2 * 5 + 0.1
+            assert anyio.current_time() - reaped_at <= 2 * 5 + 0.1
             assert (NODE, f"service:{INSTANCE}") in fake.checks
             assert owner.registrations()["web"].write.value == "acked"
     assert all_tasks() == before
@@ -250,7 +251,7 @@ async def test_eligibility_is_checked_before_every_write(
 ) -> None:
     before = all_tasks()
     eligible = [True]
-    async with open_consul_fake() as fake, trio.open_nursery() as nursery:
+    async with open_consul_fake() as fake, anyio.create_task_group() as nursery:
         nursery.start_soon(agent_probes, fake)
         cfg = config(fake.url)
         async with open_discovery(
@@ -262,13 +263,13 @@ async def test_eligibility_is_checked_before_every_write(
             assert state(owner) is RegistrationState.ACTIVE
             eligible[0] = False
             writes = puts(fake)
-            await trio.sleep(70)  # twice the reregister interval
+            await anyio.sleep(70)  # twice the reregister interval
             assert puts(fake) == writes  # nothing written while ineligible
             assert state(owner) is RegistrationState.INELIGIBLE
             eligible[0] = True
-            resumed = trio.current_time()
+            resumed = anyio.current_time()
             await until(lambda: puts(fake) > writes)
-            assert trio.current_time() - resumed <= 5.5
+            assert anyio.current_time() - resumed <= 5.5
             await until(lambda: state(owner) is RegistrationState.ACTIVE)
         nursery.cancel_scope.cancel()
     assert all_tasks() == before
@@ -288,7 +289,7 @@ async def test_an_unknown_first_write_is_never_repeated(
             eligibility={"web": Eligibility.always()},
         ) as owner:
             await until(lambda: puts(fake) == 1)
-            await trio.sleep(120)
+            await anyio.sleep(120)
             assert puts(fake) == 1
             assert state(owner) is RegistrationState.OUTCOME_UNKNOWN
         report = owner.close_report
@@ -303,7 +304,7 @@ async def test_a_lost_reapply_answer_ends_residual_and_nothing_is_written_after(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     before = all_tasks()
-    async with open_consul_fake() as fake, trio.open_nursery() as nursery:
+    async with open_consul_fake() as fake, anyio.create_task_group() as nursery:
         nursery.start_soon(agent_probes, fake)
         cfg = config(fake.url)
         async with open_discovery(
@@ -322,7 +323,7 @@ async def test_a_lost_reapply_answer_ends_residual_and_nothing_is_written_after(
         assert report is not None
         (entry,) = report.registrations
         assert getattr(entry, "outcome", None) is CloseOutcome.RESIDUAL
-        await trio.sleep(120)
+        await anyio.sleep(120)
         assert puts(fake) == after_close and (NODE, INSTANCE) not in fake.services
         nursery.cancel_scope.cancel()
     assert all_tasks() == before
@@ -332,7 +333,7 @@ async def test_a_failed_deregistration_is_reported_and_never_re_applied(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     before = all_tasks()
-    async with open_consul_fake() as fake, trio.open_nursery() as nursery:
+    async with open_consul_fake() as fake, anyio.create_task_group() as nursery:
         nursery.start_soon(agent_probes, fake)
         cfg = config(fake.url)
         async with open_discovery(
@@ -350,10 +351,37 @@ async def test_a_failed_deregistration_is_reported_and_never_re_applied(
         (entry,) = report.registrations
         assert getattr(entry, "outcome", None) is CloseOutcome.UNREACHABLE
         assert getattr(entry, "possibly_remaining", None) is True
-        await trio.sleep(120)
+        await anyio.sleep(120)
         nursery.cancel_scope.cancel()
     assert puts(fake) == writes
     assert (NODE, INSTANCE) in fake.services  # honestly reported as possibly remaining
+    assert all_tasks() == before
+
+
+async def test_deregistering_a_service_the_agent_already_reaped_is_deregistered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # After DeregisterCriticalServiceAfter the agent no longer holds the ID and
+    # answers the deregistration 404 "Unknown service ID": absent is the goal.
+    before = all_tasks()
+    async with open_consul_fake() as fake, anyio.create_task_group() as nursery:
+        nursery.start_soon(agent_probes, fake)
+        cfg = config(fake.url)
+        async with open_discovery(
+            cfg,
+            providers=in_process(cfg, fake),
+            listeners=listeners(),
+            eligibility={"web": Eligibility.always()},
+        ) as owner:
+            assert fake.deregister(INSTANCE)  # reaped behind the owner's back
+        report = owner.close_report
+        assert report is not None
+        (entry,) = report.registrations
+        assert getattr(entry, "outcome", None) is CloseOutcome.DEREGISTERED
+        assert getattr(entry, "possibly_remaining", None) is False
+        answers = [r for r in fake.requests if r.path.startswith("/v1/agent/service/deregister/")]
+        assert [r.outcome for r in answers] == ["answered"]  # once, answered 404, not retried
+        nursery.cancel_scope.cancel()
     assert all_tasks() == before
 
 
@@ -423,7 +451,7 @@ async def test_a_revoked_token_seen_by_discovery_drops_the_registrations_health_
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     before = all_tasks()
-    async with open_consul_fake() as fake, trio.open_nursery() as nursery:
+    async with open_consul_fake() as fake, anyio.create_task_group() as nursery:
         nursery.start_soon(agent_probes, fake)
         fake.register(
             {
@@ -444,10 +472,10 @@ async def test_a_revoked_token_seen_by_discovery_drops_the_registrations_health_
             listeners=listeners(),
             eligibility={"web": Eligibility.always()},
         ) as owner:
-            observation = await owner.client().observe("orders", trio.current_time() + 5)
+            observation = await owner.client().observe("orders", anyio.current_time() + 5)
             assert observation.snapshot().identities() == ("orders-1",)
             assert state(owner) is RegistrationState.ACTIVE
-            await trio.sleep(1)  # between two renewals: only the watch is talking
+            await anyio.sleep(1)  # between two renewals: only the watch is talking
             writes = puts(fake)
             fake.revoke_token("t0ken")
             epoch = await owner.identity_revoked("primary", after_epoch=0)

@@ -49,7 +49,7 @@ async def test_query_lists_passing_instances_with_weights_tags_and_meta() -> Non
     fake.register({**WEB, "ID": "web-2", "Check": {"TTL": "1h"}}, now=0.0)  # critical
     fake.register({**WEB, "ID": "web-3", "Address": "", "Tags": []}, now=0.0)
     provider = in_process(fake)
-    snapshot = await provider.query("web", trio.current_time() + 5)
+    snapshot = await provider.query("web", anyio.current_time() + 5)
     await provider.aclose()
     assert snapshot.evidence is EvidenceKind.REGISTRY_HEALTH
     assert snapshot.identities() == ("web-1", "web-3")
@@ -75,8 +75,8 @@ async def test_alias_binding_maps_name_and_tag() -> None:
         datacenter="dc1",
         consistency="stale",
     )
-    snapshot = await provider.query("orders", trio.current_time() + 5)
-    by_remote_name = await provider.query("web", trio.current_time() + 5)
+    snapshot = await provider.query("orders", anyio.current_time() + 5)
+    by_remote_name = await provider.query("web", anyio.current_time() + 5)
     await provider.aclose()
     assert snapshot.service == "orders" and snapshot.identities() == ("web-1",)
     assert by_remote_name.identities() == ("web-1",)  # the one binding of that name
@@ -91,13 +91,13 @@ async def test_watch_publishes_on_change_and_refreshes_on_quiet_returns(
     fake.register(WEB, now=0.0)
     provider = in_process(fake, wait=10.0)
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "web", sink)
         assert sink.events == ["publish"]
-        await trio.sleep(12)  # one blocking round trip times out: not a change
+        await anyio.sleep(12)  # one blocking round trip times out: not a change
         assert sink.events == ["publish", "refresh"]
         fake.set_check("service:web-1", "critical")
-        await trio.sleep(0.5)
+        await anyio.sleep(0.5)
         assert sink.events[-1] == "publish" and sink.published[-1].instances == ()
         nursery.cancel_scope.cancel()
     await provider.aclose()
@@ -115,7 +115,7 @@ async def test_watch_reuses_unchanged_instances_across_updates(
     fake.register(WEB, now=0.0)
     provider = in_process(fake, wait=10.0)
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "web", sink)
         fake.register({**WEB, "ID": "web-2", "Address": "10.0.0.6"}, now=1.0)
         await sink.wait_for(lambda: len(sink.published) == 2)
@@ -134,12 +134,12 @@ async def test_index_going_backwards_triggers_a_fresh_non_blocking_read(
     fake.register(WEB, now=0.0)
     provider = in_process(fake, wait=30.0)
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "web", sink)
-        await trio.sleep(1)
+        await anyio.sleep(1)
         fake.reset_index(to=1)  # snapshot restore: every index is lower now
         # The server keeps blocking (its index is not above ours) until `wait`.
-        await trio.sleep(30 * 17 / 16 + 1)
+        await anyio.sleep(30 * 17 / 16 + 1)
         nursery.cancel_scope.cancel()
     await provider.aclose()
     sent = health_requests(fake)
@@ -156,9 +156,9 @@ async def test_zero_index_is_replaced_by_one(autojump_clock: trio.testing.MockCl
     fake.inject("/v1/health/service/web", Fault("index", index="0"))
     provider = in_process(fake, wait=5.0)
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "web", sink)
-        await trio.sleep(1)
+        await anyio.sleep(1)
         nursery.cancel_scope.cancel()
     await provider.aclose()
     assert health_requests(fake)[1]["index"] == "1"
@@ -173,9 +173,9 @@ async def test_reissue_is_rate_limited_by_the_token_bucket(
     fake.inject("/v1/health/service/web", Fault("body", body=b"[]", index="5"), times=10_000)
     provider = in_process(fake, watch_rate=2.0, watch_burst=5)
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "web", sink)
-        await trio.sleep(10)
+        await anyio.sleep(10)
         nursery.cancel_scope.cancel()
     await provider.aclose()
     count = len(health_requests(fake))
@@ -203,9 +203,9 @@ async def test_watch_failures_are_typed_and_the_watch_recovers(
     fake.inject("/v1/health/service/web", fault)
     provider = in_process(fake, wait=5.0, initial_backoff=1.0, max_backoff=2.0)
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "web", sink)
-        await trio.sleep(3)
+        await anyio.sleep(3)
         nursery.cancel_scope.cancel()
     await provider.aclose()
     assert type(sink.failures[0]) is expected
@@ -221,15 +221,15 @@ async def test_blocking_read_timeout_is_above_wait_times_17_16(
     fake.register(WEB, now=0.0)
     provider = in_process(fake, ctx=context(request_timeout=2.0), wait=16.0)
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "web", sink)
         fake.inject("/v1/health/service/web", Fault("hang"))
-        started = trio.current_time()
-        await trio.sleep(0.01)
+        started = anyio.current_time()
+        await anyio.sleep(0.01)
         fake.set_check("service:web-1", "warning")  # unblocks the first blocking read
         with anyio.fail_after(100):
             await sink.wait_for(lambda: bool(sink.failures))
-        failed_after = trio.current_time() - started
+        failed_after = anyio.current_time() - started
         nursery.cancel_scope.cancel()
     await provider.aclose()
     assert isinstance(sink.failures[0], IncompleteSnapshot)
@@ -242,10 +242,10 @@ async def test_oversized_bodies_are_capacity_rejections() -> None:
         fake.register({**WEB, "ID": f"web-{i}"}, now=0.0)
     provider = in_process(fake, ctx=context(max_response_bytes=4096))
     with pytest.raises(CapacityRejected, match="max_response_bytes=4096"):
-        await provider.query("web", trio.current_time() + 5)
+        await provider.query("web", anyio.current_time() + 5)
     few = in_process(fake, ctx=context(max_instances_per_service=10))
     with pytest.raises(CapacityRejected, match="max_instances_per_service=10"):
-        await few.query("web", trio.current_time() + 5)
+        await few.query("web", anyio.current_time() + 5)
     await provider.aclose()
     await few.aclose()
 
@@ -257,7 +257,7 @@ async def test_large_answers_decode_cooperatively_with_the_same_result() -> None
     _, entries, _ = fake.health_service("web", passing=True)
     assert len(json.dumps(entries)) > COOPERATIVE_BYTES
     provider = in_process(fake)
-    snapshot = await provider.query("web", trio.current_time() + 5)
+    snapshot = await provider.query("web", anyio.current_time() + 5)
     await provider.aclose()
     assert len(snapshot.instances) == 120
     assert snapshot.identities() == tuple(f"web-{i:03}" for i in range(120))
@@ -266,7 +266,7 @@ async def test_large_answers_decode_cooperatively_with_the_same_result() -> None
 async def test_deadlines_in_the_past_or_nan_are_refused() -> None:
     provider = in_process(ConsulFake())
     with pytest.raises(DeadlineExceeded):
-        await provider.query("web", trio.current_time() - 1)
+        await provider.query("web", anyio.current_time() - 1)
     with pytest.raises(DeadlineExceeded):
         await provider.query("web", float("nan"))
     await provider.aclose()
@@ -279,16 +279,16 @@ async def test_the_token_is_sent_but_never_shown() -> None:
     fake.enable_acl()
     fake.add_token("s3cr3t-token-value")
     good = in_process(fake, token="s3cr3t-token-value")
-    assert (await good.query("web", trio.current_time() + 5)).identities() == ("web-1",)
+    assert (await good.query("web", anyio.current_time() + 5)).identities() == ("web-1",)
     assert fake.requests[-1].token == "s3cr3t-token-value"
     assert "s3cr3t" not in repr(good) and "s3cr3t" not in repr(good.settings)
     fake.revoke_token("s3cr3t-token-value")
     with pytest.raises(IdentityRevoked) as revoked:
-        await good.query("web", trio.current_time() + 5)
+        await good.query("web", anyio.current_time() + 5)
     assert "ACL not found" in str(revoked.value) and "s3cr3t" not in str(revoked.value)
     anonymous = in_process(fake)
     with pytest.raises(IdentityRevoked, match="filtered by ACLs"):
-        await anonymous.query("web", trio.current_time() + 5)
+        await anonymous.query("web", anyio.current_time() + 5)
     await good.aclose()
     await anonymous.aclose()
 
@@ -308,7 +308,7 @@ async def test_acl_filtered_health_read_is_a_revocation_not_an_empty_listing() -
 
     provider = ConsulProvider(context(), ConsulSettings(), transport=httpx.MockTransport(filtered))
     with pytest.raises(IdentityRevoked, match="filtered by ACLs"):
-        await provider.query("web", trio.current_time() + 5)
+        await provider.query("web", anyio.current_time() + 5)
     await provider.aclose()
 
 
@@ -322,14 +322,14 @@ async def test_fake_acl_filtering_reaches_the_provider_as_revocation(
     fake.add_token("web-reader", read=("web",), write=())
     trimmed = in_process(fake, token="db-reader")
     with pytest.raises(IdentityRevoked, match="lacks service:read on 'web'"):
-        await trimmed.query("web", trio.current_time() + 5)
+        await trimmed.query("web", anyio.current_time() + 5)
     # As in Consul, nothing is left out of a service with no instances: no
     # header, so that is an explicit empty listing.
-    assert (await trimmed.query("nothing", trio.current_time() + 5)).instances == ()
+    assert (await trimmed.query("nothing", anyio.current_time() + 5)).instances == ()
     allowed = in_process(fake, token="web-reader")
-    assert (await allowed.query("web", trio.current_time() + 5)).identities() == ("web-1",)
+    assert (await allowed.query("web", anyio.current_time() + 5)).identities() == ("web-1",)
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(functools.partial(allowed.watch, "web", sink))
         await sink.wait_for(lambda: len(sink.published) == 1)
         fake.set_token_rules("web-reader", read=("db",))
@@ -344,11 +344,11 @@ async def test_fake_acl_filtering_reaches_the_provider_as_revocation(
 async def test_prepare_checks_reachability_and_rights() -> None:
     fake = ConsulFake()
     provider = in_process(fake)
-    await provider.prepare(trio.current_time() + 5)
+    await provider.prepare(anyio.current_time() + 5)
     fake.enable_acl()
     with pytest.raises(IdentityRevoked):
         # catalog/services filters rather than denying, but an unknown token is denied
-        await in_process(fake, token="unknown").prepare(trio.current_time() + 5)
+        await in_process(fake, token="unknown").prepare(anyio.current_time() + 5)
     await provider.aclose()
 
 
@@ -357,14 +357,14 @@ async def test_prepare_checks_reachability_and_rights() -> None:
 
 async def test_transport_faults_over_loopback_are_incomplete() -> None:
     async with run_consul_fake() as fake:
-        fake.register(WEB, now=trio.current_time())
+        fake.register(WEB, now=anyio.current_time())
         provider = over_loopback(fake, ctx=context(request_timeout=0.5))
         for fault in (Fault("truncate"), Fault("drop"), Fault("hang"), Fault("slow", delay=0.2)):
             fake.inject("/v1/health/service/web", fault)
             with pytest.raises(IncompleteSnapshot) as failure:
-                await provider.query("web", trio.current_time() + 0.5)
+                await provider.query("web", anyio.current_time() + 0.5)
             assert failure.value.__cause__ is not None
-        assert (await provider.query("web", trio.current_time() + 5)).identities() == ("web-1",)
+        assert (await provider.query("web", anyio.current_time() + 5)).identities() == ("web-1",)
         await provider.aclose()
 
 
@@ -374,7 +374,7 @@ async def test_unreachable_agent_is_incomplete() -> None:
     await listener.aclose()
     provider = ConsulProvider(context(), ConsulSettings(url=f"http://127.0.0.1:{port}"))  # type: ignore[arg-type]
     with pytest.raises(IncompleteSnapshot, match="transport failed"):
-        await provider.query("web", trio.current_time() + 2)
+        await provider.query("web", anyio.current_time() + 2)
     await provider.aclose()
 
 
@@ -384,7 +384,7 @@ async def test_content_length_over_budget_is_refused_before_reading() -> None:
         fake.inject("/v1/health/service/web", Fault("body", body=body))
         provider = over_loopback(fake, ctx=context(max_response_bytes=1024))
         with pytest.raises(CapacityRejected, match="exceeds max_response_bytes=1024"):
-            await provider.query("web", trio.current_time() + 5)
+            await provider.query("web", anyio.current_time() + 5)
         await provider.aclose()
 
 
@@ -408,7 +408,7 @@ async def test_disabled_registration_is_declared_and_refused() -> None:
     assert provider.capabilities.watch_streams == 1
     record = RegistrationRecord("web", "web", "web-9", "10.0.0.9", 80)
     with pytest.raises(RegistrationRejected, match="disabled") as info:
-        await provider.register(record, trio.current_time() + 5)
+        await provider.register(record, anyio.current_time() + 5)
     assert isinstance(info.value.__cause__, RegistrationError)
     assert ("fake-node-1", "web-9") not in fake.services
     await provider.aclose()
@@ -420,13 +420,13 @@ async def test_tls_with_the_configured_ca_file_and_refused_without_it(
     cert, key = self_signed_cert
     async with run_consul_fake(tls=(cert, key)) as fake:
         assert fake.url.startswith("https://127.0.0.1:")
-        fake.register(WEB, now=trio.current_time())
+        fake.register(WEB, now=anyio.current_time())
         trusted = over_loopback(fake, ca_file=cert)
-        snapshot = await trusted.query("web", trio.current_time() + 5)
+        snapshot = await trusted.query("web", anyio.current_time() + 5)
         assert snapshot.identities() == ("web-1",)
         await trusted.aclose()
         # The system trust store does not know this CA: the read is incomplete.
         untrusted = over_loopback(fake)
         with pytest.raises(IncompleteSnapshot, match=r"(?i)certificate|ssl|tls|transport"):
-            await untrusted.query("web", trio.current_time() + 5)
+            await untrusted.query("web", anyio.current_time() + 5)
         await untrusted.aclose()

@@ -221,7 +221,7 @@ async def test_register_writes_the_payload_and_passes_the_ttl_check() -> None:
     provider = in_process(fake, cluster_id="cluster-1")
     provider.add_contributor(Mesh())
     registered = await provider.register(
-        record(check=HealthCheck(kind="ttl", ttl=30.0)), trio.current_time() + 5
+        record(check=HealthCheck(kind="ttl", ttl=30.0)), anyio.current_time() + 5
     )
     assert registered.handle == "ttl:service:orders-1"
     service = fake.services[(NODE, "orders-1")]
@@ -229,22 +229,22 @@ async def test_register_writes_the_payload_and_passes_the_ttl_check() -> None:
     assert service.tags == ["nadisc-mesh", "grpc"]
     assert service.meta["nadisc-cluster"] == "from-mesh"
     assert fake.checks[(NODE, "service:orders-1")].status == "passing"
-    snapshot = await provider.query("orders", trio.current_time() + 5)
+    snapshot = await provider.query("orders", anyio.current_time() + 5)
     assert snapshot.identities() == ("orders-1",)
-    assert await provider.check(registered, trio.current_time() + 5) is HealthStatus.HEALTHY
+    assert await provider.check(registered, anyio.current_time() + 5) is HealthStatus.HEALTHY
     await provider.aclose()
 
 
 async def test_renew_is_an_idempotent_upsert_that_heals_a_lost_registration() -> None:
     fake = ConsulFake()
     provider = in_process(fake)
-    registered = await provider.register(record(), trio.current_time() + 5)
+    registered = await provider.register(record(), anyio.current_time() + 5)
     before = fake.index
-    again = await provider.renew(registered, trio.current_time() + 5)
+    again = await provider.renew(registered, anyio.current_time() + 5)
     assert again == registered and fake.index == before  # nothing changed remotely
     fake.deregister("orders-1")  # the agent dropped it (reaped, agent restart)
-    assert await provider.check(registered, trio.current_time() + 5) is HealthStatus.MISSING
-    await provider.renew(registered, trio.current_time() + 5)
+    assert await provider.check(registered, anyio.current_time() + 5) is HealthStatus.MISSING
+    await provider.renew(registered, anyio.current_time() + 5)
     assert (NODE, "orders-1") in fake.services
     await provider.aclose()
 
@@ -253,15 +253,15 @@ async def test_check_maps_agent_health_to_status() -> None:
     fake = ConsulFake()
     provider = in_process(fake)
     registered = await provider.register(
-        record(check=HealthCheck(kind="ttl", ttl=30.0)), trio.current_time() + 5
+        record(check=HealthCheck(kind="ttl", ttl=30.0)), anyio.current_time() + 5
     )
     fake.set_check("service:orders-1", "warning")
-    assert await provider.check(registered, trio.current_time() + 5) is HealthStatus.UNHEALTHY
+    assert await provider.check(registered, anyio.current_time() + 5) is HealthStatus.UNHEALTHY
     fake.set_check("service:orders-1", "critical")
-    assert await provider.check(registered, trio.current_time() + 5) is HealthStatus.UNHEALTHY
-    await provider.deregister(registered, trio.current_time() + 5)
-    await provider.deregister(registered, trio.current_time() + 5)  # absent: no-op
-    assert await provider.check(registered, trio.current_time() + 5) is HealthStatus.MISSING
+    assert await provider.check(registered, anyio.current_time() + 5) is HealthStatus.UNHEALTHY
+    await provider.deregister(registered, anyio.current_time() + 5)
+    await provider.deregister(registered, anyio.current_time() + 5)  # absent: no-op
+    assert await provider.check(registered, anyio.current_time() + 5) is HealthStatus.MISSING
     await provider.aclose()
 
 
@@ -269,11 +269,11 @@ async def test_ttl_pass_on_a_missing_check_is_lease_lost() -> None:
     fake = ConsulFake()
     provider = in_process(fake)
     registered = await provider.register(
-        record(check=HealthCheck(kind="ttl", ttl=30.0)), trio.current_time() + 5
+        record(check=HealthCheck(kind="ttl", ttl=30.0)), anyio.current_time() + 5
     )
     fake.inject("/v1/agent/check/pass/", Fault("status", status=404, body=b"Unknown check ID"))
     with pytest.raises(LeaseLost):
-        await provider.renew(registered, trio.current_time() + 5)
+        await provider.renew(registered, anyio.current_time() + 5)
     await provider.aclose()
 
 
@@ -294,11 +294,11 @@ async def test_only_consuls_missing_check_answers_are_lease_lost(
     fake = ConsulFake()
     provider = in_process(fake)
     registered = await provider.register(
-        record(check=HealthCheck(kind="ttl", ttl=30.0)), trio.current_time() + 5
+        record(check=HealthCheck(kind="ttl", ttl=30.0)), anyio.current_time() + 5
     )
     fake.inject("/v1/agent/check/pass/", Fault("status", status=status, body=body))
     with pytest.raises(expected):
-        await provider.renew(registered, trio.current_time() + 5)
+        await provider.renew(registered, anyio.current_time() + 5)
     await provider.aclose()
 
 
@@ -315,7 +315,7 @@ async def test_write_failures_are_typed(fault: Fault, expected: type[Exception])
     fake.inject("/v1/agent/service/register", fault)
     provider = in_process(fake)
     with pytest.raises(expected):
-        await provider.register(record(), trio.current_time() + 5)
+        await provider.register(record(), anyio.current_time() + 5)
     await provider.aclose()
 
 
@@ -325,7 +325,7 @@ async def test_acl_denied_registration_is_identity_revoked() -> None:
     fake.add_token("reader", read=("",), write=())
     provider = in_process(fake, token="reader")
     with pytest.raises(IdentityRevoked, match="Permission denied"):
-        await provider.register(record(), trio.current_time() + 5)
+        await provider.register(record(), anyio.current_time() + 5)
     await provider.aclose()
 
 
@@ -334,7 +334,7 @@ async def test_lost_answers_over_loopback_are_outcome_unknown() -> None:
         provider = over_loopback(fake)
         fake.inject("/v1/agent/service/register", Fault("drop"))
         with pytest.raises(OutcomeUnknown, match="may or may not"):
-            await provider.register(record(), trio.current_time() + 5)
+            await provider.register(record(), anyio.current_time() + 5)
         await provider.aclose()
 
 
@@ -348,16 +348,16 @@ async def test_http_check_is_performed_by_the_agent_end_to_end() -> None:
             health_check_interval=0.1,
         )
         registered = await provider.register(
-            record(host="127.0.0.1", port=port), trio.current_time() + 5
+            record(host="127.0.0.1", port=port), anyio.current_time() + 5
         )
         check = fake.checks[(NODE, "service:orders-1")]
         assert check.kind == "http" and check.deregister_after == 60.0
         with anyio.fail_after(5):
             await fake.wait_for(lambda: check.status == "passing")
-        assert await provider.check(registered, trio.current_time() + 5) is HealthStatus.HEALTHY
-        snapshot = await provider.query("orders", trio.current_time() + 5)
+        assert await provider.check(registered, anyio.current_time() + 5) is HealthStatus.HEALTHY
+        snapshot = await provider.query("orders", anyio.current_time() + 5)
         assert snapshot.identities() == ("orders-1",)
-        await provider.deregister(registered, trio.current_time() + 5)
+        await provider.deregister(registered, anyio.current_time() + 5)
         await provider.aclose()
 
 
@@ -371,17 +371,17 @@ async def test_reregistration_brings_back_a_reaped_service(
         # No probes run in-process: the HTTP check stays critical and the
         # reaper removes the service after DeregisterCriticalServiceAfter.
         provider = in_process(fake, health_check_path="/health")
-        registered = await provider.register(record(), trio.current_time() + 5)
+        registered = await provider.register(record(), anyio.current_time() + 5)
         state = ReregistrationState()
         seen: list[bool] = []
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             await nursery.start(
                 lambda task_status: run_reregistration(
                     provider, registered, 30.0, lambda: True, state=state, task_status=task_status
                 )
             )
             for _ in range(40):
-                await trio.sleep(5)
+                await anyio.sleep(5)
                 seen.append((NODE, "orders-1") in fake.services)
             nursery.cancel_scope.cancel()
         await provider.aclose()
@@ -397,22 +397,22 @@ async def test_reregistration_skips_when_ineligible_and_stops_when_halted(
 ) -> None:
     fake = ConsulFake()
     provider = in_process(fake)
-    registered = await provider.register(record(), trio.current_time() + 5)
+    registered = await provider.register(record(), anyio.current_time() + 5)
     eligible = [False]
     state = ReregistrationState()
     writes_at_halt = -1
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(
             lambda: run_reregistration(provider, registered, 10.0, lambda: eligible[0], state=state)
         )
-        await trio.sleep(25)
+        await anyio.sleep(25)
         assert state.writes == 0 and state.skipped_ineligible == 2
         eligible[0] = True
-        await trio.sleep(10)
+        await anyio.sleep(10)
         assert state.writes == 1
         state.halt("deregistration outcome unknown")
         writes_at_halt = state.writes
-        await trio.sleep(30)  # the loop returns by itself: the nursery can close
+        await anyio.sleep(30)  # the loop returns by itself: the nursery can close
     assert state.writes == writes_at_halt and state.halted
     await provider.aclose()
 
@@ -425,11 +425,11 @@ async def test_reregistration_records_failures_and_keeps_going(
     registered = Registered(record(), "none:")
     fake.inject("/v1/agent/service/register", Fault("status", status=500, body=b"boom"), times=2)
     state = ReregistrationState()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(
             lambda: run_reregistration(provider, registered, 5.0, lambda: True, state=state)
         )
-        await trio.sleep(16)
+        await anyio.sleep(16)
         nursery.cancel_scope.cancel()
     await provider.aclose()
     assert state.failures == 2 and state.writes == 1
@@ -447,9 +447,9 @@ async def test_reregistration_refuses_a_bad_interval() -> None:
 async def test_maintenance_mode_reads_as_disabled() -> None:
     fake = ConsulFake()
     provider = in_process(fake)
-    registered = await provider.register(record(), trio.current_time() + 5)
+    registered = await provider.register(record(), anyio.current_time() + 5)
     fake.set_maintenance("orders-1", True, "deploy")
-    assert await provider.check(registered, trio.current_time() + 5) is HealthStatus.DISABLED
+    assert await provider.check(registered, anyio.current_time() + 5) is HealthStatus.DISABLED
     fake.set_maintenance("orders-1", False)
-    assert await provider.check(registered, trio.current_time() + 5) is HealthStatus.HEALTHY
+    assert await provider.check(registered, anyio.current_time() + 5) is HealthStatus.HEALTHY
     await provider.aclose()

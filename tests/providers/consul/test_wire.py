@@ -6,6 +6,8 @@ import json
 import random
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import msgspec
 import pytest
 import trio
@@ -247,10 +249,10 @@ async def test_cooperative_decoding_matches_and_yields() -> None:
     async def ticker() -> None:
         nonlocal ticks
         while True:
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
             ticks += 1
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(ticker)
         got = await decode_health_service_cooperatively(
             body, service="web", max_instances=1000, slice_seconds=0.0
@@ -449,7 +451,9 @@ def test_invalid_utf8_anywhere_is_incomplete_even_in_a_field_we_skip() -> None:
     broken = body.replace("\u00e9".encode(), b"\xff")
     with pytest.raises(IncompleteSnapshot, match="not UTF-8") as caught:
         decode_health_service(broken, service="web", max_instances=5)
-    assert isinstance(caught.value.__cause__, UnicodeDecodeError)
+    # the codec's error holds the whole body (its Output fields may carry
+    # credentials): nothing of it is chained
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
     with pytest.raises(IncompleteSnapshot, match="not UTF-8"):
         split_json_array(broken, "q")
 
@@ -515,12 +519,12 @@ async def test_cooperative_decoding_checkpoints_in_bounded_slices() -> None:
     async def ticker() -> None:
         nonlocal steps
         while True:
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
             steps += 1
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(ticker)
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         before = steps
         snapshot = await decode_health_service_cooperatively(
             body, service="web", max_instances=1000, slice_seconds=0.0
@@ -684,7 +688,8 @@ def test_pathological_values_are_incomplete_not_crashes(odd: bytes) -> None:
     ):
         with pytest.raises(IncompleteSnapshot) as caught:
             decode_now()
-        assert isinstance(caught.value.__cause__, ValueError | RecursionError)
+        # json's error would hold the entry (.doc): it is not chained
+        assert caught.value.__cause__ is None or isinstance(caught.value.__cause__, RecursionError)
         assert len(str(caught.value)) < 200
     deep = b"[" * 100_000 + b"]" * 100_000
     with pytest.raises(IncompleteSnapshot, match="nested too deeply"):

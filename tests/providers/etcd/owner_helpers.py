@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-import trio
+import anyio
 from nadisc_etcd import EtcdProvider, EtcdSettings
 
 from nadisc import (
@@ -108,7 +108,7 @@ def web_registration(**overrides: Any) -> dict[str, Any]:
 
 
 def soon(seconds: float = 3.0) -> float:
-    return trio.current_time() + seconds
+    return anyio.current_time() + seconds
 
 
 Look = ObservationSnapshot | EvidenceUnavailable
@@ -137,7 +137,7 @@ async def wait_for(
     observation: Observation, predicate: Callable[[Look], bool], within: float = 5.0
 ) -> Look:
     """Wait on ``changed()`` until the observation's answer satisfies ``predicate``."""
-    deadline = trio.current_time() + within
+    deadline = anyio.current_time() + within
     while True:
         answer = look(observation)
         if predicate(answer):
@@ -152,9 +152,9 @@ async def wait_status(
     within: float = 5.0,
 ) -> RegistrationStatus:
     """Poll a registration's status (states also follow from time alone)."""
-    with trio.fail_after(within):
+    with anyio.fail_after(within):
         while True:
             status = owner.registrations()[name]
             if predicate(status):
                 return status
-            await trio.sleep(0.02)
+            await anyio.sleep(0.02)

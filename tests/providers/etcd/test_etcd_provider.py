@@ -11,8 +11,8 @@ import json
 import math
 import socket
 
+import anyio
 import pytest
-import trio
 
 from nadisc import (
     CapacityRejected,
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.real_server
 
 
 def soon(seconds: float = 3.0) -> float:
-    return trio.current_time() + seconds
+    return anyio.current_time() + seconds
 
 
 def record(
@@ -99,7 +99,7 @@ async def test_watch_sees_put_and_delete_within_one_round_trip(
     head = f"{provider.settings.prefix}/orders"
     await raw.put_record(f"{head}/a", "10.0.0.1:8080")
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "orders", sink)
         assert sink.ids() == {"a"}  # started() comes after the first complete listing
 
@@ -131,7 +131,7 @@ async def test_idle_watch_is_confirmed_by_progress(
     # confirm the listing without publishing it again.
     provider = make_provider(etcd_server)
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "idle", sink)
         await sink.wait_for(lambda: sink.refreshes >= 2, 3.0)
         nursery.cancel_scope.cancel()
@@ -147,7 +147,7 @@ async def test_progress_notifications_alone_confirm_an_idle_watch(
     assert etcd_server.progress_notify == "1s"
     provider = make_provider(etcd_server, probe_interval_ms=60_000)
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "idle", sink)
         await sink.wait_for(lambda: sink.refreshes >= 2, 3.5)
         nursery.cancel_scope.cancel()
@@ -169,9 +169,9 @@ async def test_burst_of_1000_puts_converges_to_the_exact_newest_state(
             if n % 7 == 0:
                 await raw.delete(f"{head}/i{n:04d}")
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "burst", sink)
-        async with trio.open_nursery() as writers:
+        async with anyio.create_task_group() as writers:
             for worker in range(20):
                 writers.start_soon(writer, worker)
         await sink.wait_for(lambda: sink.ids() == expected, 20.0)
@@ -219,7 +219,7 @@ async def test_malformed_records_are_invalid_and_the_valid_rest_stands(
     # The watch applies the same rule to events: a bad record joins ``invalid``,
     # fixing it moves it back among the instances.
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "orders", sink)
         assert sink.latest == snapshot
         await raw.put(f"{head}/good", "garbage")
@@ -237,7 +237,7 @@ async def test_a_response_over_the_byte_limit_is_capacity_rejected(
     provider = make_provider(etcd_server, context=make_context(max_response_bytes=2000))
     head = f"{provider.settings.prefix}/orders"
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "orders", sink)
         # One event larger than the limit: the stream refuses the message.
         await raw.put_record(f"{head}/fat", "10.0.0.1:80", {"blob": "x" * 3000})
@@ -267,7 +267,7 @@ async def test_watch_reports_an_unreachable_server_and_still_starts(
         port = sock.getsockname()[1]
     provider = make_provider(f"http://127.0.0.1:{port}")
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "orders", sink)
         assert sink.publishes == []
         assert isinstance(sink.failures[0], IncompleteSnapshot)
@@ -287,7 +287,7 @@ async def test_deadlines_are_checked_before_any_request(
 ) -> None:
     provider = make_provider(etcd_server)
     with pytest.raises(DeadlineExceeded):
-        await provider.query("orders", trio.current_time() - 1)
+        await provider.query("orders", anyio.current_time() - 1)
     with pytest.raises(DeadlineExceeded):
         await provider.register(record(), math.nan)
     assert provider.statistics().requests == 0
@@ -368,17 +368,17 @@ async def test_lease_lives_while_renewed_and_expires_when_keepalives_stop(
 ) -> None:
     provider = make_provider(etcd_server, ttl_seconds=2)
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "orders", sink)
         registered = await provider.register(record(), soon())
         await sink.wait_for(lambda: sink.ids() == {"i-1"}, 1.0)
         for _ in range(6):  # 3 s of renewals outlive the 2 s TTL
-            await trio.sleep(0.5)
+            await anyio.sleep(0.5)
             await provider.renew(registered, soon())
         assert sink.ids() == {"i-1"}
-        stopped = trio.current_time()
+        stopped = anyio.current_time()
         await sink.wait_for(lambda: sink.ids() == set(), 5.0)
-        assert trio.current_time() - stopped >= 1.0
+        assert anyio.current_time() - stopped >= 1.0
         nursery.cancel_scope.cancel()
     assert await provider.check(registered, soon()) is HealthStatus.MISSING
     with pytest.raises(LeaseLost):
@@ -411,18 +411,18 @@ async def test_a_stopped_server_is_incomplete_then_recovers(
     head = f"{provider.settings.prefix}/orders"
     await raw.put_record(f"{head}/a", "10.0.0.1:80")
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "orders", sink)
         own_etcd.pause()
         try:
             await sink.wait_for(lambda: bool(sink.failures), 3.0)
             assert isinstance(sink.failures[0], IncompleteSnapshot)
-            began = trio.current_time()
+            began = anyio.current_time()
             with pytest.raises(IncompleteSnapshot, match="deadline"):
                 await provider.query("orders", soon(10))
             with pytest.raises(OutcomeUnknown):
                 await provider.register(record(), soon(10))
-            assert trio.current_time() - began < 2.0  # bounded by request_timeout
+            assert anyio.current_time() - began < 2.0  # bounded by request_timeout
             published = len(sink.publishes)
         finally:
             own_etcd.resume()
@@ -448,7 +448,7 @@ async def test_watch_resumes_after_a_restart_without_losing_events(
     )
     head = f"{provider.settings.prefix}/orders"
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "orders", sink)
         await raw.put_record(f"{head}/a", "10.0.0.1:80")
         await sink.wait_for(lambda: sink.ids() == {"a"}, 1.0)
@@ -483,7 +483,7 @@ async def test_compacted_resume_revision_forces_a_fresh_range(
     )
     head = f"{provider.settings.prefix}/orders"
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "orders", sink)
         await raw.put_record(f"{head}/a", "10.0.0.1:80")
         await sink.wait_for(lambda: sink.ids() == {"a"}, 1.0)
@@ -563,7 +563,7 @@ async def test_auth_token_refresh_and_revoked_permission(
     assert provider.statistics().authentications == 2
 
     sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "orders", sink)
         assert sink.ids() == {"i-1"}
         await raw.authenticate("root", "root-pw")

@@ -17,7 +17,6 @@ import anyio
 import httpx
 import pydantic
 import pytest
-import trio
 from hypothesis import given
 from hypothesis import strategies as st
 from nadisc_etcd import (
@@ -487,7 +486,7 @@ def error(status: int, code: int, message: str) -> httpx.Response:
 
 
 def soon() -> float:
-    return trio.current_time() + 5
+    return anyio.current_time() + 5
 
 
 async def test_server_errors_become_typed_outcomes() -> None:
@@ -614,7 +613,7 @@ async def test_provider_watch_reports_a_permission_cancel_as_revoked(
     settings = settings_of(endpoints=["http://a:1"], retry_initial_backoff_ms=10)
     provider = EtcdProvider(make_context(), settings, transport=httpx.MockTransport(handler))
     failures: list[Exception] = []
-    failed = trio.Event()
+    failed = anyio.Event()
 
     class Sink:
         def publish(self, snapshot: object) -> None:
@@ -627,8 +626,8 @@ async def test_provider_watch_reports_a_permission_cancel_as_revoked(
         def refresh(self) -> None:
             pass
 
-    with trio.fail_after(5):
-        async with trio.open_nursery() as nursery:
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as nursery:
             await nursery.start(provider.watch, "orders", Sink())
             await failed.wait()
             nursery.cancel_scope.cancel()

@@ -10,9 +10,9 @@ from __future__ import annotations
 import itertools
 import json
 
+import anyio
 import httpx
 import pytest
-import trio
 
 from nadisc import (
     ConfigError,
@@ -57,7 +57,7 @@ async def test_open_discovery_loads_etcd_by_name_and_sees_each_change_at_once(
         ]
         for op, key, addr, expected in changes:
             seen = orders.snapshot().revision
-            began = trio.current_time()
+            began = anyio.current_time()
             if op == "put":
                 assert addr is not None
                 await raw.put_record(f"{head}/{key}", addr)
@@ -65,7 +65,7 @@ async def test_open_discovery_loads_etcd_by_name_and_sees_each_change_at_once(
                 await raw.delete(f"{head}/{key}")
             # The very next change of the observation carries the write.
             await orders.changed(soon(2.0))
-            latency = trio.current_time() - began
+            latency = anyio.current_time() - began
             now = orders.snapshot(strict=True)
             assert now.revision > seen
             assert {i.identity: i.port for i in now.instances} == expected
@@ -110,7 +110,16 @@ async def test_a_burst_of_1000_changes_yields_the_newest_state_without_a_backlog
     head = f"{prefix}/orders"
     expected = {f"i{n:04d}": 10_000 + n for n in range(1000) if n % 7}
 
+    running: set[int] = set()
+
     async def writer(worker: int) -> None:
+        running.add(worker)
+        try:
+            await write_share(worker)
+        finally:
+            running.discard(worker)
+
+    async def write_share(worker: int) -> None:
         for n in range(worker, 1000, 20):
             await raw.put_record(f"{head}/i{n:04d}", f"10.1.{n // 250}.{n % 250 + 1}:{10_000 + n}")
             if n % 7 == 0:
@@ -127,16 +136,16 @@ async def test_a_burst_of_1000_changes_yields_the_newest_state_without_a_backlog
         await wait_for(orders, lambda a: reason(a) == "empty")
 
         revisions: list[int] = []
-        async with trio.open_nursery() as writers:
+        async with anyio.create_task_group() as writers:
             for worker in range(20):
                 writers.start_soon(writer, worker)
             # A consumer that looks only now and then is never handed the
             # intermediate states one by one: each look is the newest state.
-            while ids(answer := look(orders)) != set(expected) or writers.child_tasks:
+            while ids(answer := look(orders)) != set(expected) or running:
                 if isinstance(answer, ObservationSnapshot):
                     revisions.append(answer.revision)
                 await orders.changed(soon(20.0))
-                await trio.sleep(0.05)
+                await anyio.sleep(0.05)
         final = orders.snapshot(strict=True)
         assert {i.identity: i.port for i in final.instances} == expected
         # 1,143 writes went by; the observation jumped over most of them.
@@ -183,7 +192,7 @@ async def test_invalid_records_are_counted_and_an_explicit_empty_withdraws_at_on
         }
         # A new malformed record does not withdraw the good ones.
         await raw.put(f"{head}/huge", "x" * 70_000)
-        await trio.sleep(0.3)
+        await anyio.sleep(0.3)
         assert orders.snapshot(strict=True).identities() == ("a", "b")
         assert owner.observer().snapshot().connection("primary").invalid_records > invalid
 

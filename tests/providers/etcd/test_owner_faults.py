@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import pytest
-import trio
 from nadisc_etcd import EtcdProvider
 
 from nadisc import (
@@ -73,7 +73,7 @@ async def test_a_stopped_server_degrades_within_the_grace_then_goes_stale_then_r
                 orders, lambda a: isinstance(a, ObservationSnapshot) and a.degraded, 3.0
             )
             assert isinstance(failed, ObservationSnapshot)
-            noticed = trio.current_time()
+            noticed = anyio.current_time()
             confirmed = failed.confirmed_at
             # Right after the failure: normal reads are served from the grace
             # window, strict reads are refused at once.
@@ -86,16 +86,16 @@ async def test_a_stopped_server_degrades_within_the_grace_then_goes_stale_then_r
             # Repeated failures do not extend the window: it ends exactly at
             # the last success + grace, and changed() wakes for it.
             while isinstance(answer := look(orders), ObservationSnapshot):
-                assert trio.current_time() < confirmed + grace
+                assert anyio.current_time() < confirmed + grace
                 assert answer.degraded and answer.confirmed_at == confirmed
                 await orders.changed(soon(3.0))
-            expired = trio.current_time()
+            expired = anyio.current_time()
             assert reason(answer) == "stale"
             assert confirmed + grace <= expired < confirmed + grace + 0.25
             metrics = owner.observer().snapshot().connection("primary")
             assert metrics.failures >= 1
             assert metrics.services[0].unavailable_reason == "stale"
-            await trio.sleep(0.5)  # stopped for longer than the grace
+            await anyio.sleep(0.5)  # stopped for longer than the grace
             assert reason(look(orders)) == "stale"
         finally:
             own_etcd.resume()
@@ -113,9 +113,9 @@ async def test_a_stopped_server_degrades_within_the_grace_then_goes_stale_then_r
 
 async def stream_open(provider: EtcdProvider) -> None:
     """Wait until the watch behind the observation has its stream up."""
-    with trio.fail_after(3.0):
+    with anyio.fail_after(3.0):
         while provider.statistics().watch_streams_opened < 1:  # noqa: ASYNC110 - a counter
-            await trio.sleep(0.01)
+            await anyio.sleep(0.01)
 
 
 def quiet_polls(url: str, prefix: str) -> Any:
@@ -303,7 +303,7 @@ async def test_a_revoked_permission_revokes_the_observation_and_the_registration
             {"role": "svc", "key": raw.b64(start), "range_end": raw.b64(end)},
         )
         # No grace: normal and strict reads are refused as soon as it is seen.
-        with trio.fail_after(3.0):
+        with anyio.fail_after(3.0):
             new_epoch = await owner.identity_revoked("primary", after_epoch=epoch)
         assert new_epoch > epoch
         answer = await wait_for(orders, lambda a: reason(a) == "revoked", 2.0)
@@ -319,7 +319,7 @@ async def test_a_revoked_permission_revokes_the_observation_and_the_registration
         assert lost.health.value in ("revoked", "none", "missing")
         assert lost.epoch >= new_epoch
         assert owner.observer().snapshot().connection("primary").identity_revocations >= 1
-        await trio.sleep(0.5)
+        await anyio.sleep(0.5)
         assert owner.registrations()["business-http"].state is not RegistrationState.ACTIVE
     report = owner.close_report
     assert report is not None

@@ -20,8 +20,8 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import pytest
-import trio
 from nadisc_etcd import EtcdProvider, EtcdSettings
 
 from nadisc import (
@@ -114,12 +114,12 @@ async def test_keepalives_follow_a_short_lease_and_quiesce_revokes_it(
         own = await owner.client().observe("self", soon())
         assert ids(await wait_for(own, lambda a: ids(a) == {INSTANCE}, 2.0)) == {INSTANCE}
 
-        until = trio.current_time() + 7.0  # three and a half TTLs
-        while trio.current_time() < until:
+        until = anyio.current_time() + 7.0  # three and a half TTLs
+        while anyio.current_time() < until:
             assert owner.registrations()[NAME].state is RegistrationState.ACTIVE
             assert await lease_of(raw, key) == lease  # never lost, never replaced
             assert await ttl_of(raw, lease) > 0
-            await trio.sleep(0.25)
+            await anyio.sleep(0.25)
         assert ids(own.snapshot(strict=True)) == {INSTANCE}
     (entry,) = entries(owner).values()
     assert (entry.outcome, entry.possibly_remaining) == (CloseOutcome.DEREGISTERED, False)
@@ -158,7 +158,7 @@ async def test_a_crashed_registrant_disappears_when_its_lease_expires(
     prefix = unique_prefix()
     key = f"{prefix}/order-api/{INSTANCE}"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    child = await trio.lowlevel.open_process(
+    child = await anyio.open_process(
         [sys.executable, "-c", CHILD, etcd_server.url, prefix],
         cwd=root,
         stdout=subprocess.DEVNULL,
@@ -174,11 +174,11 @@ async def test_a_crashed_registrant_disappears_when_its_lease_expires(
             assert lease
             # The registrant crashes: no deregistration, keepalives just stop.
             child.send_signal(signal.SIGKILL)
-            with trio.fail_after(5):
+            with anyio.fail_after(5):
                 await child.wait()
-            crashed = trio.current_time()
+            crashed = anyio.current_time()
             gone = await wait_for(peer, lambda a: reason(a) == "empty", 5.0)
-            elapsed = trio.current_time() - crashed
+            elapsed = anyio.current_time() - crashed
             assert reason(gone) == "empty"
             # Its last keepalive was at most TTL/3 before the crash, and etcd
             # checks expiry every 500 ms.
@@ -186,9 +186,9 @@ async def test_a_crashed_registrant_disappears_when_its_lease_expires(
             assert await ttl_of(raw, lease) == -1
         assert all_tasks() == before
     finally:
-        if child.poll() is None:
+        if child.returncode is None:
             child.kill()
-            with trio.move_on_after(5):
+            with anyio.move_on_after(5):
                 await child.wait()
 
 
@@ -235,9 +235,9 @@ async def test_a_remotely_revoked_lease_is_lost_then_registered_again_under_a_ne
         assert first and [h for h, _ in provider.registered] == [str(first)]
 
         await raw.revoke(first)  # an operator, or another client, revokes it
-        with trio.fail_after(4.0):
+        with anyio.fail_after(4.0):
             while (second := await lease_of(raw, key)) in (None, first):  # noqa: ASYNC110
-                await trio.sleep(0.05)
+                await anyio.sleep(0.05)
         status = await wait_status(owner, NAME, lambda s: s.state is RegistrationState.ACTIVE, 3.0)
         # The keepalive answered "lease gone" (LeaseLost, a definitive answer),
         # and only then was the record written again, under a new lease.
@@ -281,9 +281,9 @@ async def test_a_deregistration_cut_off_by_a_stopped_server_is_reported_unreacha
     # The removal was sent and its answer lost: the stopped server may still
     # apply it when it resumes (it did here, or not), and the lease it could
     # not revoke expires on its own (no keepalive is sent any more).
-    with trio.fail_after(6.0):
+    with anyio.fail_after(6.0):
         while await raw.get(key) or await ttl_of(raw, lease) != -1:  # noqa: ASYNC110
-            await trio.sleep(0.1)
+            await anyio.sleep(0.1)
     assert all_tasks() == before
 
 
@@ -309,7 +309,7 @@ async def test_a_first_write_lost_to_a_stopped_server_is_outcome_unknown(
             assert status.residual_risk
             # Blocked for good: a blind second registration could duplicate one
             # the registry did store.
-            await trio.sleep(1.0)
+            await anyio.sleep(1.0)
             assert owner.registrations()[NAME].state is RegistrationState.OUTCOME_UNKNOWN
         (entry,) = entries(owner).values()
         assert (entry.outcome, entry.possibly_remaining) == (CloseOutcome.OUTCOME_UNKNOWN, True)
