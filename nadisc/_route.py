@@ -61,7 +61,7 @@ from poise import (
 )
 
 from ._config import RestConfig
-from ._errors import ConfigError, DiscoveryError, EvidenceUnavailable
+from ._errors import CallError, ConfigError, EvidenceUnavailable
 from ._instance import Instance
 from ._observation import Observation, ObservationSnapshot
 
@@ -94,10 +94,11 @@ SECURE_METADATA = "secure"
 _SECURE_VALUES = {"true": "https", "false": "http"}
 
 
-class InstanceSchemeMismatch(DiscoveryError, ValueError):
+class InstanceSchemeMismatch(CallError, ValueError):
     """An instance declares a scheme other than the connection's ``rest.instance_scheme``.
 
-    Raised before anything is sent to the instance. ``declared`` is what its
+    Raised before anything is sent to the instance (also an
+    ``httpx.RequestError``, like every failure of a call). ``declared`` is what its
     metadata says (normalised), ``configured`` the connection's scheme.
     """
 
@@ -304,18 +305,17 @@ class InstanceService:
             )
         route = self.route
         instance = self.instance
-
-        def hand_over(snapshot: ObservationSnapshot) -> Instance:
-            route.sync(snapshot)
-            if route.current(key) is not instance:
-                raise CallDeclined(f"instance {key!r} left the evidence after it was selected")
-            return instance
-
+        # submit_if_current, spelled out: the evidence view, the currency
+        # check and the hand-over to the pool run with no await in between
+        # (and no closure to build and vet per call).
         try:
-            route.submit(hand_over)
+            snapshot = route.usable()
         except EvidenceUnavailable as exc:
             raise CallDeclined(f"the evidence is unusable ({exc.reason})") from exc
-        # No await between the currency check and the hand-over to the pool.
+        if snapshot.revision != route._synced:
+            route.sync(snapshot)
+        if route._instances.get(key) is not instance:
+            raise CallDeclined(f"instance {key!r} left the evidence after it was selected")
         attempt.instance = instance
         route.count_sent(key)
         build = attempt.build
@@ -355,6 +355,7 @@ class Route:
         "_instances",
         "_sent",
         "_streaming",
+        "_strict",
         "_submit",
         "_synced",
         "_tracker",
@@ -365,6 +366,7 @@ class Route:
     def __init__(self, observation: Observation, options: RestOptions) -> None:
         self.observation = observation
         self.options = options
+        self._strict = options.strict_evidence
         self._submit = (
             observation.submit_if_current_strict
             if options.strict_evidence
@@ -479,6 +481,14 @@ class Route:
             del instances[identity]
             directory.remove(identity)
         self._synced = snapshot.revision
+
+    def usable(self) -> ObservationSnapshot:
+        """The observation's usable listing now (strict when the options say so).
+
+        Raises :class:`~nadisc.EvidenceUnavailable`. Synchronous: what
+        :meth:`submit` checks, for a caller that hands over right after.
+        """
+        return self.observation._usable(self._strict)
 
     def submit(self, hand_over: Callable[[ObservationSnapshot], T]) -> T:
         """Run the synchronous ``hand_over`` under the observation's currency check."""
