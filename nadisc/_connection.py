@@ -117,9 +117,10 @@ class Connection:
                 f"service {alias!r} is not bound on connection {self.name!r}"
             ) from None
 
-    async def observe(self, alias: str, deadline: float) -> Observation:
+    async def observe(self, alias: str, deadline: float | None = None) -> Observation:
         now = anyio.current_time()
-        check_deadline(deadline, now)
+        if deadline is not None:
+            check_deadline(deadline, now)
         self.runtime.check_observable()
         remote = self.remote_name(alias)
         slot = self.slots.get(alias)
@@ -130,10 +131,12 @@ class Connection:
         observation = Observation(slot)
         if slot.first_outcome.is_set():
             await anyio.lowlevel.checkpoint()
+        elif deadline is None:
+            await slot.first_outcome.wait()  # bounded by the caller's cancel scope
         else:
             with anyio.move_on_at(deadline):
                 await slot.first_outcome.wait()
-        if anyio.current_time() >= deadline:
+        if deadline is not None and anyio.current_time() >= deadline:
             raise DeadlineExceeded(
                 f"connection {self.name!r} service {alias!r}: the deadline passed "
                 "before the first listing"
@@ -194,17 +197,21 @@ class DiscoveryHandle:
         """The service aliases bound on this connection."""
         return tuple(self._connection.bindings)
 
-    async def observe(self, service: str, deadline: float) -> Observation:
+    async def observe(self, service: str, deadline: float | None = None) -> Observation:
         """The shared observation of ``service`` (an alias bound on this connection).
 
         ``deadline`` (absolute, event-loop clock) covers the cache hit and the
-        wait for the first query. A deadline that is NaN or already past
-        raises ``DeadlineExceeded`` before anything happens: no access time
-        is recorded, no slot created, no query started. The deadline is
-        checked again after waiting. A failed first query still returns the
-        observation; its :meth:`~Observation.snapshot` says why nothing may
-        be used. Raises ``UnknownService``, ``CapacityExceeded`` or
-        ``LifecycleError`` (owner not prepared, or closing).
+        wait for the first query; ``None`` (the default) means no deadline
+        beyond the caller's cancel scope (``with anyio.fail_after(2):``).
+        A deadline far in the past gets a hint in its error: deadlines are
+        absolute (``anyio.current_time() + 2``), not durations. A deadline
+        that is NaN or already past raises ``DeadlineExceeded`` before
+        anything happens: no access time is recorded, no slot created, no
+        query started. The deadline is checked again after waiting. A failed
+        first query still returns the observation; its
+        :meth:`~Observation.snapshot` says why nothing may be used. Raises
+        ``UnknownService``, ``CapacityExceeded`` or ``LifecycleError``
+        (owner not prepared, or closing).
         """
         return await self._connection.observe(service, deadline)
 
