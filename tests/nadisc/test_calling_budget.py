@@ -80,7 +80,7 @@ async def timed_out(call: Any) -> tuple[CallTimeout, float]:
 
 @pytest.mark.trio_only
 async def test_the_client_timeout_is_the_budget_when_smallest(autojump_clock: object) -> None:
-    async with calling(3.0, client_timeout=0.5) as (_, transport, http):
+    async with calling(3.0, client_timeout=0.5) as (_, _t, http):
         error, elapsed = await timed_out(http.get(URL))
     assert (error.limit, error.seconds, elapsed) == ("httpx timeout", 0.5, 0.5)
     assert "httpx timeout (client or request) of 0.5 s ran out" in str(error)
@@ -169,7 +169,9 @@ async def test_the_rest_client_follows_the_same_rule(autojump_clock: object) -> 
         memory_owner({"primary": provider()}) as owner,
         RestDiscoveryClient(owner, options=options, transport=pool.transport()) as rest,
     ):
-        error, elapsed = await timed_out(rest.request("GET", service=SERVICE, path="/", timeout=0.5))
+        error, elapsed = await timed_out(
+            rest.request("GET", service=SERVICE, path="/", timeout=0.5)
+        )
         assert (error.limit, elapsed) == ("httpx timeout", 0.5)
         error, elapsed = await timed_out(rest.get("/", service=SERVICE, timeout=0.25))
         assert (error.limit, elapsed) == ("httpx timeout", 0.25)
@@ -229,10 +231,11 @@ async def test_httpx_pool_carries_the_budget_in_its_timeouts() -> None:
 
 
 async def test_rest_client_budget_covers_the_body_over_httpx_pool() -> None:
-    async with serve_backends(HttpBackend("s", chunks=6, chunk_delay=0.1)) as (s,):
-        async with (
-            memory_owner({"primary": provider(s.instance())}) as owner,
-            RestDiscoveryClient(owner) as rest,
-        ):
-            error, elapsed = await timed_out(rest.get("/", service=SERVICE, timeout=0.3))
-            assert error.limit == "httpx timeout" and 0.25 < elapsed < 1.0
+    backend = HttpBackend("s", chunks=6, chunk_delay=0.1)
+    async with (
+        serve_backends(backend) as (s,),
+        memory_owner({"primary": provider(s.instance())}) as owner,
+        RestDiscoveryClient(owner) as rest,
+    ):
+        error, elapsed = await timed_out(rest.get("/", service=SERVICE, timeout=0.3))
+        assert error.limit == "httpx timeout" and 0.25 < elapsed < 1.0
