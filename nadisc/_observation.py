@@ -638,6 +638,9 @@ class Observation:
     def _usable(self, strict: bool) -> ObservationSnapshot:
         return self._slot.record(anyio.current_time(), strict=strict)
 
+    def _usable_at(self, now: float, strict: bool) -> ObservationSnapshot:
+        return self._slot.record(now, strict=strict)
+
     def snapshot(self, *, strict: bool = False) -> ObservationSnapshot:
         """The listing that may be used now, for diagnosis and selection.
 

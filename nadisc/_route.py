@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
+import anyio
 import httpx
 
 from poise import (
@@ -359,13 +360,21 @@ class Route:
         "_submit",
         "_synced",
         "_tracker",
+        "clock",
         "observation",
         "options",
     )
 
-    def __init__(self, observation: Observation, options: RestOptions) -> None:
+    def __init__(
+        self,
+        observation: Observation,
+        options: RestOptions,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.observation = observation
         self.options = options
+        #: The event loop's clock (the transport passes the loop's own, cheaper one).
+        self.clock: Callable[[], float] = anyio.current_time if clock is None else clock
         self._strict = options.strict_evidence
         self._submit = (
             observation.submit_if_current_strict
@@ -379,7 +388,7 @@ class Route:
         self._synced = -1
         self._closed = False
         self._discovery: DiscoveryBalance[Attempt, httpx.Response] = DiscoveryBalance(
-            policy, self._factory
+            policy, self._factory, clock=self.clock
         )
         self._streaming = StreamingDiscoveryBalance(self._directory.reader(), self._discovery)
 
@@ -488,7 +497,7 @@ class Route:
         Raises :class:`~nadisc.EvidenceUnavailable`. Synchronous: what
         :meth:`submit` checks, for a caller that hands over right after.
         """
-        return self.observation._usable(self._strict)
+        return self.observation._usable_at(self.clock(), self._strict)
 
     def submit(self, hand_over: Callable[[ObservationSnapshot], T]) -> T:
         """Run the synchronous ``hand_over`` under the observation's currency check."""

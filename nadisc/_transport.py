@@ -52,13 +52,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import anyio
 import httpx
+import sniffio
 
 from poise import CallDeclined, EndpointError, Held, SelectionError
 
@@ -292,21 +293,26 @@ class _Timeouts(dict[str, float | None]):
     for plain httpx: reading the body is the caller's business.
     """
 
-    __slots__ = ("deadline",)
+    __slots__ = ("clock", "deadline")
 
-    def __init__(self, request: httpx.Request, options: RestOptions, deadline: float) -> None:
+    def __init__(
+        self,
+        request: httpx.Request,
+        options: RestOptions,
+        deadline: float,
+        clock: Callable[[], float],
+    ) -> None:
         phases = request.extensions.get("timeout")
-        if not isinstance(phases, dict):
-            phases = {}
-        connect = phases.get("connect")
+        if isinstance(phases, dict):
+            super().__init__(phases)
+        else:
+            super().__init__(connect=None, read=None, write=None, pool=None)
+        connect = dict.get(self, "connect")
         limit = options.connect_timeout
-        super().__init__(
-            connect=limit if connect is None or connect > limit else connect,
-            read=phases.get("read"),
-            write=phases.get("write"),
-            pool=phases.get("pool"),
-        )
+        if connect is None or connect > limit:
+            self["connect"] = limit
         self.deadline = deadline
+        self.clock = clock
 
     def release(self) -> None:
         self.deadline = math.inf
@@ -316,7 +322,7 @@ class _Timeouts(dict[str, float | None]):
         deadline = self.deadline
         if deadline == math.inf:
             return value
-        left = deadline - _now()
+        left = deadline - self.clock()
         if left < 0.0:
             left = 0.0
         return left if value is None or value > left else value
@@ -356,6 +362,19 @@ async def _ready(
     raise budget.exceeded(route, attempts)
 
 
+def loop_clock() -> tuple[Callable[[], float], Callable[[], float]]:
+    """The running event loop's ``(current_time, current_effective_deadline)``.
+
+    The same values anyio returns, without its per-call backend lookup: a
+    transport resolves them once, on its first request (it serves one loop).
+    """
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.current_time, trio.current_effective_deadline
+    return anyio.current_time, anyio.current_effective_deadline
+
+
 def _header_list_ok() -> bool:
     # The rebuild below fills httpx's header list directly (three-tuples of
     # raw key, lowercased key, value); check the layout once.
@@ -372,16 +391,15 @@ _FAST_HEADERS = _header_list_ok()
 def _rebuild(
     request: httpx.Request,
     url: httpx.URL,
-    instance: Instance,
+    host: bytes,
     extensions: dict[str, object],
 ) -> httpx.Request:
-    """The caller's request for ``instance``: its URL, its ``Host``, the same body."""
-    host = instance.address.encode("ascii")
+    """The caller's request for an instance: its URL, its ``Host``, the same body."""
     if not _FAST_HEADERS:  # pragma: no cover - another httpx layout
         return httpx.Request(
             request.method,
             url,
-            headers=_with_host(request.headers.raw, instance),
+            headers=_with_host(request.headers.raw, host),
             stream=request.stream,
             extensions=extensions,
         )
@@ -556,8 +574,10 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         )
         self._routes: dict[tuple[str, str], Route] = {}
         self._opening: dict[tuple[str, str], anyio.Event] = {}
-        self._urls: dict[tuple[str, str, int, bytes], httpx.URL] = {}
+        self._urls: dict[tuple[str, str, int, bytes], tuple[httpx.URL, bytes]] = {}
         self._pool_enforces = enforces_timeouts(self._pool)
+        self._targets: dict[tuple[object, str, bytes], _Target] = {}
+        self._clock: tuple[Callable[[], float], Callable[[], float]] | None = None
         self._closed = False
 
     # -- views ---------------------------------------------------------------------------
@@ -622,7 +642,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 raise budget.exceeded_before_listing(qualifier, service) from exc
             if self._closed:
                 raise LifecycleError("the discovery transport is closed")
-            route = self._routes[key] = Route(observation, options)
+            route = self._routes[key] = Route(observation, options, loop_clock()[0])
         finally:
             del self._opening[key]
             event.set()
@@ -634,8 +654,11 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         try:
             if self._closed:
                 raise LifecycleError("the discovery transport is closed")
-            target = _target(request)
-            start = _now()
+            clock = self._clock
+            if clock is None:
+                clock = self._clock = loop_clock()
+            target = self._target(request)
+            start = clock[0]()
             route = self._routes.get((target.qualifier, target.service))
             options = route.options if route is not None else self.options_for(target.qualifier)
             budget = request.extensions.get(BUDGET_EXTENSION)
@@ -644,7 +667,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             deadline = budget.deadline
             # The caller's own cancel scope: when it ends first, it cancels
             # this call (trio's rule) and no scope of ours is needed at all.
-            own = deadline < anyio.current_effective_deadline()
+            own = deadline < clock[1]()
             if route is None:
                 route = await self._route(target.qualifier, target.service, budget)
             if own and not self._pool_enforces:
@@ -679,13 +702,15 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         raw_path = target.raw_path
         streaming = route.streaming
         balance = streaming.balance
-        timeouts = _Timeouts(request, options, deadline)
+        now = route.clock
+        timeouts = _Timeouts(request, options, deadline, now)
         extensions = dict(request.extensions)
         extensions["timeout"] = timeouts
         url = self._url
 
         def build(instance: Instance) -> httpx.Request:
-            return _rebuild(request, url(scheme, instance, raw_path), instance, extensions)
+            target, host = url(scheme, instance, raw_path)
+            return _rebuild(request, target, host, extensions)
 
         # Fast path, taken while the balance already applied the mirrored
         # listing: no separate evidence view, no reconcile step and no wait
@@ -699,7 +724,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         # tried instance instead of declining picks until the budget ends.
         skip_budget = 0
         while True:
-            if _now() >= deadline:
+            if now() >= deadline:
                 raise budget.exceeded(route, attempts) from (errors[-1] if errors else None)
             if not fast:
                 route.snapshot()  # EvidenceUnavailable: no request, no retry
@@ -743,7 +768,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     raise DiscoveryError("an attempt failed without a cause") from failure
                 if not isinstance(cause, httpx.TransportError):
                     raise cause
-                if isinstance(cause, httpx.TimeoutException) and _now() >= deadline:
+                if isinstance(cause, httpx.TimeoutException) and now() >= deadline:
                     # The pool's timeout was the budget's end, not a phase limit.
                     raise budget.exceeded(route, attempts) from cause
                 errors.append(cause)
@@ -772,7 +797,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 and may_retry
                 and options.retry_get_head_on_retryable_status
                 and attempts < options.max_attempts
-                and _now() < deadline
+                and now() < deadline
             ):
                 tried.add(instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))
@@ -782,7 +807,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     held.complete(failed=True)
                 fast = False
                 continue
-            if own and _now() > deadline:
+            if own and now() > deadline:
                 # A pool bounds each wait by what was left when it began; a
                 # response that trickled in past the budget is not returned.
                 try:
@@ -796,19 +821,39 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 timeouts.release()
             return _wrap(response, held, instance)
 
-    def _url(self, scheme: str, instance: Instance, raw_path: bytes) -> httpx.URL:
+    def _target(self, request: httpx.Request) -> _Target:
+        # Parsing the service and path out of a nadisc:// URL, once per
+        # distinct (qualifier, host, path): services use few distinct paths.
+        url = request.url
+        key = (request.extensions.get(QUALIFIER_EXTENSION), url.host, url.raw_path)
+        targets = self._targets
+        target = targets.get(key)
+        if target is None or url.scheme != SCHEME or url.port is not None or url.userinfo:
+            target = _target(request)
+            if len(targets) >= _URL_CACHE:
+                targets.clear()
+            targets[key] = target
+        return target
+
+    def _url(
+        self, scheme: str, instance: Instance, raw_path: bytes
+    ) -> tuple[httpx.URL, bytes]:
         # Parsing a URL is the largest cost of rewriting a request; services
-        # use few distinct paths, so a small bounded cache pays off.
+        # use few distinct paths, so a small bounded cache pays off. The
+        # instance's Host header value is kept with it.
         key = (scheme, instance.host, instance.port, raw_path)
         urls = self._urls
-        url = urls.get(key)
-        if url is None:
+        made = urls.get(key)
+        if made is None:
             if len(urls) >= _URL_CACHE:
                 urls.clear()
-            url = urls[key] = httpx.URL(
-                scheme=scheme, host=instance.host, port=instance.port, raw_path=raw_path
+            made = urls[key] = (
+                httpx.URL(
+                    scheme=scheme, host=instance.host, port=instance.port, raw_path=raw_path
+                ),
+                instance.address.encode("ascii"),
             )
-        return url
+        return made
 
     # -- closing -------------------------------------------------------------------------
 
@@ -851,10 +896,10 @@ def _skip_budget(route: Route, tried: set[str], size: int) -> int:
     return 4 * size + 16 if _untried_listed(route, tried) else 0
 
 
-def _with_host(raw: list[tuple[bytes, bytes]], instance: Instance) -> httpx.Headers:
+def _with_host(raw: list[tuple[bytes, bytes]], host: bytes) -> httpx.Headers:
     # The caller's headers with the instance's Host, built from the raw list
     # in one pass (no lookup by name).
-    headers = [(b"Host", instance.address.encode("ascii"))]
+    headers = [(b"Host", host)]
     headers.extend(item for item in raw if item[0].lower() != b"host")
     return httpx.Headers(headers)
 

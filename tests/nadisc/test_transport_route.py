@@ -112,6 +112,9 @@ class _SubmitObservation(_StubObservation):
     def __init__(self) -> None:
         self.current: ObservationSnapshot | None = None
 
+    def _usable_at(self, now: float, strict: bool) -> ObservationSnapshot:
+        return self._usable(strict)
+
     def _usable(self, strict: bool) -> ObservationSnapshot:
         if self.current is None:
             raise EvidenceUnavailable("revoked for the test", reason="revoked")
