@@ -13,7 +13,7 @@ observe, nothing else (no close rights).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
@@ -23,7 +23,7 @@ import anyio.lowlevel
 
 from ._capacity import SnapshotLedger, TaskBudget, WatchStreams
 from ._errors import CapacityExceeded, DeadlineExceeded, UnknownService
-from ._observation import Observation, Slot, check_deadline
+from ._observation import Observation, Slot, check_deadline, loop_clock
 
 if TYPE_CHECKING:
     from ._config import ConnectionConfig
@@ -102,6 +102,8 @@ class Connection:
         #: None: not prepared yet; True: prepared; False: prepare failed.
         self.prepared: bool | None = None
         self.prepare_error: str | None = None
+        # The event loop's clock, resolved on the first observe().
+        self._clock: Callable[[], float] | None = None
 
     @property
     def request_timeout(self) -> float:
@@ -118,15 +120,17 @@ class Connection:
             ) from None
 
     async def observe(self, alias: str, deadline: float | None = None) -> Observation:
-        now = anyio.current_time()
+        clock = self._clock
+        if clock is None:
+            clock = self._clock = loop_clock()[0]
         if deadline is not None:
-            check_deadline(deadline, now)
+            check_deadline(deadline, clock())
         self.runtime.check_observable()
         remote = self.remote_name(alias)
         slot = self.slots.get(alias)
         if slot is None or slot.reclaiming:
             slot = await self._new_slot(alias, remote)
-        now = anyio.current_time()
+        now = clock()
         slot.touch(now)
         observation = Observation(slot)
         if slot.first_outcome.is_set():
@@ -136,13 +140,14 @@ class Connection:
         else:
             with anyio.move_on_at(deadline):
                 await slot.first_outcome.wait()
-        if deadline is not None and anyio.current_time() >= deadline:
+        now = clock()
+        if deadline is not None and now >= deadline:
             raise DeadlineExceeded(
                 f"connection {self.name!r} service {alias!r}: the deadline passed "
                 "before the first listing"
             )
         # The caller has seen what observe() returned: changes start from here.
-        observation._look(anyio.current_time())
+        observation._look(now)
         return observation
 
     async def _new_slot(self, alias: str, remote: str) -> Slot:

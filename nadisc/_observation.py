@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import anyio.lowlevel
+import sniffio
 from anyio.abc import TaskStatus
 
 from poise import LatestCell
@@ -87,11 +88,25 @@ __all__ = [
     "Slot",
     "check_deadline",
     "check_deadline_value",
+    "loop_clock",
 ]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def loop_clock() -> tuple[Callable[[], float], Callable[[], float]]:
+    """The running event loop's ``(current_time, current_effective_deadline)``.
+
+    The same values anyio returns, without its per-call backend lookup: a
+    transport resolves them once, on its first request (it serves one loop).
+    """
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.current_time, trio.current_effective_deadline
+    return anyio.current_time, anyio.current_effective_deadline
 
 
 def check_deadline_value(deadline: object) -> None:

@@ -59,7 +59,6 @@ from urllib.parse import unquote
 
 import anyio
 import httpx
-import sniffio
 
 from poise import CallDeclined, EndpointError, Held, SelectionError
 
@@ -76,6 +75,7 @@ from ._errors import (
     relative_deadline_hint,
 )
 from ._instance import Instance
+from ._observation import loop_clock
 from ._route import Attempt, InstanceSchemeMismatch, RestOptions, Route
 
 if TYPE_CHECKING:
@@ -360,19 +360,6 @@ async def _ready(
         await streaming.ready()
         return
     raise budget.exceeded(route, attempts)
-
-
-def loop_clock() -> tuple[Callable[[], float], Callable[[], float]]:
-    """The running event loop's ``(current_time, current_effective_deadline)``.
-
-    The same values anyio returns, without its per-call backend lookup: a
-    transport resolves them once, on its first request (it serves one loop).
-    """
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        return trio.current_time, trio.current_effective_deadline
-    return anyio.current_time, anyio.current_effective_deadline
 
 
 def _header_list_ok() -> bool:
