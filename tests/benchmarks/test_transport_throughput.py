@@ -19,8 +19,9 @@ def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
         assert label in out
     assert result.requests == 300 and result.concurrency == 16
     assert all(rps > 0 for rps in result.rps.values())
+    assert set(result.cpu_rps) == set(result.wall_rps)
     # Not the targets (a smoke run on a busy machine is noisy), but a gross
     # regression of the request path shows up even here.
-    assert result.memory_ratio > 0.4, out
-    assert result.loopback_ratio > 0.4, out
+    assert result.memory_ratio > 0.3, out
+    assert result.loopback_ratio > 0.3, out
     assert f"ratio {result.memory_ratio:.2f}" in out
