@@ -4,8 +4,9 @@
 
     rest = owner.rest("primary")     # owned by the owner: closed when it closes
     clients = rest_clients(owner)    # every connection's caller, by name
+    r = await rest.get("/v1/orders", service="orders", timeout=2.0)   # httpx's verbs
+    r = await rest.get("https://api.example.com/v1/x")                # external
     r = await rest.request("GET", service="orders", path="/v1/orders")
-    r = await rest.request("GET", url="https://api.example.com/v1/x")
 
 Two kinds of call, never mixed:
 
@@ -20,6 +21,12 @@ An owner with zero connections gives an external-only client (a service call
 raises :class:`~nadisc.QualifierError`); with named connections but none
 called ``primary``, an unqualified client's service calls raise
 :class:`~nadisc.QualifierError` too: the default is never inferred.
+
+Budget: the smallest of the connection's ``request_timeout``, the httpx
+timeout (client or ``timeout=``) and a ``"nadisc.deadline"`` extension,
+covering the body too for calls that read it; running out raises
+:class:`~nadisc.CallTimeout` naming the limit. Every failure is an
+``httpx.RequestError`` as well as a nadisc error.
 
 Responses:
 
@@ -50,7 +57,9 @@ fit the connect timeout, an unsupported instance scheme), and
 
 from __future__ import annotations
 
+import datetime
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -712,15 +721,28 @@ class RestDiscoveryClient:
     ) -> httpx.Response:
         discovery = self._discovery
         if direct and discovery is not None:
-            # No auth flow, redirects, cookie jar or event hooks are set on
-            # this client's own httpx client: hand the request to the
-            # discovery transport directly, as the client would.
-            response = await discovery.handle_async_request(request)
+            # No auth flow, redirects or event hooks are set on this client's
+            # own httpx client: hand the request to the discovery transport
+            # directly, as the client would (cookies a service sets are not
+            # kept between calls).
+            started = time.perf_counter()
+            try:
+                response = await discovery.handle_async_request(request)
+            except httpx.RequestError as exc:
+                exc.request = request
+                raise
             response.request = request
-        else:
-            response = await self._http.send(
-                request, stream=True, auth=auth, follow_redirects=follow_redirects
-            )
+            try:
+                _cap(response, self._max_body)
+                await response.aread()
+            finally:
+                if not response.is_closed:
+                    await _close_quietly(response)
+            response.elapsed = datetime.timedelta(seconds=time.perf_counter() - started)
+            return response
+        response = await self._http.send(
+            request, stream=True, auth=auth, follow_redirects=follow_redirects
+        )
         try:
             _cap(response, self._max_body)
             await response.aread()

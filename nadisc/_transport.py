@@ -19,17 +19,35 @@ does); unknown names raise :class:`~nadisc.QualifierError`, unknown aliases
 
 One call, all attempts::
 
-    budget = rest.request_timeout from the first attempt (or the request's
-             "nadisc.deadline" extension, absolute event-loop time)
-    loop:  evidence usable now?          no  -> EvidenceUnavailable (no request)
-           wait for a ready endpoint (reconciles discovery first; skipped
-             while the balance already applied the mirrored listing)
+    budget = the smallest of rest.request_timeout, the request's httpx timeout
+             (extensions["timeout"]: its largest phase, none if a phase is None)
+             and the "nadisc.deadline" extension (absolute event-loop time);
+             the caller's cancel scope, when it ends first, cancels the call
+    loop:  fast path (listing already applied, an endpoint ready): no yield,
+             no cancel scope, straight to the hand-over below
+           otherwise: evidence usable now?   no -> EvidenceUnavailable
+                      reconcile and wait for a ready endpoint (bounded)
            pick; re-check currency; hand to the pool   (revoked -> declined,
              pick again; instance declares another scheme ->
              InstanceSchemeMismatch, nothing sent)
            transport error  ─┐  GET/HEAD, switched on, attempts and budget left:
            502/503/504      ─┘  retry on another instance where there is one
-    budget spent -> DeadlineExceeded (chained from the last attempt's error)
+    budget spent -> CallTimeout naming the limit (chained from the last error)
+
+How the budget bounds the pool: httpx's own pool reads the timeout
+extension once per operation, so the transport hands it a mapping whose
+every value is capped by what is left of the budget (no cancel scope of
+ours); a response whose headers arrive after the budget is refused. A pool
+not known to honour the extension (``nadisc_enforces_timeouts``) gets the
+budget as one cancel scope around the call.
+
+Errors: every nadisc error is re-raised at the boundary as its ``Call*``
+form (see :mod:`nadisc._errors`), which is also an ``httpx.RequestError``;
+errors of the pool pass through unchanged.
+
+Cost on the fast path: the URL parse is cached per path; one evidence view,
+one readiness scan (O(endpoints)), one policy pick, a request rebuilt by
+copying the caller's normalised header list, and a guarded body.
 
 Only ``GET`` and ``HEAD`` are ever retried; a request whose body is a stream
 that cannot be replayed is not retried either. Each attempt's connect timeout

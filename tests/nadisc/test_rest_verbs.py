@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 
+import anyio
 import httpx
 import pytest
 
@@ -92,3 +93,20 @@ async def test_external_urls_and_the_stream_form() -> None:
             await rest.get("/relative")
         with pytest.raises(InvalidRequest):
             await rest.get("https://api.example.com/", service="orders")
+
+
+async def test_a_direct_call_looks_like_an_httpx_one() -> None:
+    memory = MemoryProvider(services={"orders": "orders"}, watch=True)
+    memory.set("orders", [Instance("a", "10.0.0.1", 8080)])
+    async with (
+        memory_owner({"primary": memory}) as owner,
+        RestDiscoveryClient(owner, transport=httpx.MockTransport(_echo)) as rest,
+    ):
+        response = await rest.get("/v1/items", service="orders")
+        assert response.elapsed.total_seconds() >= 0
+        assert response.request.url == httpx.URL("nadisc://primary/orders/v1/items")
+        memory.set("orders", [])
+        await anyio.sleep(0.05)  # the watch delivers the empty listing
+        with pytest.raises(httpx.TransportError) as info:
+            await rest.get("/v1/gone", service="orders")
+        assert info.value.request.url == httpx.URL("nadisc://primary/orders/v1/gone")
