@@ -179,7 +179,7 @@ async def measure(requests: int, rounds: int, concurrency: int) -> Result:
                     "loopback transport": lambda: loop_through.get(through_url),
                     "loopback rest": lambda: loop_rest.get("/", service=SERVICE),
                 }
-                warm = min(requests, 500)
+                warm = min(requests // 2, 500)
                 for call in rows.values():
                     await _drive(call, warm, concurrency)
                 best = dict.fromkeys(rows, float("inf"))
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> Result:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per client")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent callers")
     args = parser.parse_args(argv)
-    requests, rounds = (300, 1) if args.smoke else (args.requests, args.rounds)
+    requests, rounds = (150, 1) if args.smoke else (args.requests, args.rounds)
     result: Result = anyio.run(measure, requests, rounds, args.concurrency, backend="trio")
     print(format_table(result))
     return result

@@ -17,7 +17,7 @@ def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
         "discovery transport, loopback",
     ):
         assert label in out
-    assert result.requests == 300 and result.concurrency == 16
+    assert result.requests == 150 and result.concurrency == 16
     assert all(rps > 0 for rps in result.rps.values())
     assert set(result.cpu_rps) == set(result.wall_rps)
     # Not the targets (a smoke run on a busy machine is noisy), but a gross
