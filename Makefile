@@ -38,11 +38,13 @@ unit: venv servers
 	$(BIN)/pytest
 
 # The balancing core is written against anyio: run its tests on asyncio too,
-# and the calling path's (errors, verbs, change iteration) with it.
+# the core Nacos flows through the owner, and the calling path's (errors,
+# verbs, change iteration).
 asyncio-pass: venv
-	TEST_BACKEND=asyncio $(BIN)/pytest tests/poise tests/nadisc/test_calling_errors.py \
-		tests/nadisc/test_calling_budget.py tests/nadisc/test_rest_verbs.py \
-		tests/nadisc/test_observation_changes.py -o trio_mode=false -m "not trio_only" -q
+	TEST_BACKEND=asyncio $(BIN)/pytest tests/poise tests/providers/nacos/test_owner_anyio.py \
+		tests/nadisc/test_calling_errors.py tests/nadisc/test_calling_budget.py \
+		tests/nadisc/test_rest_verbs.py tests/nadisc/test_observation_changes.py \
+		-o trio_mode=false -m "not trio_only" -q
 
 test: lint typecheck unit asyncio-pass
 

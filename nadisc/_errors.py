@@ -12,7 +12,8 @@
     ├── PrepareError            a startup-required connection could not come up (also
     │                           one a startup-required registration publishes on)
     ├── EvidenceUnavailable     the observation has no evidence usable now
-    │                           (``.reason``: stale, revoked, empty, invalid, closed, capacity)
+    │                           (``.reason``: stale, revoked, empty, invalid, closed, capacity,
+    │                           weak: a strict read of weaker evidence)
     ├── CapacityExceeded        a configured limit refused the work (``.limit``)
     ├── ProviderFailure         typed outcome of one provider operation
     │   ├── IncompleteSnapshot  transport/paging/decoding incomplete: grace may apply

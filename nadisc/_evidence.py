@@ -78,6 +78,8 @@ class Reason(enum.StrEnum):
     INVALID = "invalid"
     #: The registry confirmed there are no instances.
     EMPTY = "empty"
+    #: The listing is weaker evidence (``EvidenceKind.weak``) and the read is strict.
+    WEAK = "weak"
     #: The owner closed.
     CLOSED = "closed"
 
@@ -370,6 +372,12 @@ class Evidence:
             )
         if barrier is Reason.EMPTY:
             return Refusal(Reason.EMPTY, "the registry lists no instances")
+        if strict and self._snapshot.evidence.weak:
+            return Refusal(
+                Reason.WEAK,
+                f"the listing is weaker evidence ({self._snapshot.evidence.value}) "
+                "and the read is strict",
+            )
         # ``allowed`` only ever narrows the listing's own identities, so an
         # empty set means nothing is left to serve.
         if self._allowed is not None and not self._allowed:

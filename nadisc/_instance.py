@@ -32,6 +32,14 @@ class EvidenceKind(enum.Enum):
     #: Orchestrator readiness (Kubernetes EndpointSlice conditions).
     ORCHESTRATOR_READY = "orchestrator_ready"
 
+    @property
+    def weak(self) -> bool:
+        """Weaker evidence: served by default, refused by strict reads
+        (``snapshot(strict=True)``, ``submit_if_current_strict``) with reason
+        ``weak``. A provider marks a listing weak by handing it over with
+        such a kind (today only :attr:`WEAK_HEALTH`)."""
+        return self is EvidenceKind.WEAK_HEALTH
+
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 

@@ -59,6 +59,11 @@ class ServiceMetrics:
     #: reason), sorted: never served. Diagnostic only; registry keys are not
     #: configured names, so a metrics export must not use them as labels.
     invalid_records: tuple[tuple[str, str], ...] = ()
+    #: The evidence kind of the listing served now (None when unavailable).
+    evidence: str | None = None
+    #: The listing served now is weaker evidence (``EvidenceKind.weak``, e.g.
+    #: a Nacos answer past the protect threshold): strict reads refuse it.
+    weak: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +174,8 @@ def _reader(owner: DiscoveryOwner) -> Callable[[float], ObserverSnapshot]:
                         holders=len(slot.handles),
                         queries=slot.queries,
                         invalid_records=tuple(sorted(slot.invalid.items())),
+                        evidence=None if isinstance(view, Refusal) else view.evidence.value,
+                        weak=not isinstance(view, Refusal) and view.evidence.weak,
                     )
                 )
             connections.append(

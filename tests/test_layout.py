@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-PACKAGES = ["poise", "nadisc", "nadisc_etcd", "nadisc_consul"]
+PACKAGES = ["poise", "nadisc", "nadisc_etcd", "nadisc_consul", "nadisc_nacos"]
 
 
 def test_import_poise_loads_only_stdlib_and_anyio() -> None:

@@ -128,14 +128,14 @@ async def test_config_bindings_come_from_the_provider_block(autojump_clock: obje
 
 async def test_unknown_provider_says_what_to_install(autojump_clock: object) -> None:
     cfg = DiscoveryConfig.model_validate(
-        {"enabled": True, "connections": {"business": {"provider": "nacos"}}}
+        {"enabled": True, "connections": {"business": {"provider": "eureka"}}}
     )
     before = all_tasks()
     with pytest.raises(ProviderNotFound) as info:
         async with open_discovery(cfg):
             pytest.fail("must not run")
     assert info.value.path == "discovery.connections.business.provider"
-    assert "install" in str(info.value) and "nacos" in str(info.value)
+    assert "install" in str(info.value) and "eureka" in str(info.value)
     assert all_tasks() == before
 
 

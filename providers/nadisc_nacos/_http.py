@@ -1,0 +1,329 @@
+"""The HTTP shell: one httpx client per connection, bounded reads, login tokens.
+
+Every body is read through the byte budget (``max_response_bytes``): a
+``Content-Length`` over it is refused before reading, a body that grows past
+it is abandoned there (``CapacityRejected``). Several ``server_addr`` entries
+are tried in turn on transport failures (the next request starts at the
+server that answered last); an HTTP answer is final.
+
+Auth (only with ``username``/``password``)::
+
+    no token / now >= refresh_at  --login (single flight: one lock, re-checked)-->
+        200 {accessToken, tokenTtl}  token, refresh_at = now + ttl - margin
+        403/401                      IdentityRevoked (a refused login is revocation)
+        other / transport            IncompleteSnapshot
+    request --403 "token expired!" / "token invalid!"--> forget that token,
+        one re-login, one retry; a second 403 is IdentityRevoked
+    request --403 anything else (authorization failed!)--> IdentityRevoked
+
+The token travels in the ``Authorization: Bearer`` and ``accessToken``
+headers (Nacos reads either), never in a URL; the password only in the login
+form body. Neither ever appears in a message.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import anyio
+import httpx
+
+from nadisc import CapacityRejected, ConfigError, IdentityRevoked, IncompleteSnapshot
+
+from ._settings import NacosSettings
+from ._wire import decode_login
+
+__all__ = ["LOGIN_PATHS", "NacosHttp", "NacosResponse"]
+
+logger = logging.getLogger(__name__)
+
+#: Login endpoint per API generation (relative to the context path).
+LOGIN_PATHS = {"v3": "/v3/auth/user/login", "v1": "/v1/auth/login"}
+#: Statuses of a path the server does not serve (Nacos 3 answers 410 for
+#: turned-off compatibility APIs, Spring 404/405 for unknown ones).
+NOT_SERVED = frozenset({404, 405, 410, 501})
+_TOKEN_MARKERS = ("token expired", "token invalid")
+#: Connections per connection's pool, and requests in flight at once. Callers
+#: beyond it wait at our own FIFO gate, not in httpcore's pool queue: the pool
+#: re-scans its whole queue on every request it finishes, which with hundreds
+#: of waiting beats cost milliseconds of CPU per request and stalled the loop.
+POOL_SIZE = 32
+_TEXT_LIMIT = 200
+
+
+@dataclass(frozen=True, slots=True)
+class NacosResponse:
+    status: int
+    body: bytes
+
+    def text(self) -> str:
+        text = self.body[:_TEXT_LIMIT].decode("utf-8", "replace").strip()
+        return " ".join(text.split())
+
+
+def token_problem(body: bytes) -> bool:
+    """A 403 that says the token (not the permission) is the problem: Nacos's
+    auth filter answers ``token expired!`` / ``token invalid!`` (plain text,
+    or inside Spring's JSON error body)."""
+    lowered = body[:2048].decode("utf-8", "replace").lower()
+    return any(marker in lowered for marker in _TOKEN_MARKERS)
+
+
+class NacosHttp:
+    """Moves bytes to and from the Nacos servers of one connection."""
+
+    def __init__(
+        self,
+        settings: NacosSettings,
+        *,
+        max_response_bytes: int,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._settings = settings
+        self._bases = settings.base_urls
+        #: host:port per base URL, for messages (never the credentials).
+        self._hosts = tuple(f"{u.host}:{u.port}" for u in settings.server_addr)
+        self._current = 0
+        self._max_bytes = max_response_bytes
+        verify: ssl.SSLContext | bool = True
+        if settings.ca_file is not None:
+            try:
+                verify = ssl.create_default_context(cafile=settings.ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError("nacos.ca_file", f"cannot load CA bundle: {exc}") from exc
+        self._client = httpx.AsyncClient(
+            headers={"User-Agent": "nadisc-nacos", "Accept": "application/json"},
+            verify=verify,
+            transport=transport,
+            limits=httpx.Limits(max_connections=POOL_SIZE, max_keepalive_connections=POOL_SIZE),
+            follow_redirects=False,
+            trust_env=False,
+        )
+        self._gate = anyio.CapacityLimiter(POOL_SIZE)
+        self._token: str | None = None
+        self._refresh_at = 0.0
+        self._login_lock = anyio.Lock()
+        #: Which API generation's login path to use (set by the provider's probe).
+        self.login_api = "v3" if settings.api != "v1" else "v1"
+        self.logins = 0
+        self._closed = False
+
+    @property
+    def max_response_bytes(self) -> int:
+        return self._max_bytes
+
+    @property
+    def authenticated(self) -> bool:
+        return self._settings.username is not None
+
+    @property
+    def server(self) -> str:
+        """The server the next request goes to first (host:port, no credentials)."""
+        url = self._settings.server_addr[self._current]
+        return f"{url.host}:{url.port}"
+
+    # -- auth ---------------------------------------------------------------
+    async def token(self, budget: float) -> str | None:
+        """A current token (logging in when none is, single flight)."""
+        if not self.authenticated:
+            return None
+        token = self._token
+        if token is not None and anyio.current_time() < self._refresh_at:
+            return token
+        deadline = anyio.current_time() + budget
+        try:
+            with anyio.fail_after(budget):
+                await self._login_lock.acquire()  # another caller may be logging in
+        except TimeoutError:
+            raise IncompleteSnapshot(f"login: no token within {budget:.1f}s") from None
+        try:
+            if self._token is not None and anyio.current_time() < self._refresh_at:
+                return self._token
+            return await self._login(_left(deadline, "login"))
+        finally:
+            self._login_lock.release()
+
+    async def _login(self, budget: float) -> str:
+        settings = self._settings
+        assert settings.username is not None and settings.password is not None
+        form = {"username": settings.username, "password": settings.password.get_secret_value()}
+        order = [self.login_api] + [api for api in ("v3", "v1") if api != self.login_api]
+        if settings.api != "auto":
+            order = [settings.api]
+        response: NacosResponse | None = None
+        for api in order:
+            response = await self.send(
+                "POST", LOGIN_PATHS[api], None, budget=budget, what="login", form=form
+            )
+            if response.status not in NOT_SERVED:
+                self.login_api = api
+                break
+        assert response is not None
+        self.logins += 1
+        if response.status in (401, 403):
+            self._token = None
+            raise IdentityRevoked(
+                f"login of user {settings.username!r} refused by Nacos "
+                f"(HTTP {response.status}): {response.text()}"
+            )
+        if response.status != 200:
+            raise IncompleteSnapshot(f"login: Nacos answered HTTP {response.status}")
+        answer = decode_login(response.body, max_bytes=self._max_bytes)
+        margin = min(settings.token_refresh_margin, answer.token_ttl / 2)
+        self._token = answer.access_token
+        self._refresh_at = anyio.current_time() + answer.token_ttl - margin
+        logger.debug("nacos: logged in, token refreshed in %.0fs", answer.token_ttl - margin)
+        return answer.access_token
+
+    def _forget(self, token: str | None) -> None:
+        if token is not None and self._token == token:
+            self._token = None
+            self._refresh_at = 0.0
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        *,
+        budget: float,
+        what: str,
+    ) -> NacosResponse:
+        """An authenticated request; handles token expiry (one re-login) and
+        turns a 403 into ``IdentityRevoked``. Other statuses are returned."""
+        deadline = anyio.current_time() + budget
+        for attempt in (1, 2):
+            token = await self.token(_left(deadline, what))
+            response = await self.send(
+                method, path, params, budget=_left(deadline, what), what=what, token=token
+            )
+            if response.status != 403:
+                return response
+            if token is not None and attempt == 1 and token_problem(response.body):
+                logger.info(
+                    "nacos: %s: the token was refused (%s); logging in again", what, response.text()
+                )
+                self._forget(token)
+                continue
+            raise IdentityRevoked(f"{what}: denied by Nacos (403): {response.text()}")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- transport ----------------------------------------------------------
+    async def send(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        *,
+        budget: float,
+        what: str,
+        token: str | None = None,
+        form: Mapping[str, str] | None = None,
+    ) -> NacosResponse:
+        if self._closed:
+            raise IncompleteSnapshot(f"{what}: the connection is closed")
+        headers = {}
+        if token is not None:
+            headers = {"Authorization": f"Bearer {token}", "accessToken": token}
+        failures: list[str] = []
+        deadline = anyio.current_time() + budget
+        count = len(self._bases)
+        for step in range(count):
+            index = (self._current + step) % count
+            left = deadline - anyio.current_time()
+            if left <= 0:
+                break
+            try:
+                response = await self._once(
+                    method,
+                    self._bases[index] + path,
+                    self._hosts[index],
+                    params,
+                    form,
+                    headers,
+                    left,
+                    what,
+                )
+            except IncompleteSnapshot as exc:
+                failures.append(str(exc))
+                continue
+            self._current = index
+            return response
+        self._current = (self._current + 1) % count
+        raise IncompleteSnapshot("; ".join(failures) or f"{what}: no time left for a request")
+
+    async def _once(
+        self,
+        method: str,
+        url: str,
+        host: str,
+        params: Mapping[str, str] | None,
+        form: Mapping[str, str] | None,
+        headers: Mapping[str, str],
+        budget: float,
+        what: str,
+    ) -> NacosResponse:
+        timeout = httpx.Timeout(budget, connect=min(budget, 10.0))
+        try:
+            with anyio.fail_after(budget):
+                async with (
+                    self._gate,
+                    self._client.stream(
+                        method, url, params=params, data=form, headers=headers, timeout=timeout
+                    ) as response,
+                ):
+                    body = await self._read_bounded(response, what)
+                    return NacosResponse(response.status_code, body)
+        except TimeoutError as exc:
+            raise IncompleteSnapshot(
+                f"{what}: no complete answer from {host} within {budget:.1f}s"
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise IncompleteSnapshot(f"{what}: {host} timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise IncompleteSnapshot(
+                f"{what}: transport to {host} failed ({type(exc).__name__})"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise IncompleteSnapshot(f"{what}: {type(exc).__name__}") from exc
+
+    async def _read_bounded(self, response: httpx.Response, what: str) -> bytes:
+        limit = self._max_bytes
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise CapacityRejected(
+                f"{what}: response of {declared} bytes exceeds max_response_bytes={limit}"
+            )
+        chunks: list[bytes] = []
+        total = 0
+        body = response.aiter_bytes()
+        try:
+            async for chunk in body:
+                total += len(chunk)
+                if total > limit:
+                    raise CapacityRejected(
+                        f"{what}: response body exceeds max_response_bytes={limit}"
+                    )
+                chunks.append(chunk)
+        finally:
+            close = getattr(body, "aclose", None)
+            if close is not None:
+                await close()
+        return b"".join(chunks)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.move_on_after(5, shield=True):
+            await self._client.aclose()
+
+
+def _left(deadline: float, what: str) -> float:
+    left = deadline - anyio.current_time()
+    if left <= 0:
+        raise IncompleteSnapshot(f"{what}: the request budget ran out")
+    return left

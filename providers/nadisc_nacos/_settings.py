@@ -1,0 +1,189 @@
+"""Settings of one Nacos connection (the ``nacos:`` block of a connection).
+
+Frozen and strict: unknown keys are refused, credentials never ride in a
+``server_addr`` (``http://user:pass@host`` is refused: use ``username`` /
+``password``), the password is a :class:`pydantic.SecretStr` (never in a
+``repr``, a log line or an error message; validation errors never echo the
+input). ``server_addr`` takes one address or several (a list, or a
+comma-separated string as Nacos clients accept it), each with the context
+path, e.g. ``http://nacos-business:8848/nacos/``; a bare ``host:port`` means
+``http://host:port/nacos``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+
+__all__ = ["NacosServiceBinding", "NacosSettings"]
+
+#: Nacos refuses these characters in service and group names (``@@`` is its
+#: own group separator).
+_NAME = re.compile(r"^[^@#\s]+(?:@(?!@)[^@#\s]*)*$")
+DEFAULT_CONTEXT_PATH = "/nacos"
+
+
+class NacosServiceBinding(BaseModel):
+    """One service alias: the remote Nacos service name (default: the alias)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=512)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if "@@" in value or not _NAME.match(value):
+            raise ValueError(
+                "a Nacos service name may not contain '@@', '#' or whitespace "
+                "(give the group in the connection's 'group')"
+            )
+        return value
+
+
+class NacosSettings(BaseModel):
+    """Validated settings of a Nacos connection.
+
+    Discovery: ``server_addr``, ``namespace``, ``group``, ``cluster``
+    (registrations, and the cluster filter of listings when
+    ``cluster_filter``), ``username`` / ``password``, ``ca_file``, ``api``,
+    ``services``. Registration: ``ephemeral``, ``weight``, ``metadata``,
+    ``beat_interval`` (used until the server says otherwise).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    server_addr: tuple[AnyHttpUrl, ...] = Field(
+        default=(AnyHttpUrl("http://127.0.0.1:8848/nacos"),), min_length=1, max_length=32
+    )
+    #: Namespace id; ``public`` is Nacos's default namespace.
+    namespace: str = Field(default="public", min_length=1, max_length=128)
+    group: str = Field(default="DEFAULT_GROUP", min_length=1, max_length=128)
+    cluster: str = Field(default="DEFAULT", min_length=1, max_length=64)
+    #: Only list instances of ``cluster`` (default: every cluster).
+    cluster_filter: bool = False
+    username: str | None = Field(default=None, min_length=1, max_length=256)
+    password: SecretStr | None = None
+    #: PEM bundle of the CA that signed the servers' certificates (https only).
+    ca_file: str | None = Field(default=None, min_length=1)
+    #: ``auto``: probe at prepare, prefer the v3 client API, fall back to v1.
+    api: Literal["auto", "v1", "v3"] = "auto"
+    services: dict[str, NacosServiceBinding] = Field(default_factory=dict)
+    #: Register ephemeral instances (heartbeats) or persistent ones (no beat;
+    #: deregistration removes the record).
+    ephemeral: bool = True
+    #: Seconds between heartbeats until the server's ``clientBeatInterval``
+    #: answers; Nacos's default is 5 s.
+    beat_interval: float = Field(default=5.0, gt=0, le=60)
+    #: Refresh the login token this many seconds before ``tokenTtl`` ends
+    #: (at most half the TTL).
+    token_refresh_margin: float = Field(default=60.0, ge=0, le=86400)
+    #: Extra instance metadata on every registration of this connection
+    #: (the registration's own metadata wins on a shared key).
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("server_addr", mode="before")
+    @classmethod
+    def _addresses(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part for part in (p.strip() for p in value.split(",")) if part]
+        if isinstance(value, list | tuple):
+            out: list[object] = []
+            for item in value:
+                if isinstance(item, str):
+                    text = item.strip()
+                    if "://" not in text:
+                        text = "http://" + text
+                    scheme, _, rest = text.partition("://")
+                    if "/" not in rest:
+                        text = f"{scheme}://{rest}{DEFAULT_CONTEXT_PATH}"
+                    out.append(text)
+                else:
+                    out.append(item)
+            return tuple(out)
+        return value
+
+    @field_validator("server_addr")
+    @classmethod
+    def _no_credentials(cls, value: tuple[AnyHttpUrl, ...]) -> tuple[AnyHttpUrl, ...]:
+        for url in value:
+            if url.username is not None or url.password is not None:
+                raise ValueError("credentials do not belong in server_addr; use username/password")
+            if url.query or url.fragment:
+                raise ValueError("server_addr takes no query or fragment")
+        return value
+
+    @field_validator("group", "namespace", "cluster")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if "@@" in value or not _NAME.match(value):
+            raise ValueError("may not contain '@@', '#' or whitespace")
+        return value
+
+    @field_validator("services", mode="before")
+    @classmethod
+    def _name_defaults_to_alias(cls, value: object) -> object:
+        if isinstance(value, dict):
+            return {
+                alias: {"name": alias, **item}
+                if isinstance(item, dict) and "name" not in item
+                else item
+                for alias, item in value.items()
+            }
+        return value
+
+    @field_validator("services")
+    @classmethod
+    def _aliases(cls, value: dict[str, NacosServiceBinding]) -> dict[str, NacosServiceBinding]:
+        remote = {binding.name: alias for alias, binding in value.items()}
+        for alias, binding in value.items():
+            owner = remote.get(alias)
+            if owner is not None and owner != alias and binding.name != alias:
+                raise ValueError(
+                    f"alias {alias!r} is also the remote name bound by alias {owner!r}; "
+                    "rename one of them"
+                )
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 64:
+            raise ValueError("at most 64 metadata pairs")
+        for key, item in value.items():
+            if not key or len(key) > 128 or len(item) > 1024:
+                raise ValueError(
+                    "metadata keys must be 1-128 characters, values at most 1024 characters"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> NacosSettings:
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password go together: give both or neither")
+        if self.ca_file is not None and not any(u.scheme == "https" for u in self.server_addr):
+            raise ValueError("ca_file is only meaningful with an https server_addr")
+        return self
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        """Each server's base URL with its context path, without a trailing slash."""
+        return tuple(str(url).rstrip("/") for url in self.server_addr)
+
+    def remote_name(self, service: str) -> str:
+        """The remote name of ``service`` (an alias or already a remote name)."""
+        for binding in self.services.values():
+            if binding.name == service:
+                return service
+        bound = self.services.get(service)
+        return bound.name if bound is not None else service

@@ -1,0 +1,21 @@
+"""Smoke run of the Nacos scale benchmark (4,096-host decode, 256 registrations)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import nacos_scale
+
+
+def test_nacos_scale_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    results = nacos_scale.main(["--smoke"])
+    printed = capsys.readouterr().out
+    assert "typed snapshot / json.loads (median)" in printed and "target <= 0.50x" in printed
+    assert "32 ephemeral registrations" in printed and "max stall ms" in printed
+    decoded = results["decode"]
+    assert decoded["hosts"] == 4096 and decoded["loads"] > 0
+    assert 0 < decoded["ratio"] <= decoded["worst_ratio"]
+    assert 0 < decoded["unchanged_ratio"] < decoded["ratio"]
+    for row in (*results["beats"], *results["memory"]):
+        assert row["beats_per_s"] > 0 and row["cpu_per_beat_us"] > 0
+        assert row["p50_ms"] <= row["p99_ms"] and row["stall_ms"] >= 0
