@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Real servers (and the openssl command for the TLS test certificate) used
+# Real servers (and the openssl command for the TLS test certificate, and
+# kubectl as a real client of the Kubernetes API fake) used
 # by the integration tests. The tests start their own throw-away instances on
 # loopback ports; this only makes the binaries exist.
 servers:
@@ -23,6 +24,13 @@ servers:
 		echo "installing etcd-server, dnsmasq-base and openssl"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			etcd-server dnsmasq-base openssl >/dev/null; \
+	fi
+	@# kubectl drives the Kubernetes fake's tests (any kubectl on PATH will do; the
+	@# image may ship one already, which Debian's package would conflict with).
+	@if ! command -v kubectl >/dev/null 2>&1; then \
+		echo "installing kubernetes-client (kubectl)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			kubernetes-client >/dev/null; \
 	fi
 
 demo: venv
@@ -38,10 +46,11 @@ unit: venv servers
 	$(BIN)/pytest
 
 # The balancing core is written against anyio: run its tests on asyncio too,
-# the core Nacos flows through the owner, and the calling path's (errors,
-# verbs, change iteration).
+# the core Nacos flows and the Kubernetes flows through the owner, and the
+# calling path's (errors, verbs, change iteration).
 asyncio-pass: venv
 	TEST_BACKEND=asyncio $(BIN)/pytest tests/poise tests/providers/nacos/test_owner_anyio.py \
+		tests/providers/kubernetes/test_owner_anyio.py \
 		tests/nadisc/test_calling_errors.py tests/nadisc/test_calling_budget.py \
 		tests/nadisc/test_rest_verbs.py tests/nadisc/test_observation_changes.py \
 		-o trio_mode=false -m "not trio_only" -q

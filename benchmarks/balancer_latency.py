@@ -37,6 +37,18 @@ Policies compared
 Reference figures (Tower's published table, whole milliseconds): P2C
 peak-EWMA p99 96 ms and p99.9 105 ms; round robin p99 906 ms.
 
+Second table: Linkerd's experiment
+    11 backends answering in about 167 ms (uniform in [150, 184] ms), an
+    open-loop client sending 1000 requests/s for 60 s (Poisson arrivals,
+    each request its own task), and one backend answering in 2 s from
+    t = 15 s to t = 45 s. Target: P2C peak-EWMA p99.9 <= 200 ms.
+
+Third table: outlier ejection
+    10 backends answering in 10 to 30 ms, one of which fails every call
+    after 1 ms; open loop, 200 requests/s for 60 s. The error share (failed
+    requests over all) with and without an :class:`poise.OutlierDetector`
+    (5 consecutive failures, 30 s base ejection, at most 10% ejected).
+
 Run: ``python -m benchmarks.balancer_latency [--smoke] [--requests N] [--seed S]``
 """
 
@@ -55,8 +67,10 @@ import trio.testing
 from poise import (
     Balance,
     Endpoint,
+    EndpointError,
     InFlight,
     LoadTracker,
+    OutlierDetector,
     PeakEwma,
     Policy,
     PowerOfTwoChoices,
@@ -165,9 +179,7 @@ def run_policy(
     clock = trio.testing.MockClock(autojump_threshold=0)
     rng = random.Random(seed)
     wall = time.perf_counter()
-    latencies, counts = trio.run(
-        _drive, policy, tracker, requests, concurrency, rng, clock=clock
-    )
+    latencies, counts = trio.run(_drive, policy, tracker, requests, concurrency, rng, clock=clock)
     wall = time.perf_counter() - wall
     latencies.sort()
     total = sum(counts)
@@ -197,6 +209,272 @@ def run_all(requests: int, concurrency: int, seed: int) -> list[PolicyResult]:
             lambda: PeakEwma(age_floor=False),
         ),
     ]
+
+
+# -- Linkerd's experiment ------------------------------------------------------------
+
+LINKERD_BACKENDS = 11
+LINKERD_LATENCY = (0.150, 0.184)
+LINKERD_RATE = 1000.0
+LINKERD_DURATION = 60.0
+LINKERD_SLOW = (15.0, 45.0, 2.0)  # from, to, latency
+LINKERD_TARGET_P999 = 200.0
+
+
+@dataclass(frozen=True)
+class OpenLoopResult:
+    name: str
+    quantiles: dict[float, float]
+    requests: int
+    slow_share: float  # requests answered by the slow backend in its slow window
+    wall_seconds: float
+
+
+def run_linkerd(
+    name: str,
+    policy: Policy[None],
+    tracker: Callable[[], LoadTracker],
+    *,
+    rate: float,
+    duration: float,
+    seed: int,
+) -> OpenLoopResult:
+    rng = random.Random(seed)
+    counts = [0] * LINKERD_BACKENDS
+    start, end, slow_latency = LINKERD_SLOW
+    scale = duration / LINKERD_DURATION
+    start, end = start * scale, end * scale
+
+    def endpoint(index: int) -> Endpoint[int, int]:
+        async def serve(request: int) -> int:
+            now = trio.current_time()
+            if index == 0 and start <= now < end:
+                counts[index] += 1
+                await trio.sleep(slow_latency)
+            else:
+                await trio.sleep(rng.uniform(*LINKERD_LATENCY))
+            return index
+
+        return Endpoint(index, service_fn(serve), tracker=tracker())
+
+    latencies: list[float] = []
+
+    async def main() -> None:
+        balance: Balance[int, int] = Balance(policy, [endpoint(i) for i in range(LINKERD_BACKENDS)])
+
+        async def one(n: int) -> None:
+            sent = trio.current_time()
+            await balance.dispatch(n)
+            latencies.append(trio.current_time() - sent)
+
+        async with trio.open_nursery() as nursery:
+            t = 0.0
+            n = 0
+            while True:
+                t += rng.expovariate(rate)
+                if t >= duration:
+                    break
+                await trio.sleep_until(t)
+                nursery.start_soon(one, n)
+                n += 1
+
+    wall = time.perf_counter()
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    wall = time.perf_counter() - wall
+    latencies.sort()
+    return OpenLoopResult(
+        name=name,
+        quantiles={q: nearest_rank(latencies, q) * 1e3 for q in QUANTILES},
+        requests=len(latencies),
+        slow_share=counts[0] / len(latencies),
+        wall_seconds=wall,
+    )
+
+
+def run_linkerd_all(rate: float, duration: float, seed: int) -> list[OpenLoopResult]:
+    def run(name: str, policy: Policy[None], tracker: Callable[[], LoadTracker]) -> OpenLoopResult:
+        return run_linkerd(name, policy, tracker, rate=rate, duration=duration, seed=seed)
+
+    return [
+        run("round robin", RoundRobin(), InFlight),
+        run("P2C least loaded", PowerOfTwoChoices(random.Random(seed + 1)), InFlight),
+        run("P2C peak-EWMA", PowerOfTwoChoices(random.Random(seed + 1)), PeakEwma),
+        run(
+            "P2C peak-EWMA classic",
+            PowerOfTwoChoices(random.Random(seed + 1)),
+            lambda: PeakEwma(age_floor=False),
+        ),
+    ]
+
+
+def format_linkerd(results: list[OpenLoopResult], rate: float, duration: float) -> str:
+    rows: list[tuple[str, ...]] = [
+        ("policy", "p50", "p95", "p99", "p99.9", "2 s replies", "wall s")
+    ]
+    for r in results:
+        rows.append(
+            (
+                r.name,
+                *(f"{r.quantiles[q]:.1f}" for q in QUANTILES),
+                f"{r.slow_share * 100:.2f}%",
+                f"{r.wall_seconds:.1f}",
+            )
+        )
+    scale = duration / LINKERD_DURATION
+    lines = _align(rows)
+    lines.append(
+        f"latencies in ms; {LINKERD_BACKENDS} backends answering in "
+        f"{LINKERD_LATENCY[0] * 1e3:g}-{LINKERD_LATENCY[1] * 1e3:g} ms, open loop "
+        f"{rate:g} requests/s for {duration:g} s; backend 0 answers in "
+        f"{LINKERD_SLOW[2]:g} s from t={LINKERD_SLOW[0] * scale:g} s to "
+        f"t={LINKERD_SLOW[1] * scale:g} s ('2 s replies': share of all requests it "
+        f"answered then); target: P2C peak-EWMA p99.9 <= "
+        f"{LINKERD_TARGET_P999:g} ms"
+    )
+    return "\n".join(lines)
+
+
+# -- outlier ejection ------------------------------------------------------------------
+
+OUTLIER_BACKENDS = 10
+OUTLIER_RATE = 200.0
+OUTLIER_DURATION = 60.0
+
+
+@dataclass(frozen=True)
+class OutlierResult:
+    name: str
+    detector: bool
+    requests: int
+    errors: int
+    ejections: int
+
+    @property
+    def error_share(self) -> float:
+        return self.errors / self.requests
+
+
+def run_outlier(
+    name: str,
+    policy: Policy[None],
+    tracker: Callable[[], LoadTracker],
+    *,
+    detector: bool,
+    rate: float,
+    duration: float,
+    seed: int,
+) -> OutlierResult:
+    rng = random.Random(seed)
+    ejections = [0]
+    errors = [0]
+    requests = [0]
+
+    def endpoint(index: int) -> Endpoint[int, int]:
+        async def serve(request: int) -> int:
+            if index == 0:
+                await trio.sleep(0.001)
+                raise ConnectionError("backend 0 fails fast")
+            await trio.sleep(rng.uniform(0.010, 0.030))
+            return index
+
+        return Endpoint(index, service_fn(serve), tracker=tracker())
+
+    async def main() -> None:
+        outlier = (
+            OutlierDetector(
+                consecutive_failures=5,
+                base_ejection_time=30.0,
+                max_ejection_percent=10.0,
+                observer=lambda e: ejections.__setitem__(0, ejections[0] + e.ejected),
+            )
+            if detector
+            else None
+        )
+        balance: Balance[int, int] = Balance(
+            policy, [endpoint(i) for i in range(OUTLIER_BACKENDS)], outlier_detector=outlier
+        )
+
+        async def one(n: int) -> None:
+            requests[0] += 1
+            try:
+                await balance.dispatch(n)
+            except EndpointError:
+                errors[0] += 1
+
+        async with trio.open_nursery() as nursery:
+            t = 0.0
+            n = 0
+            while True:
+                t += rng.expovariate(rate)
+                if t >= duration:
+                    break
+                await trio.sleep_until(t)
+                nursery.start_soon(one, n)
+                n += 1
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return OutlierResult(name, detector, requests[0], errors[0], ejections[0])
+
+
+def run_outlier_all(rate: float, duration: float, seed: int) -> list[OutlierResult]:
+    out = []
+    for name, tracker in (("P2C least loaded", InFlight), ("P2C peak-EWMA", PeakEwma)):
+        for detector in (False, True):
+            out.append(
+                run_outlier(
+                    name,
+                    PowerOfTwoChoices(random.Random(seed + 1)),
+                    tracker,
+                    detector=detector,
+                    rate=rate,
+                    duration=duration,
+                    seed=seed,
+                )
+            )
+    return out
+
+
+def format_outlier(results: list[OutlierResult], rate: float, duration: float) -> str:
+    rows: list[tuple[str, ...]] = [
+        ("policy", "outlier detector", "requests", "errors", "error share", "ejections")
+    ]
+    for r in results:
+        rows.append(
+            (
+                r.name,
+                "on" if r.detector else "off",
+                f"{r.requests:,}",
+                f"{r.errors:,}",
+                f"{r.error_share * 100:.2f}%",
+                str(r.ejections),
+            )
+        )
+    lines = _align(rows)
+    lines.append(
+        f"{OUTLIER_BACKENDS} backends (10-30 ms), backend 0 fails every call after 1 ms; "
+        f"open loop {rate:g} requests/s for {duration:g} s; detector: 5 consecutive "
+        f"failures, 30 s base ejection, at most 10% ejected"
+    )
+    return "\n".join(lines)
+
+
+def _align(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [f"{row[0]:<{widths[0]}}"]
+        cells += [f"{cell:>{w}}" for cell, w in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+@dataclass(frozen=True)
+class AllResults:
+    tower: list[PolicyResult]
+    linkerd: list[OpenLoopResult]
+    outlier: list[OutlierResult]
 
 
 def _ref(name: str, q: float) -> str:
@@ -252,7 +530,7 @@ def format_table(results: list[PolicyResult], concurrency: int, seed: int) -> st
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> list[PolicyResult]:
+def main(argv: list[str] | None = None) -> AllResults:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_REQUESTS:,} requests")
     parser.add_argument("--requests", type=int, default=None, help=f"default {REQUESTS:,}")
@@ -261,8 +539,19 @@ def main(argv: list[str] | None = None) -> list[PolicyResult]:
     args = parser.parse_args(argv)
     requests = args.requests or (SMOKE_REQUESTS if args.smoke else REQUESTS)
     results = run_all(requests, args.concurrency, args.seed)
+    print("Tower's experiment")
     print(format_table(results, args.concurrency, args.seed))
-    return results
+    rate, duration = (100.0, 10.0) if args.smoke else (LINKERD_RATE, LINKERD_DURATION)
+    linkerd = run_linkerd_all(rate, duration, args.seed)
+    print()
+    print("Linkerd's experiment")
+    print(format_linkerd(linkerd, rate, duration))
+    o_rate, o_duration = (50.0, 10.0) if args.smoke else (OUTLIER_RATE, OUTLIER_DURATION)
+    outlier = run_outlier_all(o_rate, o_duration, args.seed)
+    print()
+    print("Outlier ejection")
+    print(format_outlier(outlier, o_rate, o_duration))
+    return AllResults(results, linkerd, outlier)
 
 
 if __name__ == "__main__":

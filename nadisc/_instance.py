@@ -3,6 +3,15 @@
 An :class:`Instance` keeps the provider's own instance identity: two instances
 with one address but different identities are different members, and a
 rebuild decision never relies on the address alone.
+
+*Draining.* An instance with ``draining=True`` is still listed (its calls in
+flight may finish) but takes no new calls: the calling route marks it
+draining in its poise ``Directory`` (``Directory.drain``: same allocation, so
+the calls in flight keep their load guards) and declines any new attempt on
+it; :class:`~nadisc.FirstServing` never probes it. Providers set it when the
+registry says an instance is shutting down but still serving (a Kubernetes
+endpoint that is ``serving`` and ``terminating``). A listing whose instances
+are all draining is not an explicit empty one.
 """
 
 from __future__ import annotations
@@ -54,6 +63,8 @@ class Instance:
     weight: float = 1.0
     metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY, hash=False)
     tags: tuple[str, ...] = ()
+    #: Shutting down: finish the calls in flight, send no new ones.
+    draining: bool = False
 
     def __post_init__(self) -> None:
         if not self.identity:

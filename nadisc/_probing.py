@@ -2,7 +2,8 @@
 
 For protocols with an explicit health answer (gRPC ``Check`` -> ``SERVING``)
 a caller may want the request to go only to an instance that has just said
-so. :class:`FirstServing` runs one selection per request::
+so. :class:`FirstServing` runs one selection per request (draining instances
+are never candidates)::
 
     candidates (listing order) ── rotate by one per request ──► first 16
         │ probe them concurrently, within 75 % of the budget left
@@ -196,7 +197,9 @@ class FirstServing(Generic[C]):
         chosen instance left the evidence while probing (nothing sent).
         """
         snapshot = observation.snapshot(strict=strict)
-        instance = await self.select(snapshot.instances, deadline)
+        # Draining instances finish what they have and take nothing new.
+        candidates = [i for i in snapshot.instances if not i.draining]
+        instance = await self.select(candidates, deadline)
 
         def check(current: ObservationSnapshot) -> Instance:
             if instance not in current.instances:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
 import anyio
@@ -315,8 +315,11 @@ class InstanceService:
             raise CallDeclined(f"the evidence is unusable ({exc.reason})") from exc
         if snapshot.revision != route._synced:
             route.sync(snapshot)
-        if route._instances.get(key) is not instance:
+        current = route._instances.get(key)
+        if current is None or current.draining:
             raise CallDeclined(f"instance {key!r} left the evidence after it was selected")
+        if current is not instance:
+            raise CallDeclined(f"instance {key!r} changed after it was selected")
         attempt.instance = instance
         route.count_sent(key)
         build = attempt.build
@@ -453,7 +456,8 @@ class Route:
         """The observation's usable listing now, mirrored into the directory.
 
         Raises :class:`~nadisc.EvidenceUnavailable` when nothing may be used,
-        including a listing without instances (reason ``empty``).
+        including a listing without instances (reason ``empty``) and one whose
+        instances are all draining (reason ``draining``).
         """
         snapshot = self.observation.snapshot(strict=self.options.strict_evidence)
         self.sync(snapshot)
@@ -463,6 +467,12 @@ class Route:
                 "the listing has no instances",
                 reason="empty",
             )
+        if all(instance.draining for instance in snapshot.instances):
+            raise EvidenceUnavailable(
+                f"connection {self.connection!r} service {self.service!r}: "
+                "every listed instance is draining",
+                reason="draining",
+            )
         return snapshot
 
     def sync(self, snapshot: ObservationSnapshot) -> None:
@@ -471,7 +481,9 @@ class Route:
         Key = ``Instance.identity``. An instance whose value is unchanged keeps
         its allocation (its endpoint keeps load and quarantine); a changed one
         is upserted (a new generation); a missing one is removed (calls in
-        flight finish with their guards).
+        flight finish with their guards). A ``draining`` instance is marked
+        draining in the directory: when only that flag changed, with the same
+        allocation (its calls in flight go on), otherwise after its upsert.
         """
         if snapshot.revision == self._synced or self._closed:
             return
@@ -485,7 +497,19 @@ class Route:
             if known is not None and known == instance:
                 continue
             instances[identity] = instance
+            if (
+                instance.draining
+                and known is not None
+                and not known.draining
+                and replace(known, draining=True) == instance
+            ):
+                # Only the draining flag moved: keep the allocation (and the
+                # load guards of the calls in flight), take no new calls.
+                directory.drain(identity)
+                continue
             directory.upsert(identity, Backend(f"{identity}", weight=instance.weight))
+            if instance.draining:
+                directory.drain(identity)
         for identity in [i for i in instances if i not in seen]:
             del instances[identity]
             directory.remove(identity)

@@ -1,6 +1,7 @@
 """poise: client-side load balancing for trio and asyncio.
 
-Endpoints with readiness, quarantine and load tracking; policies (round
+Endpoints with readiness, quarantine, load tracking and passive outlier
+ejection; policies (round
 robin, weighted, power-of-two-choices on peak EWMA, affinity hashing); and
 transactional reconciliation of discovery snapshots into a live balance.
 
@@ -43,6 +44,9 @@ from ._errors import StreamClosed as StreamClosed
 from ._errors import StreamingError as StreamingError
 from ._load import InFlight as InFlight
 from ._load import InFlightGuard as InFlightGuard
+from ._outlier import OutlierDetector as OutlierDetector
+from ._outlier import OutlierEvent as OutlierEvent
+from ._outlier import OutlierObserver as OutlierObserver
 from ._peak_ewma import PeakEwma as PeakEwma
 from ._peak_ewma import PeakEwmaGuard as PeakEwmaGuard
 from ._policies import LeastLoaded as LeastLoaded
@@ -103,6 +107,9 @@ __all__ = [
     "LoadGuard",
     "LoadTracker",
     "Member",
+    "OutlierDetector",
+    "OutlierEvent",
+    "OutlierObserver",
     "PeakEwma",
     "PeakEwmaGuard",
     "PoiseError",

@@ -4,16 +4,23 @@
 runs the readiness lifecycle of the dispatch contract over them::
 
     IDLE --poll_ready() -> True--> READY --selected by call()--> IDLE
-      |                              |
+      |  |                           |
+      |  +-- "not yet" --> (parked) --its wake, or pending_recheck s--> IDLE
       +--poll_ready() raised--> FAILED --reset()--> IDLE
 
+    Drained (``eligible = False``) and ejected endpoints are IDLE but in no
+    scan list until they can be picked again.
+
 Readiness (``await ready()``, or the synchronous ``ready_nowait()``)
-    scans the administratively eligible IDLE endpoints, calling
-    ``service.poll_ready(wake)`` with one wake function created with the
-    balance. A pending endpoint stays IDLE and is polled again by the next
-    scan; its service calls ``wake`` when it may be ready, which wakes the
-    waiting ``ready()``. A READY endpoint keeps its reservation and is not
-    polled again until a call selects it. A ``poll_ready`` that raises
+    scans the IDLE endpoints that can be picked, calling
+    ``service.poll_ready(wake)`` with that endpoint's own wake function
+    (made once, when it joins). An endpoint that answers "not yet" is
+    *parked*: later scans skip it until its wake fires (then the next scan
+    polls it, and a waiting ``ready()`` wakes), or, for services that never
+    call wake, until the first scan ``pending_recheck`` seconds after it was
+    parked. ``wake()`` (the balance-wide wake) unparks everything. A READY
+    endpoint keeps its reservation and is not polled again until a call
+    selects it. A ``poll_ready`` that raises
     quarantines that endpoint only (FAILED); the error goes to the readiness
     observer; if some endpoint is still READY the balance stays ready. When
     a failure leaves no endpoint that is eligible and not FAILED, ``ready()``
@@ -21,8 +28,17 @@ Readiness (``await ready()``, or the synchronous ``ready_nowait()``)
     chained from the service's error). FAILED endpoints return only through
     :meth:`Balance.reset` / :meth:`Balance.reset_all`.
 
-    Cost: O(idle endpoints) per scan; no allocation when nothing fails, no
-    task; waiting costs one event per wait, shared by every waiter.
+    Cost: O(endpoints consumed, woken or due for a re-check) per scan, flat
+    in the number of drained, ejected and busy endpoints; no allocation
+    when nothing fails or parks, no task; waiting costs one event per wait,
+    shared by every waiter.
+
+Outlier ejection (optional ``outlier_detector``)
+    every completed call (success or failure) is reported to the
+    :class:`~poise.OutlierDetector`; an endpoint it ejects leaves selection
+    like a drained one (its in-flight guards are untouched) and returns at
+    the first scan after its ejection ends. Ejections are lifted early when
+    they would leave nothing to pick.
 
 Dispatch (``await call(request)``, or ``await dispatch(request)`` = ready + call)
     asks the policy to pick among the READY endpoints (in endpoint order),
@@ -62,9 +78,10 @@ loop thread.
 from __future__ import annotations
 
 import logging
+import sys
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from itertools import count, islice, repeat
@@ -84,6 +101,7 @@ from ._errors import (
     ReadinessError,
     SelectionError,
 )
+from ._outlier import OutlierDetector, OutlierEvent
 from ._protocols import LoadGuard, Policy
 from ._service import release_reservation
 
@@ -118,6 +136,8 @@ class BalanceStatistics:
     state; ``ineligible`` counts endpoints with ``eligible = False`` whatever
     their state (never READY). ``in_flight`` counts calls dispatched by this
     balance that have not ended, including calls to endpoints removed since.
+    ``pending`` counts IDLE endpoints parked until their wake fires, and
+    ``ejected`` the endpoints the outlier detector keeps out.
     """
 
     endpoints: int
@@ -126,6 +146,8 @@ class BalanceStatistics:
     failed: int
     ineligible: int
     in_flight: int
+    pending: int = 0
+    ejected: int = 0
 
 
 class _Owner(Protocol):
@@ -133,6 +155,9 @@ class _Owner(Protocol):
 
     _in_flight: int
     _clock: Callable[[], float]
+    _detector: OutlierDetector | None
+
+    def _outcome(self, key: Hashable, failed: bool, now: float) -> None: ...
 
 
 class Held(Generic[Resp]):
@@ -191,7 +216,10 @@ class Held(Generic[Resp]):
         self._ended = True
         balance = self._balance
         balance._in_flight -= 1
-        self._guard.complete(balance._clock(), failed=failed)
+        now = balance._clock()
+        self._guard.complete(now, failed=failed)
+        if balance._detector is not None:
+            balance._outcome(self._key, failed, now)
 
     def cancel(self) -> None:
         """End the call as cancelled: it counts as neither success nor failure."""
@@ -218,28 +246,38 @@ class Balance(Generic[Req, Resp]):
     request itself) or a :class:`~poise.RequestContext` projection.
     ``readiness_observer(index, key, error)`` sees every readiness failure and
     must not raise. ``clock`` returns the event loop time passed to the policy
-    and the load trackers.
+    and the load trackers. ``outlier_detector`` (default none) ejects
+    endpoints whose calls keep failing. ``pending_recheck`` (seconds,
+    default 1.0) bounds how long a parked endpoint waits for its wake before
+    it is polled again.
 
     Raises :class:`~poise.DuplicateIdentity` if two endpoints share a key.
     """
 
     __slots__ = (
         "_by_key",
+        "_checkpoint",
         "_clock",
         "_consumed",
         "_context",
+        "_default_clock",
+        "_detector",
         "_edits",
         "_endpoints",
         "_event",
         "_idle",
         "_in_flight",
+        "_last_scan",
         "_observer",
+        "_park_seq",
+        "_parked",
+        "_parked_count",
         "_policy",
         "_project",
         "_ready",
+        "_recheck",
         "_scanning",
         "_wake_count",
-        "_waker",
     )
 
     @overload
@@ -251,6 +289,8 @@ class Balance(Generic[Req, Resp]):
         context: None = None,
         readiness_observer: ReadinessObserver | None = None,
         clock: Callable[[], float] = anyio.current_time,
+        outlier_detector: OutlierDetector | None = None,
+        pending_recheck: float = 1.0,
     ) -> None: ...
 
     @overload
@@ -262,6 +302,8 @@ class Balance(Generic[Req, Resp]):
         context: UseRequest,
         readiness_observer: ReadinessObserver | None = None,
         clock: Callable[[], float] = anyio.current_time,
+        outlier_detector: OutlierDetector | None = None,
+        pending_recheck: float = 1.0,
     ) -> None: ...
 
     @overload
@@ -273,6 +315,8 @@ class Balance(Generic[Req, Resp]):
         context: ContextProjection[Req, Ctx],
         readiness_observer: ReadinessObserver | None = None,
         clock: Callable[[], float] = anyio.current_time,
+        outlier_detector: OutlierDetector | None = None,
+        pending_recheck: float = 1.0,
     ) -> None: ...
 
     def __init__(
@@ -283,7 +327,22 @@ class Balance(Generic[Req, Resp]):
         context: ContextProjection[Req, object] | None = None,
         readiness_observer: ReadinessObserver | None = None,
         clock: Callable[[], float] = anyio.current_time,
+        outlier_detector: OutlierDetector | None = None,
+        pending_recheck: float = 1.0,
     ) -> None:
+        if outlier_detector is not None and not isinstance(outlier_detector, OutlierDetector):
+            raise InvalidInput(
+                f"outlier_detector must be an OutlierDetector, got "
+                f"{type(outlier_detector).__name__}"
+            )
+        if (
+            isinstance(pending_recheck, bool)
+            or not isinstance(pending_recheck, int | float)
+            or not (0.0 < pending_recheck < float("inf"))
+        ):
+            raise InvalidInput(
+                f"pending_recheck must be a finite number of seconds > 0, got {pending_recheck!r}"
+            )
         if not callable(getattr(policy, "pick", None)):
             raise InvalidInput(f"policy must have a pick() method, got {type(policy).__name__}")
         if context is not None and not callable(getattr(context, "project", None)):
@@ -297,11 +356,22 @@ class Balance(Generic[Req, Resp]):
             raise InvalidInput(f"clock must be callable, got {type(clock).__name__}")
         self._policy = cast("Policy[object]", policy)
         self._context = context
-        self._project: Callable[[Req], object] | None = (
-            None if context is None else context.project
-        )
+        self._project: Callable[[Req], object] | None = None if context is None else context.project
         self._observer = readiness_observer
         self._clock = clock
+        self._default_clock = clock is anyio.current_time
+        # The checkpoint of dispatch: anyio's generic one until the first
+        # dispatch finds out which loop runs it (see _first_checkpoint).
+        self._checkpoint: Callable[[], Awaitable[None]] = self._first_checkpoint
+        self._detector = outlier_detector
+        self._recheck = float(pending_recheck)
+        # IDLE endpoints whose poll_ready said "not yet", waiting for their
+        # wake: (parked at, sequence, endpoint) in time order. An entry is
+        # live while endpoint._parked == sequence; others are skipped.
+        self._parked: deque[tuple[float, int, Endpoint[Req, Resp]]] = deque()
+        self._parked_count = 0
+        self._park_seq = 0
+        self._last_scan = 0.0
         self._endpoints: list[Endpoint[Req, Resp]] = []
         self._by_key: dict[Hashable, Endpoint[Req, Resp]] = {}
         # READY endpoints in endpoint order (READY implies eligible). An
@@ -323,8 +393,6 @@ class Balance(Generic[Req, Resp]):
         # Bumped by every membership edit, so an owner that mirrors the
         # membership can tell whether anyone else edited it.
         self._edits = 0
-        # One bound method for every poll_ready: the scan allocates nothing.
-        self._waker: Callable[[], None] = self.wake
         self.replace_endpoints(list(endpoints))
 
     # -- read-only views ----------------------------------------------------
@@ -359,40 +427,61 @@ class Balance(Generic[Req, Resp]):
         return self._wake_count
 
     def statistics(self) -> BalanceStatistics:
-        """Counts by readiness state and eligibility. O(n)."""
-        ineligible = ready = 0
+        """Counts by readiness state, eligibility and ejection. O(n)."""
+        ineligible = ready = failed = ejected = 0
         for ep in self._endpoints:
             if not ep._eligible:
                 ineligible += 1
-            if ep._state is READY:
+            if ep._ejected:
+                ejected += 1
+            state = ep._state
+            if state is READY:
                 ready += 1
-        idle = len(self._idle)
+            elif state is FAILED:
+                failed += 1
         return BalanceStatistics(
             endpoints=len(self._endpoints),
-            idle=idle,
+            idle=len(self._endpoints) - ready - failed,
             ready=ready,
-            failed=len(self._endpoints) - idle - ready,
+            failed=failed,
             ineligible=ineligible,
             in_flight=self._in_flight,
+            pending=self._parked_count,
+            ejected=ejected,
         )
+
+    @property
+    def outlier_detector(self) -> OutlierDetector | None:
+        return self._detector
 
     def __repr__(self) -> str:
         s = self.statistics()
         return (
             f"<Balance policy={type(self._policy).__name__} endpoints={s.endpoints} "
             f"ready={s.ready} idle={s.idle} failed={s.failed} ineligible={s.ineligible} "
-            f"in_flight={s.in_flight}>"
+            f"pending={s.pending} ejected={s.ejected} in_flight={s.in_flight}>"
         )
 
     # -- waking -------------------------------------------------------------
 
     def wake(self) -> None:
-        """Wake every task waiting in :meth:`ready` so that it scans again.
+        """Wake every task waiting in :meth:`ready`; re-poll every pending endpoint.
 
-        This is the wake function handed to every ``poll_ready``; other
-        sources of change (a discovery update) may call it too. Call it from
-        the event loop thread only.
+        Each endpoint's ``poll_ready`` gets a wake function of its own, which
+        brings back only that endpoint; this one is for other sources of
+        change (a discovery update) and returns *every* parked endpoint to
+        the next scan, so it costs O(pending endpoints). Call it from the
+        event loop thread only.
         """
+        parked = self._parked
+        while parked:
+            _, seq, ep = parked.popleft()
+            if ep._parked == seq:
+                self._unpark(ep)
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake the waiting tasks (a membership or readiness change)."""
         self._wake_count += 1
         event = self._event
         if event is not None:
@@ -413,6 +502,68 @@ class Balance(Generic[Req, Resp]):
             event = self._event = anyio.Event()
         await event.wait()
 
+    def _endpoint_woken(self, ep: Endpoint[Req, Resp]) -> None:
+        """The wake function of one endpoint fired: scan it again."""
+        ep._wakes += 1
+        if ep._parked >= 0 and ep._owner is self:
+            self._unpark(ep)
+        self._notify()
+
+    def _park(self, ep: Endpoint[Req, Resp], now: float) -> None:
+        seq = self._park_seq = self._park_seq + 1
+        ep._parked = seq
+        self._parked_count += 1
+        self._parked.append((now, seq, ep))
+
+    def _unpark(self, ep: Endpoint[Req, Resp]) -> None:
+        ep._parked = -1
+        self._parked_count -= 1
+        if ep._state is IDLE and ep._eligible and not ep._ejected:
+            ep._slot = len(self._idle)
+            self._idle.append(ep)
+
+    def _recheck_parked(self, now: float) -> None:
+        """Return the endpoints parked for ``pending_recheck`` seconds to the scan."""
+        parked = self._parked
+        limit = now - self._recheck
+        while parked and parked[0][0] <= limit:
+            _, seq, ep = parked.popleft()
+            if ep._parked == seq:
+                self._unpark(ep)
+        if not self._parked_count and parked:
+            parked.clear()
+
+    async def _first_checkpoint(self) -> None:
+        """Checkpoint, and choose the checkpoint of later dispatches.
+
+        On trio, dispatch uses ``trio.lowlevel.checkpoint`` (and, when the
+        clock is the default ``anyio.current_time``, ``trio.current_time``)
+        directly, which saves anyio's per-call backend lookup; on any other
+        loop it keeps anyio's. A balance later used on another loop falls
+        back to anyio's at its first dispatch there (see _loop_changed).
+        """
+        trio = sys.modules.get("trio")
+        if trio is not None:
+            try:
+                trio.lowlevel.current_task()
+            except RuntimeError:
+                pass
+            else:
+                self._checkpoint = trio.lowlevel.checkpoint
+                if self._default_clock:
+                    self._clock = trio.current_time
+                await self._checkpoint()
+                return
+        self._checkpoint = _checkpoint
+        await _checkpoint()
+
+    async def _loop_changed(self) -> None:
+        """The trio checkpoint failed (another loop): back to anyio's."""
+        self._checkpoint = self._first_checkpoint
+        if self._default_clock:
+            self._clock = anyio.current_time
+        await self._first_checkpoint()
+
     # -- readiness ----------------------------------------------------------
 
     def ready_nowait(self) -> bool:
@@ -422,12 +573,21 @@ class Balance(Generic[Req, Resp]):
         balance. Raises like :meth:`ready` when no usable endpoint is left.
         O(idle endpoints); allocates nothing unless a service fails.
         """
+        return self._scan(None)
+
+    def _scan(self, now: float | None) -> bool:
+        """The scan of ready_nowait(); ``now`` is the clock if the caller read it."""
+        if self._parked_count or self._detector is not None:
+            if now is None:
+                now = self._scan_time()
+            self._due_checks(now)
         idle = self._idle
         if not idle:
             if self._ready:
                 return True
+            if self._parked_count:
+                return False
             return self._exhausted(None)
-        wake = self._waker
         ready = self._ready
         pending = 0
         failures: list[tuple[Endpoint[Req, Resp], Exception]] | None = None
@@ -436,11 +596,9 @@ class Balance(Generic[Req, Resp]):
             i = 0
             while i < len(idle):
                 ep = idle[i]
-                if not ep._eligible:
-                    i += 1
-                    continue
+                wakes = ep._wakes
                 try:
-                    ok = ep._service.poll_ready(wake)
+                    ok = ep._service.poll_ready(ep._wake)  # type: ignore[arg-type]
                 except Exception as exc:
                     self._take_idle(ep)
                     ep._state = FAILED
@@ -448,6 +606,11 @@ class Balance(Generic[Req, Resp]):
                     if failures is None:
                         failures = []
                     failures.append((ep, exc))
+                    continue
+                if ep._slot != i:
+                    # poll_ready changed this endpoint's place (it drained,
+                    # removed or ejected something): settle it the slow way.
+                    self._settled(ep, ok)
                     continue
                 if ok:
                     # Swap-remove from the idle list (inlined _take_idle).
@@ -460,21 +623,72 @@ class Balance(Generic[Req, Resp]):
                     if not ep._listed:
                         ep._listed = True
                         insort(ready, ep, key=_by_index)
-                else:
+                elif ep._wakes != wakes:
+                    # Woken while it answered "not yet": poll it again next scan.
                     pending += 1
                     i += 1
+                else:
+                    # Parked until its wake fires (or pending_recheck passes).
+                    last = idle.pop()
+                    if last is not ep:
+                        idle[i] = last
+                        last._slot = i
+                    ep._slot = -1
+                    if now is None:
+                        now = self._scan_time()
+                    self._park(ep, now)
+                    pending += 1
         finally:
             self._scanning = False
-        if self._consumed:
-            self._flush()
+        consumed = self._consumed
+        if consumed:
+            if len(consumed) == 1 and consumed[0]._state is READY:
+                consumed.clear()  # the usual case: the one consumed is ready again
+            else:
+                self._flush()
         if failures is not None:
             self._report(failures)  # the observer may edit membership
             ready = self._ready
         if ready:
             return True
-        if pending:
+        if pending or self._parked_count:
             return False
         return self._exhausted(failures)
+
+    def _settled(self, ep: Endpoint[Req, Resp], ok: bool) -> None:
+        """After a poll_ready that moved its own endpoint (rare)."""
+        if ep._owner is not self or ep._state is not IDLE or not ep._eligible or ep._ejected:
+            if ok:
+                release_reservation(ep._service)
+            return
+        if ok:
+            self._leave_scan(ep)
+            ep._state = READY
+            if not ep._listed:
+                ep._listed = True
+                insort(self._ready, ep, key=_by_index)
+
+    def _scan_time(self) -> float:
+        """The clock for the scan's own bookkeeping; works outside an event loop.
+
+        ``ready_nowait()`` may be called with no loop running (the default
+        clock then has no time to give): the last time seen stands in, which
+        only makes a re-check come sooner.
+        """
+        try:
+            now = self._clock()
+        except RuntimeError:
+            return self._last_scan
+        self._last_scan = now
+        return now
+
+    def _due_checks(self, now: float) -> None:
+        """Parked endpoints due for a re-check, and ejections that ended."""
+        if self._parked_count:
+            self._recheck_parked(now)
+        detector = self._detector
+        if detector is not None and detector.next_due() <= now:
+            self._apply(detector.expire(now))
 
     async def ready(self) -> None:
         """Wait until at least one eligible endpoint is READY. Always checkpoints.
@@ -503,6 +717,12 @@ class Balance(Generic[Req, Resp]):
                 key=ep._key,
             ) from exc
         # Pending endpoints would be in the idle list; nothing is usable.
+        detector = self._detector
+        if detector is not None and detector.ejected:
+            # Ejections never leave nothing to pick: lift them all.
+            self._apply(detector.release_all(self._clock()))
+            if self._idle:
+                return self.ready_nowait()
         if not self._endpoints:
             raise SelectionError("the balance has no endpoints")
         failed = sum(1 for ep in self._endpoints if ep._state is FAILED)
@@ -540,33 +760,46 @@ class Balance(Generic[Req, Resp]):
             response = await ep._service.call(request)
         except CallDeclined:
             self._in_flight -= 1
-            guard.cancel(self._clock())
+            guard.cancel(now)  # as of the dispatch: nothing was sent, no evidence
             raise
         except Exception as exc:
             self._in_flight -= 1
-            guard.complete(self._clock(), failed=True)
+            end = self._clock()
+            guard.complete(end, failed=True)
+            if self._detector is not None:
+                self._outcome(ep._key, True, end)
             raise _endpoint_error(ep._key, index, exc) from exc
         except BaseException:
             self._in_flight -= 1
             guard.cancel(self._clock())
             raise
         self._in_flight -= 1
-        guard.complete(self._clock())
+        end = self._clock()
+        guard.complete(end)
+        if self._detector is not None:
+            self._outcome(ep._key, False, end)
         return response
 
     async def dispatch(self, request: Req) -> Resp:
         """``await ready()`` then ``await call(request)``, with no yield in between."""
-        await _checkpoint()
-        if self._idle or not self._ready:
+        checkpoint = self._checkpoint
+        try:
+            await checkpoint()
+        except RuntimeError:
+            if checkpoint is _checkpoint or checkpoint == self._first_checkpoint:
+                raise
+            await self._loop_changed()
+        now = self._clock()
+        if self._idle or not self._ready or self._parked_count or self._detector is not None:
             while True:
                 since = self._wake_count
-                if self.ready_nowait():
+                if self._scan(now):
                     break
                 await self.wait_woken(since)
+                now = self._clock()
         # The selection of _select(), inlined: this is the hot path.
         if self._consumed:
             self._flush()
-        now = self._clock()
         ready = self._ready
         n = len(ready)
         project = self._project
@@ -586,18 +819,24 @@ class Balance(Generic[Req, Resp]):
             response = await ep._service.call(request)
         except CallDeclined:
             self._in_flight -= 1
-            guard.cancel(self._clock())
+            guard.cancel(now)  # as of the dispatch: nothing was sent, no evidence
             raise
         except Exception as exc:
             self._in_flight -= 1
-            guard.complete(self._clock(), failed=True)
+            end = self._clock()
+            guard.complete(end, failed=True)
+            if self._detector is not None:
+                self._outcome(ep._key, True, end)
             raise _endpoint_error(ep._key, index, exc) from exc
         except BaseException:
             self._in_flight -= 1
             guard.cancel(self._clock())
             raise
         self._in_flight -= 1
-        guard.complete(self._clock())
+        end = self._clock()
+        guard.complete(end)
+        if self._detector is not None:
+            self._outcome(ep._key, False, end)
         return response
 
     async def dispatch_held(self, request: Req) -> Held[Resp]:
@@ -616,25 +855,36 @@ class Balance(Generic[Req, Resp]):
         :class:`~poise.EndpointError`; :class:`~poise.CallDeclined` cancels
         the guard and propagates unchanged; cancellation cancels the guard.
         """
-        await _checkpoint()
-        if self._idle or not self._ready:
+        checkpoint = self._checkpoint
+        try:
+            await checkpoint()
+        except RuntimeError:
+            if checkpoint is _checkpoint or checkpoint == self._first_checkpoint:
+                raise
+            await self._loop_changed()
+        now = self._clock()
+        if self._idle or not self._ready or self._parked_count or self._detector is not None:
             while True:
                 since = self._wake_count
-                if self.ready_nowait():
+                if self._scan(now):
                     break
                 await self.wait_woken(since)
-        ep, guard = self._select(request, self._clock())
+                now = self._clock()
+        ep, guard = self._select(request, now)
         index = ep._index
         self._in_flight += 1
         try:
             response = await ep._service.call(request)
         except CallDeclined:
             self._in_flight -= 1
-            guard.cancel(self._clock())
+            guard.cancel(now)  # as of the dispatch: nothing was sent, no evidence
             raise
         except Exception as exc:
             self._in_flight -= 1
-            guard.complete(self._clock(), failed=True)
+            end = self._clock()
+            guard.complete(end, failed=True)
+            if self._detector is not None:
+                self._outcome(ep._key, True, end)
             raise _endpoint_error(ep._key, index, exc) from exc
         except BaseException:
             self._in_flight -= 1
@@ -738,7 +988,9 @@ class Balance(Generic[Req, Resp]):
         self._attach(endpoint, index)
         self._endpoints.append(endpoint)
         self._by_key[endpoint._key] = endpoint
-        self.wake()
+        if self._detector is not None:
+            self._detector_sync([endpoint._key])
+        self._notify()
         return index
 
     def remove(self, index_or_key: Hashable) -> Endpoint[Req, Resp]:
@@ -756,7 +1008,9 @@ class Balance(Generic[Req, Resp]):
         del self._by_key[ep._key]
         for later in self._endpoints[index:]:
             later._index -= 1
-        self.wake()
+        if self._detector is not None:
+            self._detector_sync((), [ep._key])
+        self._notify()
         return ep
 
     def replace_endpoints(self, endpoints: Sequence[Endpoint[Req, Resp]]) -> None:
@@ -796,15 +1050,19 @@ class Balance(Generic[Req, Resp]):
             ep._listed = ep._state is READY
             if ep._listed:
                 ready.append(ep)
-            elif ep._state is IDLE:
+            elif ep._state is IDLE and ep._eligible and not ep._ejected and ep._parked < 0:
                 ep._slot = len(idle)
                 idle.append(ep)
+            else:
+                ep._slot = -1  # FAILED, drained, ejected or parked (kept parked)
         self._endpoints = new
         self._by_key = keys
         self._ready = ready
         self._idle = idle
         self._consumed.clear()
-        self.wake()
+        if self._detector is not None:
+            self._detector_sync()
+        self._notify()
 
     def splice(
         self,
@@ -926,11 +1184,15 @@ class Balance(Generic[Req, Resp]):
             self._attach(new, len(endpoints))
             endpoints.append(new)
             by_key[new._key] = new
+        if self._detector is not None:
+            self._detector_sync(
+                [new._key for new in incoming], [ep._key for ep in leaving.values()]
+            )
         if len(consumed) > 2 * len(endpoints) + 64:
             # Departed endpoints linger in _consumed until the next scan;
             # applications without scans in between must not pile them up.
             consumed[:] = [ep for ep in consumed if ep._listed and ep._owner is self]
-        self.wake()
+        self._notify()
         for ep in releases:
             try:
                 release_reservation(ep._service)
@@ -960,7 +1222,7 @@ class Balance(Generic[Req, Resp]):
             ep._state = IDLE
             releases.append(ep)
         elif state is IDLE:
-            self._take_idle(ep)
+            self._leave_scan(ep)
 
     def endpoint_mut(self, index_or_key: Hashable) -> Endpoint[Req, Resp]:
         """The endpoint, for editing its service in place; drops its reservation.
@@ -971,7 +1233,7 @@ class Balance(Generic[Req, Resp]):
         """
         ep = self._lookup(index_or_key)
         self._invalidate(ep)
-        self.wake()
+        self._notify()
         return ep
 
     def reset(self, index_or_key: Hashable) -> None:
@@ -979,7 +1241,7 @@ class Balance(Generic[Req, Resp]):
         ep = self._lookup(index_or_key)
         if ep._state is FAILED:
             self._reset(ep)
-            self.wake()
+            self._notify()
 
     def reset_all(self) -> int:
         """Bring every FAILED endpoint back to IDLE; return how many."""
@@ -989,7 +1251,7 @@ class Balance(Generic[Req, Resp]):
                 self._reset(ep)
                 count += 1
         if count:
-            self.wake()
+            self._notify()
         return count
 
     # -- internals -----------------------------------------------------------
@@ -1018,14 +1280,54 @@ class Balance(Generic[Req, Resp]):
     def _attach(self, ep: Endpoint[Req, Resp], index: int) -> None:
         self._attach_state(ep)
         ep._index = index
-        ep._slot = len(self._idle)
-        self._idle.append(ep)
+        if ep._eligible and not ep._ejected:
+            ep._slot = len(self._idle)
+            self._idle.append(ep)
+        else:
+            ep._slot = -1
 
     def _attach_state(self, ep: Endpoint[Req, Resp]) -> None:
         ep._owner = self
         ep._state = IDLE
         ep._error = None
         ep._listed = False
+        ep._parked = -1
+        detector = self._detector
+        ep._ejected = detector is not None and detector.is_ejected(ep._key)
+        ep._wake = self._wake_for(ep)
+
+    def _wake_for(self, ep: Endpoint[Req, Resp]) -> Callable[[], None]:
+        """The wake function of one endpoint (made once, when it joins)."""
+        woken = self._endpoint_woken
+
+        def wake() -> None:
+            woken(ep)
+
+        return wake
+
+    def _detector_sync(
+        self, added: Iterable[Hashable] | None = None, removed: Iterable[Hashable] = ()
+    ) -> None:
+        """Tell the detector about a membership change (all of it when ``added`` is None)."""
+        detector = self._detector
+        assert detector is not None
+        by_key = self._by_key
+        if added is None:
+            if any(key not in by_key for key in detector._states):
+                self._apply(detector.sync(by_key, self._clock()))
+            else:
+                for key in by_key:
+                    detector.add(key)
+            return
+        for key in added:
+            detector.add(key)
+        gone = [key for key in removed if key not in by_key]
+        if gone:
+            now = self._clock()
+            events: list[OutlierEvent] = []
+            for key in gone:
+                events += detector.remove(key, now)
+            self._apply(events)
 
     def _detach(self, ep: Endpoint[Req, Resp]) -> None:
         state = ep._state
@@ -1033,7 +1335,7 @@ class Balance(Generic[Req, Resp]):
         if state is READY:
             ep._state = IDLE
         elif state is IDLE:
-            self._take_idle(ep)
+            self._leave_scan(ep)
         ep._owner = None
         ep._index = -1
         ep._slot = -1
@@ -1067,6 +1369,14 @@ class Balance(Generic[Req, Resp]):
                 at = [self._ready_position(ep, slack) for ep in dropped]
                 self._ready = _without(ready, at)
 
+    def _leave_scan(self, ep: Endpoint[Req, Resp]) -> None:
+        """Take an IDLE endpoint out of the scan (the idle list or the parking)."""
+        if ep._slot >= 0:
+            self._take_idle(ep)
+        elif ep._parked >= 0:
+            ep._parked = -1
+            self._parked_count -= 1
+
     def _take_idle(self, ep: Endpoint[Req, Resp]) -> None:
         idle = self._idle
         slot = ep._slot
@@ -1087,13 +1397,58 @@ class Balance(Generic[Req, Resp]):
     def _reset(self, ep: Endpoint[Req, Resp]) -> None:
         ep._state = IDLE
         ep._error = None
-        ep._slot = len(self._idle)
-        self._idle.append(ep)
+        self._rejoin(ep)
+
+    def _rejoin(self, ep: Endpoint[Req, Resp]) -> None:
+        """Put an IDLE endpoint that may be scanned back in the idle list."""
+        if (
+            ep._state is IDLE
+            and ep._eligible
+            and not ep._ejected
+            and ep._slot < 0
+            and ep._parked < 0
+        ):
+            ep._slot = len(self._idle)
+            self._idle.append(ep)
+
+    def _withdraw(self, ep: Endpoint[Req, Resp]) -> None:
+        """Take an endpoint out of selection (drained or ejected): O(1)."""
+        self._invalidate(ep)
+        if ep._state is IDLE:
+            self._leave_scan(ep)
 
     def _eligibility_changed(self, ep: Endpoint[Req, Resp]) -> None:
-        if not ep._eligible:
-            self._invalidate(ep)
-        self.wake()
+        if ep._eligible:
+            self._rejoin(ep)
+        else:
+            self._withdraw(ep)
+        self._notify()
+
+    # -- outlier ejection ------------------------------------------------------
+
+    def _outcome(self, key: Hashable, failed: bool, now: float) -> None:
+        """A call of ``key`` completed: tell the detector, apply an ejection."""
+        detector = self._detector
+        assert detector is not None
+        event = detector.record(key, failed, now)
+        if event is not None:
+            self._apply([event])
+
+    def _apply(self, events: list[OutlierEvent]) -> None:
+        by_key = self._by_key
+        for event in events:
+            ep = by_key.get(event.key)
+            if ep is None:
+                continue
+            if event.ejected:
+                if not ep._ejected:
+                    ep._ejected = True
+                    self._withdraw(ep)
+            elif ep._ejected:
+                ep._ejected = False
+                self._rejoin(ep)
+        if events:
+            self._notify()
 
 
 def _without(items: list[_T], positions: list[int]) -> list[_T]:

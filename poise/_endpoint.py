@@ -99,6 +99,7 @@ class Endpoint(Generic[Req, Resp]):
     """
 
     __slots__ = (
+        "_ejected",
         "_eligible",
         "_error",
         "_index",
@@ -106,10 +107,13 @@ class Endpoint(Generic[Req, Resp]):
         "_listed",
         "_metadata",
         "_owner",
+        "_parked",
         "_service",
         "_slot",
         "_state",
         "_tracker",
+        "_wake",
+        "_wakes",
         "_weight",
         "load",
     )
@@ -150,6 +154,14 @@ class Endpoint(Generic[Req, Resp]):
         self._index = -1
         self._slot = -1
         self._listed = False
+        # Kept by the owning balance: this endpoint's own wake function (made
+        # when it joins a balance), how many times it fired, the sequence
+        # number of its parking while it waits for one (-1: not parked), and
+        # whether an outlier detector has ejected it.
+        self._wake: Callable[[], None] | None = None
+        self._wakes = 0
+        self._parked = -1
+        self._ejected = False
 
     def with_tracker(self, tracker: LoadTracker) -> Endpoint[Req, Resp]:
         """A new, detached, IDLE endpoint equal to this one but with ``tracker``."""
@@ -230,13 +242,17 @@ class Endpoint(Generic[Req, Resp]):
         return self._error
 
     @property
+    def ejected(self) -> bool:
+        """True while the balance's outlier detector keeps this endpoint out."""
+        return self._ejected
+
+    @property
     def index(self) -> int | None:
         """Position in the owning balance now, or None when detached."""
         return self._index if self._owner is not None else None
 
     def __repr__(self) -> str:
-        flags = "" if self._eligible else " ineligible"
+        flags = ("" if self._eligible else " ineligible") + (" ejected" if self._ejected else "")
         return (
-            f"<Endpoint key={self._key!r} weight={self._weight:g} "
-            f"state={self._state.value}{flags}>"
+            f"<Endpoint key={self._key!r} weight={self._weight:g} state={self._state.value}{flags}>"
         )

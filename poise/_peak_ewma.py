@@ -1,39 +1,66 @@
 """A latency-aware load tracker: peak-sensitive EWMA of the round-trip time.
 
 :class:`PeakEwma` is the load metric of the Finagle / Tower / Linkerd
-balancer. It keeps one number per endpoint, an estimate of the round-trip
-time (RTT), and reports a cost that grows with both that estimate and the
-calls in flight::
+balancer. It keeps one stored estimate of the round-trip time (RTT), ``E``,
+with the time ``u`` it was last updated, and reports a cost that grows with
+the *current* estimate and with the calls in flight::
 
-    cost(now) = max(estimate, age of the oldest call in flight) x (in_flight + 1)
-                [x slow-start multiplier]
+    estimate(now) = E x exp(-(now - u) / decay)           (fades without evidence)
+    cost(now)     = max(estimate(now), age of the oldest call in flight)
+                    x (in_flight + 1) [x slow-start multiplier]
 
-The estimate moves only when a call ends (``guard.complete``), by the *peak*
-rule::
+Recovery
+    Without new evidence the estimate fades toward zero with the time
+    constant ``decay``, exactly as Tower's PeakEwma decays its estimate on
+    every read, but computed as a pure function of ``(state, now)``: the
+    cost does not depend on how often a policy looks. An endpoint whose
+    estimate was raised by a slow or failed second is therefore not shut out
+    for good: its cost falls until it is below its peers', it is picked,
+    and its next answers measure it afresh. After a peak of ``p`` seconds
+    among peers costing ``c``, the first probe comes about
+    ``decay x ln(p / c)`` seconds later (2 s among 20 ms peers with the
+    default 10 s: about 46 s).
 
-    observation rtt > estimate   estimate = rtt                  (jump up at once)
-    otherwise                    w = exp(-elapsed / decay)
-                                 estimate = estimate*w + rtt*(1-w)   (recover slowly)
+Observations (``guard.complete``) follow the *peak* rule, against the
+current estimate ``e = estimate(now)``::
 
-``elapsed`` is the time since the estimate was last updated (or since the
-tracker was first used, for the first observation). A latency spike is
-believed at once; recovery takes about ``decay`` seconds of evidence.
+    rtt > e      E = rtt                                 (jump up at once)
+    otherwise    w = exp(-(now - u) / decay)
+                 E = e*w + rtt*(1-w)                     (blend toward rtt)
+    and in both cases u = now.
+
+A latency spike is believed at once; the blend gives new evidence the more
+weight the longer the endpoint went unmeasured.
+
+Fairness at low load
+    With little traffic the in-flight factor is mostly 1, so P2C compares
+    bare estimates and always prefers the lower one. Without the fade, an
+    endpoint whose estimate a noisy answer had raised lost every comparison
+    and was seldom measured again, so its deviation persisted and identical
+    backends got shares spread wider than a plain EWMA gives them.
+    The fade is the restoring force: an endpoint that is passed over gets
+    cheaper until it is picked again (see ``benchmarks/balancer_recovery.py``).
 
 The age floor (``age_floor=True``, the default)
     A call that has been in flight for ``a`` seconds proves the endpoint's
     RTT is at least ``a`` *now*, before the call ends. Without this bound an
     endpoint that stops answering (a black hole) never produces a slow
     observation, and its cost grows only with its in-flight count, so it
-    keeps receiving traffic; an endpoint without history would likewise look
-    like ``default_rtt`` however long its first calls take. The floor only
-    raises the cost while such a call is outstanding; the estimate itself
-    still moves only on completions. ``age_floor=False`` gives the classic
-    Finagle/Tower metric.
+    keeps receiving traffic. The floor only raises the cost while such a
+    call is outstanding. ``age_floor=False`` gives the classic metric.
+
+Cancelled calls are evidence (``cancel_evidence=True``, the default)
+    ``guard.cancel(now)`` of a call outstanding for ``a`` seconds, with
+    ``a`` above the current estimate, raises the estimate to ``a``, as a
+    completion of that age would (a client timeout proves the endpoint took
+    at least that long). A cancelled call younger than the estimate changes
+    nothing: abandoning it says nothing about the endpoint's speed.
+    Cancellations are not counted in ``observations``.
+    ``cancel_evidence=False`` makes every cancellation evidence-free.
 
 Endpoints without history
-    The estimate starts at ``default_rtt`` (30 ms, as in Linkerd), so a new
-    endpoint is neither flooded (as a zero estimate would be) nor starved (as a
-    huge one would be): it takes its share until its own calls say otherwise.
+    The stored estimate starts at ``default_rtt`` (30 ms, as in Linkerd),
+    fading like any other from the tracker's first use.
 
 Failures
     A failed call (``complete(now, failed=True)``) counts as an observation of
@@ -43,34 +70,28 @@ Failures
 Slow start (off by default)
     With ``slow_start=W`` seconds the cost is multiplied by a factor that
     starts at ``slow_start_scale`` and falls linearly to 1 over the first
-    ``W`` seconds after the tracker's first use (the first ``now`` it sees), so
-    a freshly added endpoint (cold caches, JIT, connection pools) is ramped up
-    instead of taking a full share at once.
-
-Cancellation
-    ``guard.cancel(now)`` ends the call without an observation: a call the
-    caller abandoned says nothing about the endpoint's speed.
+    ``W`` seconds after the tracker's first use (the first ``now`` it sees).
 
 Guard lifecycle::
 
     tracker.start(now) ──► guard               in_flight += 1
     guard.complete(now[, failed])  ─┐ first:   in_flight -= 1, observe RTT
-    guard.cancel(now)              ─┘ first:   in_flight -= 1, no observation
+    guard.cancel(now)              ─┘ first:   in_flight -= 1, raise E to the
+                                               call's age if it exceeds estimate(now)
                                       later:   no-op
 
 Time is always passed in (seconds on the event-loop clock); the tracker never
 reads a clock. ``load`` is a pure function of the state and ``now`` (it only
-records the first ``now`` it sees, for slow start). Reading the load does not
-decay the estimate: the estimate changes only with evidence, so the cost
-does not depend on how often a policy happens to look.
+records the first ``now`` it sees, for slow start and the fade).
 
 Cost: ``start`` allocates one small guard and one dict entry; ``load``,
-``complete`` and ``cancel`` are O(1) (one ``exp`` per observation).
+``complete`` and ``cancel`` are O(1) (one ``exp`` each).
 """
 
 from __future__ import annotations
 
 import math
+from typing import cast
 
 from ._errors import InvalidInput
 
@@ -80,6 +101,7 @@ __all__ = ["PeakEwma", "PeakEwmaGuard"]
 # the calls in flight and pull every request to one endpoint.
 _MIN_ESTIMATE = 1e-6
 _exp = math.exp
+_new_guard = object.__new__
 
 
 def _positive(name: str, value: float) -> float:
@@ -118,12 +140,16 @@ class PeakEwma:
     (seconds, default 0 = off) is the ramp-up window for a new endpoint and
     ``slow_start_scale`` (default 10.0) the cost multiplier at its start.
     ``age_floor`` (default True) lets the age of the oldest call in flight
-    raise the estimate while that call lasts (see the module docs).
+    raise the estimate while that call lasts, and ``cancel_evidence``
+    (default True) lets a cancelled call older than the estimate raise it
+    (see the module docs). Without evidence the estimate fades toward zero
+    with the time constant ``decay``.
     Every parameter is checked here; a bad one raises :class:`InvalidInput`.
     """
 
     __slots__ = (
         "_age_floor",
+        "_cancel_evidence",
         "_decay",
         "_default_rtt",
         "_epoch",
@@ -132,6 +158,7 @@ class PeakEwma:
         "_observations",
         "_oldest",
         "_outstanding",
+        "_rate",
         "_slow_start",
         "_slow_start_scale",
         "_updated_at",
@@ -146,6 +173,7 @@ class PeakEwma:
         slow_start: float = 0.0,
         slow_start_scale: float = 10.0,
         age_floor: bool = True,
+        cancel_evidence: bool = True,
     ) -> None:
         self._default_rtt = _positive("default_rtt", default_rtt)
         self._decay = _positive("decay", decay)
@@ -160,6 +188,10 @@ class PeakEwma:
         if not isinstance(age_floor, bool):
             raise InvalidInput(f"PeakEwma age_floor must be a bool, got {age_floor!r}")
         self._age_floor = age_floor
+        if not isinstance(cancel_evidence, bool):
+            raise InvalidInput(f"PeakEwma cancel_evidence must be a bool, got {cancel_evidence!r}")
+        self._cancel_evidence = cancel_evidence
+        self._rate = 1.0 / self._decay
         self._estimate = self._default_rtt
         # Calls in flight, in start order, with their start times; the first
         # entry is the oldest (calls start in time order on one clock).
@@ -196,14 +228,38 @@ class PeakEwma:
         return self._age_floor
 
     @property
+    def cancel_evidence(self) -> bool:
+        return self._cancel_evidence
+
+    @property
     def in_flight(self) -> int:
         """Calls started and not yet completed or cancelled."""
         return len(self._outstanding)
 
     @property
     def rtt_estimate(self) -> float:
-        """The current RTT estimate in seconds (``default_rtt`` before any evidence)."""
+        """The stored RTT estimate ``E`` in seconds, as of the last evidence.
+
+        ``default_rtt`` before any evidence. What the cost uses is
+        :meth:`estimate`, this value faded by the time since.
+        """
         return self._estimate
+
+    @property
+    def updated_at(self) -> float | None:
+        """When the stored estimate was last set (``None`` before the first use)."""
+        return None if self._epoch is None else self._updated_at
+
+    def estimate(self, now: float) -> float:
+        """The RTT estimate at ``now``: the stored one faded by the time since.
+
+        Pure: reading it changes nothing (beyond recording the first use).
+        """
+        if now - now != 0.0:
+            _time("PeakEwma.estimate", now)
+        if self._epoch is None:
+            self._first_use(now)
+        return self._faded(now)
 
     @property
     def observations(self) -> int:
@@ -220,16 +276,21 @@ class PeakEwma:
         """
         if now - now != 0.0:
             _time("PeakEwma.load", now)
-        epoch = self._epoch
-        if epoch is None:
-            epoch = self._first_use(now)
-        estimate = self._estimate
+        if self._epoch is None:
+            self._first_use(now)
+        gap = self._updated_at - now
+        if gap < 0.0:
+            estimate = self._estimate * _exp(gap * self._rate)
+            if estimate < _MIN_ESTIMATE:
+                estimate = _MIN_ESTIMATE
+        else:
+            estimate = self._estimate
         oldest = self._oldest
         if oldest is not None and self._age_floor and now - oldest > estimate:
             estimate = now - oldest
         cost = estimate * (len(self._outstanding) + 1)
         if self._slow_start > 0.0:
-            age = now - epoch
+            age = now - cast(float, self._epoch)
             if age < self._slow_start:
                 remaining = 1.0 - max(age, 0.0) / self._slow_start
                 cost *= 1.0 + (self._slow_start_scale - 1.0) * remaining
@@ -241,7 +302,10 @@ class PeakEwma:
             _time("PeakEwma.start", now)
         if self._epoch is None:
             self._first_use(now)
-        guard = PeakEwmaGuard(self, now)
+        # The guard's __init__, inlined (no Python frame): once per call.
+        guard = _new_guard(PeakEwmaGuard)
+        guard._tracker = self
+        guard._started_at = now
         outstanding = self._outstanding
         if not outstanding:
             self._oldest = now
@@ -249,6 +313,15 @@ class PeakEwma:
         return guard
 
     # -- internals ------------------------------------------------------------
+
+    def _faded(self, now: float) -> float:
+        estimate = self._estimate
+        gap = now - self._updated_at
+        if gap > 0.0:
+            estimate *= _exp(-gap * self._rate)
+            if estimate < _MIN_ESTIMATE:
+                estimate = _MIN_ESTIMATE
+        return estimate
 
     def _first_use(self, now: float) -> float:
         self._epoch = now
@@ -275,6 +348,9 @@ class PeakEwmaGuard:
     """The guard of one call measured by a :class:`PeakEwma` tracker.
 
     The first of ``complete`` / ``cancel`` counts; any later call is a no-op.
+    ``cancel`` of a call older than the tracker's current estimate raises
+    the estimate to the call's age (unless the tracker has
+    ``cancel_evidence=False``).
     A ``now`` that is not finite, or earlier than the call's start (a negative
     RTT), raises :class:`InvalidInput` and leaves the guard open.
     """
@@ -317,15 +393,15 @@ class PeakEwmaGuard:
             rtt = tracker._failure_penalty
         estimate = tracker._estimate
         updated_at = tracker._updated_at
+        # Completions may be reported slightly out of order; a negative gap
+        # counts as no time at all (the prior keeps its full weight, unfaded).
+        elapsed = now - updated_at
+        weight = _exp(-elapsed * tracker._rate) if elapsed > 0.0 else 1.0
+        estimate *= weight
         if rtt > estimate:
             estimate = rtt
         else:
-            # Completions may be reported slightly out of order; a negative
-            # gap counts as no time at all (the prior keeps its full weight).
-            elapsed = now - updated_at
-            if elapsed > 0.0:
-                weight = _exp(-elapsed / tracker._decay)
-                estimate = estimate * weight + rtt * (1.0 - weight)
+            estimate = estimate * weight + rtt * (1.0 - weight)
             if estimate < _MIN_ESTIMATE:
                 estimate = _MIN_ESTIMATE
         tracker._estimate = estimate
@@ -339,8 +415,15 @@ class PeakEwmaGuard:
             return
         if now - now != 0.0:
             _time("PeakEwmaGuard.cancel", now)
+        age = now - self._started_at
         self._tracker = None
         tracker._end(self)
+        if tracker._cancel_evidence and age > 0.0 and age > tracker._faded(now):
+            # A call outstanding this long proves an RTT of at least its age:
+            # raise the estimate as a completion of that age would.
+            tracker._estimate = age
+            if now > tracker._updated_at:
+                tracker._updated_at = now
 
     def __repr__(self) -> str:
         state = "ended" if self._tracker is None else "open"

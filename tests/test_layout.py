@@ -8,7 +8,14 @@ import sys
 
 import pytest
 
-PACKAGES = ["poise", "nadisc", "nadisc_etcd", "nadisc_consul", "nadisc_nacos"]
+PACKAGES = [
+    "poise",
+    "nadisc",
+    "nadisc_etcd",
+    "nadisc_consul",
+    "nadisc_nacos",
+    "nadisc_kubernetes",
+]
 
 
 def test_import_poise_loads_only_stdlib_and_anyio() -> None:

@@ -282,7 +282,7 @@ def _loose(body: bytes, api: str, what: str) -> tuple[list[msgspec.Raw], int, st
 _new = object.__new__
 _set = object.__setattr__
 #: The fields ``_trusted_instance`` sets; a change to ``Instance`` fails here, loudly.
-_INSTANCE_FIELDS = ("identity", "host", "port", "weight", "metadata", "tags")
+_INSTANCE_FIELDS = ("identity", "host", "port", "weight", "metadata", "tags", "draining")
 assert tuple(f.name for f in dataclasses.fields(Instance)) == _INSTANCE_FIELDS
 #: The slot descriptors' setters, in ``_INSTANCE_FIELDS`` order: a third faster
 #: than ``object.__setattr__`` (no name lookup), and like it they bypass the
@@ -303,6 +303,7 @@ def _trusted_instance(identity: str, host: WireInstance) -> Instance:
     _set(instance, "weight", float(host.weight))
     _set(instance, "metadata", MappingProxyType(host.metadata))
     _set(instance, "tags", ())
+    _set(instance, "draining", False)
     return instance
 
 
@@ -323,7 +324,9 @@ def _snapshot(
     seen: set[str] = set()
     isfinite = math.isfinite
     new, proxy, cls = _new, MappingProxyType, Instance
-    set_identity, set_host, set_port, set_weight, set_metadata, set_tags = _SLOT_SETTERS
+    set_identity, set_host, set_port, set_weight, set_metadata, set_tags, set_draining = (
+        _SLOT_SETTERS
+    )
     for host in hosts:
         weight = host.weight
         if not (host.enabled and host.healthy) or weight == 0:
@@ -360,6 +363,7 @@ def _snapshot(
             set_weight(instance, weight)  # msgspec hands floats for a float field
             set_metadata(instance, proxy(host.metadata))
             set_tags(instance, ())
+            set_draining(instance, False)
             append(instance)
     if len(instances) > max_instances:
         raise CapacityRejected(

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import pytest
 
 from benchmarks import balancer_latency
 
 
+@pytest.fixture(scope="module")
+def smoke() -> tuple[balancer_latency.AllResults, str]:
+    """One smoke run shared by the tests of this module (it takes seconds)."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        everything = balancer_latency.main(["--smoke"])
+    return everything, buffer.getvalue()
+
+
 def test_smoke_run_prints_the_table_and_orders_the_policies(
-    capsys: pytest.CaptureFixture[str],
+    smoke: tuple[balancer_latency.AllResults, str],
 ) -> None:
-    results = balancer_latency.main(["--smoke"])
-    out = capsys.readouterr().out
+    everything, out = smoke
+    results = everything.tower
     by_name = {r.name: r for r in results}
     assert set(by_name) == {
         "round robin",
@@ -42,3 +54,29 @@ def test_nearest_rank_quantiles() -> None:
     assert balancer_latency.nearest_rank(values, 0.99) == 99.0
     assert balancer_latency.nearest_rank(values, 0.999) == 100.0
     assert balancer_latency.nearest_rank([7.0], 0.5) == 7.0
+
+
+def test_smoke_run_prints_the_linkerd_and_outlier_tables(
+    smoke: tuple[balancer_latency.AllResults, str],
+) -> None:
+    everything, out = smoke
+    assert "Linkerd's experiment" in out and "Outlier ejection" in out
+    linkerd = {r.name: r for r in everything.linkerd}
+    assert set(linkerd) == {
+        "round robin",
+        "P2C least loaded",
+        "P2C peak-EWMA",
+        "P2C peak-EWMA classic",
+    }
+    rr, ewma = linkerd["round robin"], linkerd["P2C peak-EWMA"]
+    assert ewma.requests > 1000
+    # Round robin keeps sending its share to the 2 s backend; peak EWMA does not.
+    assert rr.slow_share > 5 * ewma.slow_share
+    assert ewma.quantiles[0.99] < 200.0
+    outlier = {(r.name, r.detector): r for r in everything.outlier}
+    assert len(outlier) == 4
+    # Least loaded floods the fast-failing backend; the detector ejects it.
+    off, on = outlier[("P2C least loaded", False)], outlier[("P2C least loaded", True)]
+    assert off.error_share > 0.05 and on.ejections >= 1
+    assert on.error_share < off.error_share / 5
+    assert all(r.requests > 250 for r in everything.outlier)

@@ -10,7 +10,9 @@ from benchmarks import dispatch_overhead
 def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     result = dispatch_overhead.main(["--smoke"])
     out = capsys.readouterr().out
-    assert "Balance.dispatch" in out and "hand loop" in out and "ratio" in out
+    assert "Balance.dispatch" in out and "trio-native hand loop" in out and "ratio" in out
+    assert "anyio-native hand loop" in out
+    assert result.anyio_ns > 0
     assert result.ops == 3000
     assert result.balance_ns > 0 and result.hand_ns > 0
     # Not the 1.5 target (a smoke run on a busy machine is noisy), but a

@@ -75,8 +75,18 @@ def test_check_reports_missing_variable(tmp_path: Path) -> None:
 
 def test_check_reports_invalid_config_with_path(tmp_path: Path) -> None:
     path = tmp_path / "app.json"
-    path.write_text(json.dumps({"discovery": {"enabled": True, "connections": {
-        "primary": {"provider": "static", "static": {"services": {}}, "bogus": 1}}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "discovery": {
+                    "enabled": True,
+                    "connections": {
+                        "primary": {"provider": "static", "static": {"services": {}}, "bogus": 1}
+                    },
+                }
+            }
+        )
+    )
     status, _, err = run(["check", str(path)])
     assert status == 2
     assert "discovery.connections.primary.bogus" in err

@@ -14,14 +14,16 @@ class Ctl:
     """A service whose readiness and calls the test controls.
 
     ``mode`` is what ``poll_ready`` does: "ready", "pending" (remember the
-    wake) or "fail" (raise ``error``). The service counts its reservations so
+    wake) or "fail" (raise ``error``). Like a real service, it calls the
+    remembered wakes whenever its mode changes away from "pending" (its
+    readiness may have changed). The service counts its reservations so
     a test can see that the balance never polls a READY endpoint twice and
     returns reservations it drops.
     """
 
     def __init__(self, name: str = "", mode: str = "ready") -> None:
         self.name = name
-        self.mode = mode
+        self._mode = mode
         self.error: Exception = OSError(f"{name} is down")
         self.polls = 0
         self.wakes: list[Callable[[], None]] = []
@@ -32,6 +34,18 @@ class Ctl:
         self.raise_on_call: Exception | None = None
         self.observed_load: list[float] = []
         self.endpoint: Endpoint[object, object] | None = None
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        was, self._mode = self._mode, value
+        if was == "pending" and value != "pending":
+            wakes, self.wakes = self.wakes, []
+            for wake in wakes:
+                wake()
 
     def poll_ready(self, wake: Callable[[], None]) -> bool:
         self.polls += 1
@@ -51,9 +65,6 @@ class Ctl:
 
     def make_ready(self) -> None:
         self.mode = "ready"
-        wakes, self.wakes = self.wakes, []
-        for wake in wakes:
-            wake()
 
     async def call(self, request: object) -> object:
         assert self.reserved == 1, f"{self.name}: called without a reservation"

@@ -53,14 +53,25 @@ async def test_selected_endpoint_goes_back_to_idle_and_is_polled_again() -> None
     assert states(balance) == {"a": "ready", "b": "ready"}
 
 
-async def test_every_poll_gets_the_same_bound_wake_function() -> None:
+async def test_each_endpoint_has_its_own_wake_and_waits_for_it() -> None:
     eps = endpoints("a", "b", "c", mode="pending")
     balance: Balance[object, object] = Balance(First(), eps)
     assert balance.ready_nowait() is False
+    # A pending endpoint is parked: the next scan does not poll it again.
     assert balance.ready_nowait() is False
+    assert [ctl(ep).polls for ep in eps] == [1, 1, 1]
+    assert balance.statistics().pending == 3
     wakes = [w for ep in eps for w in ctl(ep).wakes]
-    assert len(wakes) == 6
-    assert all(w is wakes[0] for w in wakes)
+    assert len(wakes) == 3 and len({id(w) for w in wakes}) == 3
+    # The same function every time for one endpoint: it is made once.
+    ctl(eps[1]).wakes[0]()
+    assert balance.ready_nowait() is False
+    assert [ctl(ep).polls for ep in eps] == [1, 2, 1]
+    assert ctl(eps[1]).wakes[1] is ctl(eps[1]).wakes[0]
+    # balance.wake() brings every parked endpoint back.
+    balance.wake()
+    assert balance.ready_nowait() is False
+    assert [ctl(ep).polls for ep in eps] == [2, 3, 2]
 
 
 def test_the_scan_allocates_nothing_per_endpoint() -> None:
@@ -69,8 +80,8 @@ def test_the_scan_allocates_nothing_per_endpoint() -> None:
         for ep in eps:
             # A pending service that remembers nothing: only the scan allocates.
             ep.service.poll_ready = lambda wake: False  # type: ignore[method-assign]
-        balance: Balance[object, object] = Balance(First(), eps)
-        balance.ready_nowait()
+        balance: Balance[object, object] = Balance(First(), eps, clock=lambda: 0.0)
+        balance.ready_nowait()  # parks every endpoint (one entry each, once)
         tracemalloc.start()
         try:
             before, _ = tracemalloc.get_traced_memory()
@@ -522,8 +533,9 @@ async def test_statistics_and_repr() -> None:
         await until(lambda: ctl(eps[2]).calls == ["x"])
         stats = balance.statistics()
         assert stats == BalanceStatistics(
-            endpoints=4, idle=3, ready=0, failed=1, ineligible=1, in_flight=1
+            endpoints=4, idle=3, ready=0, failed=1, ineligible=1, in_flight=1, pending=1
         )
+        assert "pending=1" in repr(balance)
         assert "in_flight=1" in repr(balance) and "failed=1" in repr(balance)
         ctl(eps[2]).block.set()  # type: ignore[union-attr]
     with pytest.raises(AttributeError):

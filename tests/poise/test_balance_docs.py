@@ -24,3 +24,14 @@ def test_first_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     slow = int(slow_m.group(1)) if slow_m else 0
     assert fast + slow == 200
     assert fast > slow
+
+
+def test_outlier_example_runs() -> None:
+    text = GUIDE.read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    (example,) = [b for b in blocks if "OutlierDetector(" in b]
+    scope: dict[str, object] = {"__name__": "docs_example"}
+    exec(compile(example, str(GUIDE), "exec"), scope)
+    balance = scope["balance"]
+    assert getattr(balance, "outlier_detector", None) is scope["detector"]
+    assert scope["events"] == []

@@ -326,9 +326,13 @@ async def test_call_declined_records_no_round_trip_time(entry: str) -> None:
     ewma = PeakEwma(default_rtt=0.030)
     ep: Endpoint[object, object] = Endpoint("a", SlowDecline(now), tracker=ewma)
     balance: Balance[object, object] = Balance(First(), [ep], clock=lambda: now[0])
-    before = ewma.load(now[0])
+    ewma.load(now[0])  # first use at t=0
+    before = (ewma.rtt_estimate, ewma.updated_at)
     with pytest.raises(CallDeclined):
         await ENTRY_POINTS[entry](balance)
     assert now[0] == 1.0
-    # A completed one-second call would have lifted the estimate to ~1 s.
-    assert ewma.load(now[0]) == before
+    # A completed one-second call would have lifted the estimate to ~1 s, and
+    # so would a cancellation one second old: the balance cancels a declined
+    # call as of its dispatch time, which is no evidence.
+    assert (ewma.rtt_estimate, ewma.updated_at) == before
+    assert ewma.in_flight == 0

@@ -321,8 +321,15 @@ class ReconcileSpliceMachine(ReconcileMachine):
                 ep for ep in members if ep.state is READY
             ]
             assert all(ep._listed and ep._owner is b for ep in b._ready)
-            assert {id(ep) for ep in b._idle} == {id(ep) for ep in members if ep.state is IDLE}
+            # The scan walks exactly the IDLE endpoints that can be picked
+            # and are not parked waiting for their wake.
+            assert {id(ep) for ep in b._idle} == {
+                id(ep)
+                for ep in members
+                if ep.state is IDLE and ep.eligible and not ep.ejected and ep._parked < 0
+            }
             assert all(b._idle[ep._slot] is ep for ep in b._idle)
+            assert b._parked_count == sum(ep._parked >= 0 for ep in members)
             assert len(b._by_key) == len(members)
             assert all(b._by_key[ep.key] is ep for ep in members)
 

@@ -193,15 +193,11 @@ class BalanceMachine(RuleBasedStateMachine):
         try:
             ready = self.balance.ready_nowait()
         except (SelectionError, ReadinessError):
-            assert not any(
-                ep.eligible and ep.state is not ReadinessState.FAILED for ep in members
-            )
+            assert not any(ep.eligible and ep.state is not ReadinessState.FAILED for ep in members)
             return
         assert ready == any(ep.state is ReadinessState.READY for ep in members)
         if not ready:
-            assert any(
-                ep.eligible and ep.state is ReadinessState.IDLE for ep in members
-            )
+            assert any(ep.eligible and ep.state is ReadinessState.IDLE for ep in members)
 
     @rule(request=st.integers())
     def start_call(self, request: int) -> None:
@@ -261,9 +257,15 @@ class BalanceMachine(RuleBasedStateMachine):
                 # Consumed by a call and not scanned since: IDLE, awaiting a flush.
                 assert ep.state is ReadinessState.IDLE and ep in b._consumed
         assert all(ep._listed == (ep in b._ready) for ep in self.all)
+        # The scan walks exactly the IDLE endpoints that can be picked and
+        # are not parked waiting for their wake; the parked ones are counted.
         assert {id(ep) for ep in b._idle} == {
-            id(ep) for ep in members if ep.state is ReadinessState.IDLE
+            id(ep)
+            for ep in members
+            if ep.state is ReadinessState.IDLE and ep.eligible and not ep.ejected and ep._parked < 0
         }
+        assert b._parked_count == sum(ep._parked >= 0 for ep in members)
+        assert all(ep._parked < 0 for ep in self.all if ep not in members)
         assert len(b._idle) == len({id(ep) for ep in b._idle})
         assert all(b._idle[ep._slot] is ep for ep in b._idle)
         member_ids = {id(ep) for ep in members}
@@ -289,7 +291,5 @@ class BalanceMachine(RuleBasedStateMachine):
             coro.close()
 
 
-BalanceMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=40, deadline=None
-)
+BalanceMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 test_balance_state_machine = BalanceMachine.TestCase

@@ -43,19 +43,24 @@ def test_slower_observation_jumps_the_estimate_to_it() -> None:
     tracker = PeakEwma(default_rtt=0.030)
     tracker.start(1.0).complete(1.250)
     assert tracker.rtt_estimate == pytest.approx(0.250)
-    assert tracker.load(1.3) == pytest.approx(0.250)
+    assert tracker.updated_at == 1.250
+    # Without new evidence the estimate fades with the time constant decay.
+    assert tracker.load(1.3) == pytest.approx(0.250 * math.exp(-0.05 / 10.0))
 
 
 def test_faster_observation_blends_with_weight_exp_minus_elapsed_over_decay() -> None:
     tracker = PeakEwma(default_rtt=0.030, decay=10.0)
     tracker.start(0.0).complete(0.010)  # first use at 0.0, so elapsed = 0.010
     w = math.exp(-0.010 / 10.0)
-    expected = 0.030 * w + 0.010 * (1 - w)
+    # The prior is the estimate as faded at the completion time (0.030 x w).
+    expected = 0.030 * w * w + 0.010 * (1 - w)
     assert tracker.rtt_estimate == pytest.approx(expected)
 
     tracker.start(5.0).complete(5.002)  # elapsed since the last update: 4.992
     w2 = math.exp(-(5.002 - 0.010) / 10.0)
-    assert tracker.rtt_estimate == pytest.approx(expected * w2 + 0.002 * (1 - w2))
+    faded = expected * w2
+    assert faded > 0.002  # so the blend rule applies, not the peak rule
+    assert tracker.rtt_estimate == pytest.approx(faded * w2 + 0.002 * (1 - w2))
 
 
 def test_peak_then_slow_recovery_over_about_decay_seconds() -> None:
@@ -96,13 +101,74 @@ def test_zero_failure_penalty_measures_failures_like_successes() -> None:
     assert tracker.rtt_estimate == pytest.approx(0.100)
 
 
-def test_cancel_releases_in_flight_without_an_observation() -> None:
+def test_cancel_of_a_call_older_than_the_estimate_raises_it_to_the_age() -> None:
     tracker = PeakEwma(default_rtt=0.030)
+    assert tracker.cancel_evidence is True
     guard = tracker.start(0.0)
-    guard.cancel(5.0)  # would have been a 5 s peak if it were observed
+    guard.cancel(5.0)  # a client timeout after 5 s: the RTT is at least 5 s
     assert tracker.in_flight == 0
-    assert tracker.observations == 0
+    assert tracker.observations == 0  # cancellations are not counted
+    assert tracker.rtt_estimate == pytest.approx(5.0)
+    assert tracker.updated_at == 5.0
+    # ...exactly as a completion of that age would have done.
+    completed = PeakEwma(default_rtt=0.030)
+    completed.start(0.0).complete(5.0)
+    assert completed.load(7.0) == pytest.approx(tracker.load(7.0))
+
+
+def test_cancel_of_a_young_call_changes_nothing() -> None:
+    tracker = PeakEwma(default_rtt=0.030)
+    tracker.start(0.0).complete(0.5)
+    before = (tracker.rtt_estimate, tracker.updated_at)
+    guard = tracker.start(1.0)
+    guard.cancel(1.1)  # 100 ms: younger than the faded 0.5 s estimate
+    assert (tracker.rtt_estimate, tracker.updated_at) == before
+    # A cancellation at the dispatch time (what Balance does for a declined
+    # call) has age zero and is never evidence.
+    tracker.start(2.0).cancel(2.0)
+    assert (tracker.rtt_estimate, tracker.updated_at) == before
+
+
+def test_cancel_evidence_off_makes_every_cancellation_evidence_free() -> None:
+    tracker = PeakEwma(default_rtt=0.030, cancel_evidence=False)
+    tracker.start(0.0).cancel(5.0)
+    assert tracker.in_flight == 0
     assert tracker.rtt_estimate == pytest.approx(0.030)
+
+
+def test_bad_cancel_evidence_is_rejected() -> None:
+    with pytest.raises(InvalidInput, match="cancel_evidence"):
+        PeakEwma(cancel_evidence=1)  # type: ignore[arg-type]
+
+
+def test_estimate_fades_as_a_pure_function_of_now() -> None:
+    tracker = PeakEwma(default_rtt=0.030, decay=10.0)
+    tracker.start(0.0).complete(2.0)  # a 2 s peak at t=2
+    # However often it is read, the value at a given time is the same.
+    reads = [tracker.load(t) for t in (3.0, 12.0, 12.0, 40.0)]
+    again = PeakEwma(default_rtt=0.030, decay=10.0)
+    again.start(0.0).complete(2.0)
+    assert again.load(40.0) == reads[-1]
+    assert reads[1] == reads[2]
+    assert reads[1] == pytest.approx(2.0 * math.exp(-1.0))
+    assert tracker.estimate(40.0) == pytest.approx(2.0 * math.exp(-3.8))
+    assert tracker.rtt_estimate == 2.0  # the stored value moves only with evidence
+
+
+def test_a_peaked_endpoint_becomes_cheaper_than_its_peers_after_decay_ln_ratio() -> None:
+    peer = PeakEwma(default_rtt=0.020)
+    peaked = PeakEwma(default_rtt=0.020)
+    peaked.start(0.0).complete(2.0)
+    now = 2.0
+    # The peer keeps answering in 20 ms; the peaked one is not called.
+    while peaked.load(now) >= peer.load(now):
+        peer.start(now).complete(now + 0.020)
+        now += 0.1
+    # About decay x ln(2 s / 20 ms) = 46 s after the peak it is probed again.
+    assert 40.0 < now - 2.0 < 50.0
+    # One healthy answer after that long a gap nearly resets it.
+    peaked.start(now).complete(now + 0.020)
+    assert peaked.rtt_estimate < 0.045
 
 
 @pytest.mark.parametrize("first", ["complete", "fail", "cancel"])
@@ -145,9 +211,14 @@ def test_estimate_never_reaches_zero_so_in_flight_still_counts() -> None:
     assert tracker.load(now) == pytest.approx(2 * idle)
 
 
+# The age-floor and slow-start tests use a huge decay so that the fade does not
+# blur the arithmetic they check.
+STILL = 1e12
+
+
 def test_age_floor_raises_the_cost_while_a_call_is_outstanding() -> None:
-    tracker = PeakEwma(default_rtt=0.030)
-    classic = PeakEwma(default_rtt=0.030, age_floor=False)
+    tracker = PeakEwma(default_rtt=0.030, decay=STILL, cancel_evidence=False)
+    classic = PeakEwma(default_rtt=0.030, decay=STILL, age_floor=False)
     tracker.start(0.0)
     slow = tracker.start(0.0)
     classic.start(0.0)
@@ -164,7 +235,7 @@ def test_age_floor_raises_the_cost_while_a_call_is_outstanding() -> None:
 
 
 def test_age_floor_does_not_change_the_estimate() -> None:
-    tracker = PeakEwma(default_rtt=0.030)
+    tracker = PeakEwma(default_rtt=0.030, decay=STILL, cancel_evidence=False)
     guard = tracker.start(0.0)
     assert tracker.load(3.0) == pytest.approx(3.0 * 2)
     guard.cancel(3.0)
@@ -173,7 +244,7 @@ def test_age_floor_does_not_change_the_estimate() -> None:
 
 
 def test_slow_start_multiplier_falls_linearly_to_one() -> None:
-    tracker = PeakEwma(default_rtt=0.1, slow_start=10.0, slow_start_scale=5.0)
+    tracker = PeakEwma(default_rtt=0.1, decay=STILL, slow_start=10.0, slow_start_scale=5.0)
     assert tracker.load(100.0) == pytest.approx(0.1 * 5.0)  # first use starts the window
     assert tracker.load(102.5) == pytest.approx(0.1 * 4.0)
     assert tracker.load(105.0) == pytest.approx(0.1 * 3.0)
@@ -182,7 +253,14 @@ def test_slow_start_multiplier_falls_linearly_to_one() -> None:
 
 
 def test_slow_start_window_begins_at_the_first_start_too() -> None:
-    tracker = PeakEwma(default_rtt=0.1, slow_start=4.0, slow_start_scale=3.0, age_floor=False)
+    tracker = PeakEwma(
+        default_rtt=0.1,
+        decay=STILL,
+        slow_start=4.0,
+        slow_start_scale=3.0,
+        age_floor=False,
+        cancel_evidence=False,
+    )
     guard = tracker.start(10.0)
     assert tracker.load(12.0) == pytest.approx(0.1 * 2 * 2.0)
     guard.cancel(14.0)
@@ -348,7 +426,10 @@ def test_in_flight_and_estimate_invariants(ops: list[tuple[str, int, float]]) ->
         elif op == "load":
             first = tracker.load(now)
             assert tracker.load(now) == first  # reading does not change anything
-            assert first >= tracker.rtt_estimate * (tracker.in_flight + 1) > 0.0
+            estimate = tracker.estimate(now)
+            assert first >= estimate * (tracker.in_flight + 1) > 0.0
+            if tracker.updated_at is not None and now >= tracker.updated_at:
+                assert estimate <= tracker.rtt_estimate
         elif guards:
             guard = guards[which % len(guards)]
             was_open = not guard.ended

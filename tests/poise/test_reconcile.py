@@ -36,6 +36,7 @@ from poise._reconcile import AppliedState, plan_reconcile
 
 # -- test doubles (also used by the state machine) ------------------------------------------------
 
+
 class FakeService:
     """A service whose readiness the test controls, that records close() and calls.
 

@@ -392,4 +392,3 @@ ReconcileMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_reconcile_machine = ReconcileMachine.TestCase
-

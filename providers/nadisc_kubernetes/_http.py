@@ -1,0 +1,307 @@
+"""The HTTP shell: one httpx client per connection, bounded reads, typed failures.
+
+Contract: moves bytes to and from the API server and maps statuses; it
+decides nothing about evidence. Every body is read through the byte budget
+(``max_response_bytes``) before it is decoded: a larger ``Content-Length``
+is refused before reading, a body that grows past it is abandoned; a watch
+line longer than the budget is refused the same way.
+
+Status translation (the API server answers errors with a ``Status`` object)::
+
+    401 Unauthorized   re-read the token file once and repeat the request;
+                       401 again -> IdentityRevoked
+    403 Forbidden      IdentityRevoked (RBAC denial: no grace)
+    404 NotFound       NotFound (the caller decides: a missing Service is empty)
+    410 Gone/Expired   Gone (resourceVersion or continue token too old: relist)
+    5xx, 429, other    IncompleteSnapshot
+    transport errors, timeouts, truncated bodies   IncompleteSnapshot
+    body over budget   CapacityRejected
+
+The bearer token travels in the ``Authorization`` header only, and is
+never part of a message or log line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+import anyio
+import httpx
+
+from nadisc import CapacityRejected, IdentityRevoked, IncompleteSnapshot, ProviderFailure
+
+from ._credentials import ClusterAccess
+from ._wire import Status, decode_status
+
+__all__ = ["Gone", "KubeHttp", "LineReader", "NotFound"]
+
+logger = logging.getLogger(__name__)
+
+_TEXT_LIMIT = 200
+
+
+class Gone(IncompleteSnapshot):
+    """410: the requested resourceVersion or continue token is too old."""
+
+
+class NotFound(Exception):
+    """404 for the named object (not a failure by itself)."""
+
+
+def _describe(status: int, body: bytes) -> str:
+    decoded = decode_status(body)
+    if decoded is not None:
+        return f"{decoded.reason or status}: {decoded.message}"[:_TEXT_LIMIT]
+    text = body[:_TEXT_LIMIT].decode("utf-8", "replace")
+    return " ".join(text.split()) or str(status)
+
+
+def failure_for(status: int, body: bytes, what: str) -> ProviderFailure | NotFound:
+    """The typed outcome of a non-200 answer (401 is handled by the caller)."""
+    detail = _describe(status, body)
+    if status in (401, 403):
+        return IdentityRevoked(f"{what}: HTTP {status} {detail}")
+    if status == 404:
+        return NotFound(f"{what}: {detail}")
+    if status == 410:
+        return Gone(f"{what}: HTTP 410 {detail}")
+    return IncompleteSnapshot(f"{what}: HTTP {status} {detail}")
+
+
+def status_failure(status: Status, what: str) -> ProviderFailure:
+    """The typed outcome of an ERROR event's Status."""
+    detail = f"{status.reason or status.code}: {status.message}"[:_TEXT_LIMIT]
+    if status.code == 410:
+        return Gone(f"{what}: {detail}")
+    if status.code in (401, 403):
+        return IdentityRevoked(f"{what}: {detail}")
+    return IncompleteSnapshot(f"{what}: watch ended with an error ({detail})")
+
+
+async def _discard(response: httpx.Response, chunks: AsyncIterator[bytes]) -> None:
+    """Abandon a watch body: close the connection, then run the body iterator
+    into the closed connection so every generator in httpx's chain finishes
+    now (a suspended one would be finalized later by the garbage collector,
+    which trio reports as a leak). Shielded and bounded."""
+    with anyio.CancelScope(shield=True) as scope:
+        scope.deadline = anyio.current_time() + 1.0
+        await response.aclose()
+        with contextlib.suppress(Exception):  # the connection was closed on purpose
+            while True:
+                await chunks.__anext__()
+
+
+class LineReader:
+    """Newline-delimited events of one watch response, each at most ``limit`` bytes."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], limit: int, what: str) -> None:
+        self._chunks = chunks
+        self._limit = limit
+        self._what = what
+        self._buffer = bytearray()
+
+    def __aiter__(self) -> LineReader:
+        return self
+
+    async def __anext__(self) -> list[bytes]:
+        """The complete lines that arrived with the next chunk (possibly none).
+
+        Stops when the server ends the response; raises ``IncompleteSnapshot``
+        when it breaks, ``CapacityRejected`` for a line over the limit. A plain
+        iterator object, not a generator: nothing is left suspended when the
+        reader is abandoned half-way."""
+        try:
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            raise
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            raise IncompleteSnapshot(
+                f"{self._what}: the watch stream broke ({type(exc).__name__})"
+            ) from exc
+        return self._feed(chunk)
+
+    def _feed(self, chunk: bytes) -> list[bytes]:
+        buffer = self._buffer
+        buffer += chunk
+        lines: list[bytes] = []
+        start = 0
+        while (end := buffer.find(b"\n", start)) >= 0:
+            if end - start > self._limit:
+                raise CapacityRejected(
+                    f"{self._what}: a watch event exceeds max_response_bytes={self._limit}"
+                )
+            line = bytes(buffer[start:end]).strip()
+            if line:
+                lines.append(line)
+            start = end + 1
+        del buffer[:start]
+        if len(buffer) > self._limit:
+            raise CapacityRejected(
+                f"{self._what}: a watch event exceeds max_response_bytes={self._limit}"
+            )
+        return lines
+
+
+@dataclass(slots=True)
+class HttpCounters:
+    requests: int = 0
+    unauthorized_retries: int = 0
+
+
+class KubeHttp:
+    """Moves bytes to and from one API server (see the module docstring)."""
+
+    def __init__(
+        self,
+        access: ClusterAccess,
+        *,
+        max_response_bytes: int,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._access = access
+        self._base = access.server
+        self._max_bytes = max_response_bytes
+        verify = access.ssl_context()
+        self._client = httpx.AsyncClient(
+            headers={"User-Agent": "nadisc-kubernetes", "Accept": "application/json"},
+            verify=verify if verify is not None else True,
+            transport=transport,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=16),
+            follow_redirects=False,
+            trust_env=False,
+        )
+        self._extensions = (
+            {"sni_hostname": access.tls_server_name} if access.tls_server_name else {}
+        )
+        self.counters = HttpCounters()
+        self._closed = False
+
+    @property
+    def access(self) -> ClusterAccess:
+        return self._access
+
+    def _headers(self, identity: bool = False) -> dict[str, str]:
+        token = self._access.tokens.current()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if identity:
+            headers["Accept-Encoding"] = "identity"
+        return headers
+
+    @asynccontextmanager
+    async def _open(
+        self,
+        path: str,
+        params: Mapping[str, str],
+        *,
+        timeout: httpx.Timeout,  # noqa: ASYNC109 - httpx per-request timeouts
+        what: str,
+        identity: bool = False,
+    ) -> AsyncIterator[httpx.Response]:
+        """A response with status 200 (after at most one 401 re-read), else typed."""
+        if self._closed:
+            raise IncompleteSnapshot(f"{what}: the connection is closed")
+        for attempt in (0, 1):
+            self.counters.requests += 1
+            request = self._client.build_request(
+                "GET",
+                self._base + path,
+                params=params,
+                headers=self._headers(identity),
+                timeout=timeout,
+                extensions=self._extensions,
+            )
+            try:
+                response = await self._client.send(request, stream=True)
+            except httpx.TimeoutException as exc:
+                raise IncompleteSnapshot(f"{what}: timed out ({type(exc).__name__})") from exc
+            except httpx.HTTPError as exc:
+                raise IncompleteSnapshot(
+                    f"{what}: transport failed ({type(exc).__name__}: {exc})"
+                ) from exc
+            try:
+                if response.status_code == 200:
+                    yield response
+                    return
+                body = await self._read_bounded(response, what)
+                if response.status_code == 401 and attempt == 0 and self._access.tokens.reload():
+                    self.counters.unauthorized_retries += 1
+                    logger.info("%s: 401; the token file was re-read, trying once more", what)
+                    continue
+                raise failure_for(response.status_code, body, what)
+            finally:
+                with anyio.CancelScope(shield=True) as scope:
+                    scope.deadline = anyio.current_time() + 1.0
+                    await response.aclose()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def get(self, path: str, params: Mapping[str, str], *, budget: float, what: str) -> bytes:
+        """A bounded read: the body of a 200, else a typed failure (or NotFound)."""
+        timeout = httpx.Timeout(budget, connect=min(budget, 10.0))
+        try:
+            with anyio.fail_after(budget):
+                async with self._open(path, params, timeout=timeout, what=what) as response:
+                    return await self._read_bounded(response, what)
+        except TimeoutError as exc:
+            raise IncompleteSnapshot(f"{what}: no complete answer within {budget:.1f}s") from exc
+
+    @asynccontextmanager
+    async def watch(
+        self,
+        path: str,
+        params: Mapping[str, str],
+        *,
+        open_budget: float,
+        idle_timeout: float,
+        what: str,
+    ) -> AsyncIterator[LineReader]:
+        """An open watch response (status 200); reading it is bounded by
+        ``idle_timeout`` of silence, opening it by ``open_budget``."""
+        timeout = httpx.Timeout(idle_timeout, connect=min(open_budget, 10.0))
+        async with AsyncExitStack() as stack:
+            with anyio.CancelScope(deadline=anyio.current_time() + open_budget) as opened:
+                response = await stack.enter_async_context(
+                    self._open(path, params, timeout=timeout, what=what, identity=True)
+                )
+            if opened.cancelled_caught:
+                raise IncompleteSnapshot(f"{what}: the watch did not open in time")
+            # Raw bytes (the watch asks for no content coding): one generator
+            # level, closed explicitly when the watch ends.
+            chunks = response.aiter_raw()
+            stack.push_async_callback(_discard, response, chunks)
+            yield LineReader(chunks, self._max_bytes, what)
+
+    async def _read_bounded(self, response: httpx.Response, what: str) -> bytes:
+        limit = self._max_bytes
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise CapacityRejected(
+                f"{what}: response of {declared} bytes exceeds max_response_bytes={limit}"
+            )
+        chunks: list[bytes] = []
+        total = 0
+        try:
+            async for chunk in response.aiter_bytes():
+                total += len(chunk)
+                if total > limit:
+                    raise CapacityRejected(
+                        f"{what}: response body exceeds max_response_bytes={limit}"
+                    )
+                chunks.append(chunk)
+        except httpx.TimeoutException as exc:
+            raise IncompleteSnapshot(f"{what}: timed out reading the body") from exc
+        except httpx.HTTPError as exc:
+            raise IncompleteSnapshot(
+                f"{what}: the body could not be read ({type(exc).__name__})"
+            ) from exc
+        return b"".join(chunks)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.move_on_after(5, shield=True):
+            await self._client.aclose()

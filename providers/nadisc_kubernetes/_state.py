@@ -1,0 +1,327 @@
+"""Sans-IO evidence of one Service: the Service object, its owned slices, the listing.
+
+Contract: synchronous, no I/O, no clock. :class:`ServiceView` holds what
+the two streams (Service and EndpointSlices) established and turns it into
+a complete :class:`~nadisc.ProviderSnapshot` with :func:`build_snapshot`::
+
+    Service absent (404 / DELETED)              -> explicit empty listing
+    Service present, port not on the Service    -> InvalidSnapshot (misconfigured)
+    slice labelled for the Service but owned by another UID (left from a
+    deleted-and-recreated Service) or by something else -> not evidence,
+                                                   counted in ``invalid``
+    owned slice without the port's name         -> counted in ``invalid``
+    endpoint  terminating? ── no ─► ready (nil = true)?   yes: served
+                  │                                     no: withdrawn
+                  └─ yes ─► serving (nil = ready)?      yes: draining
+                                                        no: withdrawn
+
+An endpoint's identity is its ``targetRef`` (the Pod's UID, else
+``<kind>/<namespace>/<name>``), never its IP; only an endpoint without a
+``targetRef`` falls back to ``<addressType>/<first address>``. The same
+identity in several slices (a slice being split or merged) is one member:
+a served copy beats a draining one, then the slice that sorts first.
+Zone, node name, hostname, zone hints, the address type and the port's
+``appProtocol`` are kept in the metadata (one shared mapping per distinct
+content).
+
+Cost: O(endpoints) dictionary work per snapshot; :class:`ServiceView` keeps
+the last one until something changes, and the instances of every slice that
+did not change (a watch event on one slice of forty builds that slice's
+instances only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from nadisc import (
+    CapacityRejected,
+    EvidenceKind,
+    Instance,
+    InvalidSnapshot,
+    ProviderSnapshot,
+)
+
+from ._wire import EndpointSlice, Event, Service, SliceEndpoint
+
+__all__ = ["SERVICE_NAME_LABEL", "ServiceView", "build_snapshot", "endpoint_state"]
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+def endpoint_state(endpoint: SliceEndpoint) -> str:
+    """``served``, ``draining`` or ``withdrawn`` (the table in the module docstring)."""
+    conditions = endpoint.conditions
+    ready = conditions.ready is not False
+    if conditions.terminating:
+        serving = conditions.serving if conditions.serving is not None else ready
+        return "draining" if serving else "withdrawn"
+    return "served" if ready else "withdrawn"
+
+
+def _identity(slice_: EndpointSlice, endpoint: SliceEndpoint) -> str:
+    ref = endpoint.targetRef
+    if ref is not None and ref.uid:
+        return ref.uid
+    if ref is not None and ref.name:
+        namespace = ref.namespace or slice_.metadata.namespace
+        return f"{ref.kind or 'Pod'}/{namespace}/{ref.name}"
+    return f"{slice_.addressType}/{endpoint.addresses[0]}"
+
+
+_NO_METADATA: Mapping[str, str] = MappingProxyType({})
+
+
+class _Metadata:
+    """Builds instance metadata, sharing one read-only mapping per distinct
+    content (endpoints on one node in one zone share theirs)."""
+
+    __slots__ = ("_shared",)
+
+    def __init__(self) -> None:
+        self._shared: dict[tuple[tuple[str, str], ...], Mapping[str, str]] = {}
+
+    def of(
+        self, slice_: EndpointSlice, endpoint: SliceEndpoint, app_protocol: str | None
+    ) -> Mapping[str, str]:
+        items: list[tuple[str, str]] = [("address_type", slice_.addressType)]
+        if endpoint.zone:
+            items.append(("zone", endpoint.zone))
+        if endpoint.nodeName:
+            items.append(("node_name", endpoint.nodeName))
+        if endpoint.hostname:
+            items.append(("hostname", endpoint.hostname))
+        hints = endpoint.hints
+        if hints is not None and hints.forZones:
+            items.append(("hints.for_zones", ",".join(z.name for z in hints.forZones)))
+        if app_protocol:
+            items.append(("app_protocol", app_protocol))
+        key = tuple(items)
+        shared = self._shared.get(key)
+        if shared is None:
+            shared = self._shared[key] = MappingProxyType(dict(items))
+        return shared
+
+
+@dataclass(frozen=True, slots=True)
+class _SliceResult:
+    """What one slice contributes: (identity, rank, instance) members and invalid records."""
+
+    members: tuple[tuple[str, int, Instance], ...]
+    invalid: tuple[tuple[str, str], ...]
+
+
+#: Per slice name: (the slice object, Service name, Service UID, port name, its result).
+SliceCache = dict[str, tuple[EndpointSlice, str, str, str, _SliceResult]]
+
+
+def _slice_result(
+    slice_: EndpointSlice, service: Service, port_name: str, metadata: _Metadata
+) -> _SliceResult:
+    meta = service.metadata
+    key = f"endpointslice/{slice_.metadata.name}"
+    owners = slice_.metadata.ownerReferences
+    if slice_.metadata.labels.get(SERVICE_NAME_LABEL) != meta.name:
+        return _SliceResult((), ((key, f"not labelled {SERVICE_NAME_LABEL}={meta.name}"),))
+    if not any(o.kind == "Service" and o.uid == meta.uid for o in owners):
+        owned = ", ".join(f"{o.kind}/{o.name} uid {o.uid}" for o in owners) or "nothing"
+        reason = f"not owned by the current Service (uid {meta.uid}); owned by {owned}"
+        return _SliceResult((), ((key, reason),))
+    slice_port = next((p for p in slice_.ports or () if (p.name or "") == port_name), None)
+    if slice_port is None:
+        if slice_.endpoints:
+            return _SliceResult((), ((key, f"has no port named {port_name!r}"),))
+        return _SliceResult((), ())
+    number = slice_port.port
+    if number is None or not 0 < number < 65536:
+        return _SliceResult((), ((key, f"port {port_name!r} has no usable number"),))
+    members: list[tuple[str, int, Instance]] = []
+    invalid: list[tuple[str, str]] = []
+    for position, endpoint in enumerate(slice_.endpoints or ()):
+        state = endpoint_state(endpoint)
+        if state == "withdrawn":
+            continue
+        if not endpoint.addresses or not endpoint.addresses[0]:
+            invalid.append((f"{key}/{position}", "endpoint without an address"))
+            continue
+        identity = _identity(slice_, endpoint)
+        try:
+            instance = Instance(
+                identity,
+                endpoint.addresses[0],
+                number,
+                metadata=metadata.of(slice_, endpoint, slice_port.appProtocol),
+                draining=state == "draining",
+            )
+        except ValueError as exc:
+            invalid.append((f"{key}/{position}", str(exc)))
+            continue
+        members.append((identity, 0 if state == "served" else 1, instance))
+    return _SliceResult(tuple(members), tuple(invalid))
+
+
+def build_snapshot(
+    alias: str,
+    service: Service | None,
+    slices: Iterable[EndpointSlice],
+    *,
+    port: str | int | None,
+    max_instances: int,
+    cache: SliceCache | None = None,
+) -> ProviderSnapshot:
+    """The listing of ``alias`` from the Service and its labelled slices.
+
+    With ``cache`` (kept by the caller between calls), a slice that is the
+    very same object as last time, for the same Service UID and port, reuses
+    its instances: a watch event on one slice rebuilds only that slice.
+    """
+    evidence = EvidenceKind.ORCHESTRATOR_READY
+    if service is None:
+        return ProviderSnapshot(alias, (), evidence)
+    meta = service.metadata
+    ports = service.spec.ports
+    where = f"Service {meta.namespace}/{meta.name}"
+    if port is None:
+        if len(ports) != 1:
+            raise InvalidSnapshot(
+                f"{where} has {len(ports)} ports; name the one to call with services.<alias>.port"
+            )
+        chosen = ports[0]
+    else:
+        found = [p for p in ports if (p.name == port if isinstance(port, str) else p.port == port)]
+        if not found:
+            listed = ", ".join(p.name or str(p.port) for p in ports) or "none"
+            raise InvalidSnapshot(f"{where} has no port {port!r} (its ports: {listed})")
+        chosen = found[0]
+    port_name = chosen.name
+    invalid: dict[str, str] = {}
+    best: dict[str, tuple[int, Instance]] = {}
+    metadata = _Metadata()
+    for slice_ in sorted(slices, key=lambda s: s.metadata.name):
+        name = slice_.metadata.name
+        cached = cache.get(name) if cache is not None else None
+        if (
+            cached is not None
+            and cached[0] is slice_
+            and cached[1] == meta.name
+            and cached[2] == meta.uid
+            and cached[3] == port_name
+        ):
+            result = cached[4]
+        else:
+            result = _slice_result(slice_, service, port_name, metadata)
+            if cache is not None:
+                cache[name] = (slice_, meta.name, meta.uid, port_name, result)
+        invalid.update(result.invalid)
+        for identity, rank, instance in result.members:
+            known = best.get(identity)
+            if known is not None and known[0] <= rank:
+                continue  # a served copy, or the slice that sorts first, wins
+            best[identity] = (rank, instance)
+        if len(best) > max_instances:
+            raise CapacityRejected(
+                f"{where}: more than max_instances_per_service={max_instances} endpoints"
+            )
+    instances = tuple(best[identity][1] for identity in sorted(best))
+    return ProviderSnapshot(alias, instances, evidence, invalid)
+
+
+@dataclass(slots=True)
+class _Side:
+    """One stream's established state."""
+
+    synced: bool = False
+    version: str = ""
+
+
+class ServiceView:
+    """What the two streams of one Service know; see the module docstring."""
+
+    def __init__(
+        self, alias: str, name: str, *, port: str | int | None, max_instances: int
+    ) -> None:
+        self.alias = alias
+        self.name = name
+        self.port = port
+        self.max_instances = max_instances
+        self.service: Service | None = None
+        self.slices: dict[str, EndpointSlice] = {}
+        self.sides = {"service": _Side(), "slice": _Side()}
+        #: Grows with every change applied (a change counter, not a version).
+        self.changes = 0
+        self._cached: tuple[int, ProviderSnapshot] | None = None
+        self._slice_cache: SliceCache = {}
+
+    @property
+    def synced(self) -> bool:
+        return all(side.synced for side in self.sides.values())
+
+    def version(self, kind: str) -> str:
+        return self.sides[kind].version
+
+    def unsync(self, kind: str) -> None:
+        """The stream of ``kind`` lost its place (a 410): its state is unknown."""
+        self.sides[kind].synced = False
+
+    def reset_service(self, items: Iterable[Service], version: str) -> None:
+        matching = [s for s in items if s.metadata.name == self.name]
+        new = matching[0] if matching else None
+        if new != self.service:
+            self.service = new
+            self.changes += 1
+        self.sides["service"] = _Side(True, version)
+
+    def reset_slices(self, items: Iterable[EndpointSlice], version: str) -> None:
+        new = {s.metadata.name: s for s in items}
+        if new != self.slices:
+            self.slices = new
+            self.changes += 1
+        self.sides["slice"] = _Side(True, version)
+
+    def apply(self, kind: str, event: Event) -> bool:
+        """Apply one ADDED/MODIFIED/DELETED/BOOKMARK event; True when it changed state."""
+        side = self.sides[kind]
+        if event.resource_version:
+            side.version = event.resource_version
+        obj = event.object
+        if obj is None:
+            return False
+        name = obj.metadata.name
+        if kind == "service":
+            if name != self.name:
+                return False
+            new = None if event.type == "DELETED" else obj
+            if new == self.service:
+                return False
+            self.service = new if isinstance(new, Service) else None
+        else:
+            assert isinstance(obj, EndpointSlice)
+            if event.type == "DELETED":
+                if self.slices.pop(name, None) is None:
+                    return False
+            else:
+                if self.slices.get(name) == obj:
+                    return False
+                self.slices[name] = obj
+        self.changes += 1
+        return True
+
+    def snapshot(self) -> ProviderSnapshot:
+        cached = self._cached
+        if cached is not None and cached[0] == self.changes:
+            return cached[1]
+        cache = self._slice_cache
+        for gone in [name for name in cache if name not in self.slices]:
+            del cache[gone]
+        snapshot = build_snapshot(
+            self.alias,
+            self.service,
+            self.slices.values(),
+            port=self.port,
+            max_instances=self.max_instances,
+            cache=cache,
+        )
+        self._cached = (self.changes, snapshot)
+        return snapshot

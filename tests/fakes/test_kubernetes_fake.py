@@ -1,0 +1,387 @@
+"""The Kubernetes API-server fake, pinned to the documented behaviour and to real kubectl.
+
+The documented facts come from the Kubernetes "API Concepts" page (watch
+from a resourceVersion, 410 Gone after compaction, bookmarks, chunked lists
+with limit/continue and 410 on an expired continue token) and from the
+``Status`` object the API server returns for errors (401 Unauthorized, 403
+Forbidden, 404 NotFound). The kubectl tests point Debian's / the image's
+``kubectl`` at the fake served over TLS (kubectl sends bearer tokens over
+https only) with a generated kubeconfig and a fresh cache directory, so its
+API discovery requests reach the fake too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from tests.fakes.kubernetes import KubernetesFake, run_kubernetes_fake, slice_object
+from tests.providers.kubernetes.conftest import TOKEN, endpoint, write_kubeconfig
+from tests.providers.kubernetes.conftest import self_signed_cert as self_signed_cert  # fixture
+
+SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+SERVICES = "/api/v1/namespaces/default/services"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def client(fake: KubernetesFake, token: str | None = TOKEN) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.AsyncClient(transport=fake.transport(), base_url=fake.url, headers=headers)
+
+
+def seeded(**options: Any) -> KubernetesFake:
+    fake = KubernetesFake(tokens={TOKEN: "alice"}, **options)
+    uid = fake.create_service("orders")["metadata"]["uid"]
+    for n in range(1, 6):
+        fake.put_slice(slice_object(f"orders-{n}", "orders", [endpoint(n)], owner_uid=uid))
+    return fake
+
+
+class Lines:
+    """The lines of a watch body, read from ``aiter_raw`` (one generator level,
+    closed explicitly by :func:`watching`)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.raw = response.aiter_raw()
+        self._buffer = b""
+
+    def __aiter__(self) -> Lines:
+        return self
+
+    async def __anext__(self) -> str:
+        while b"\n" not in self._buffer:
+            self._buffer += await self.raw.__anext__()
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
+
+@asynccontextmanager
+async def watching(
+    http: httpx.AsyncClient, params: dict[str, str], path: str = SLICES
+) -> AsyncIterator[tuple[httpx.Response, Lines]]:
+    """An open watch and its lines (closed on exit, read or not)."""
+    async with http.stream("GET", path, params=params) as response:
+        lines = Lines(response)
+        try:
+            yield response, lines
+        finally:
+            # Close, then run the body into the closed stream so that every
+            # generator of httpx's chain finishes (none left to the collector).
+            await response.aclose()
+            with contextlib.suppress(Exception):
+                while True:
+                    await lines.raw.__anext__()
+
+
+async def events_of(lines: Lines, count: int) -> list[dict[str, Any]]:
+    """The next ``count`` events of a watch body (``response.aiter_lines()``)."""
+    events: list[dict[str, Any]] = []
+    while len(events) < count:
+        line = await lines.__anext__()
+        if line:
+            events.append(json.loads(line))
+    return events
+
+
+async def test_objects_carry_versions_uids_and_lists_their_version() -> None:
+    fake = seeded()
+    async with client(fake) as http:
+        listed = (await http.get(SLICES)).json()
+        assert (
+            listed["kind"] == "EndpointSliceList" and listed["apiVersion"] == "discovery.k8s.io/v1"
+        )
+        assert listed["metadata"]["resourceVersion"] == str(fake.version)
+        assert [i["metadata"]["name"] for i in listed["items"]] == [
+            f"orders-{n}" for n in range(1, 6)
+        ]
+        versions = [int(i["metadata"]["resourceVersion"]) for i in listed["items"]]
+        assert versions == sorted(set(versions))  # each write has its own version
+        one = (await http.get(f"{SERVICES}/orders")).json()
+        assert one["kind"] == "Service" and one["metadata"]["uid"] == fake.service_uid("orders")
+        selected = await http.get(SERVICES, params={"fieldSelector": "metadata.name=nope"})
+        assert selected.json()["items"] == []
+        labelled = await http.get(
+            SLICES, params={"labelSelector": "kubernetes.io/service-name=other"}
+        )
+        assert labelled.json()["items"] == []
+
+
+async def test_errors_are_status_objects_as_the_api_server_sends_them() -> None:
+    fake = seeded()
+    async with client(fake) as http:
+        missing = await http.get(f"{SERVICES}/payments")
+        assert missing.status_code == 404
+        assert missing.json() == {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": 'services "payments" not found', "reason": "NotFound",
+            "details": {"name": "payments", "kind": "services"}, "code": 404,
+        }  # fmt: skip
+    async with client(fake, token="wrong") as http:
+        denied = await http.get(SLICES)
+        assert denied.status_code == 401 and denied.json()["reason"] == "Unauthorized"
+    fake.deny("alice", "list", "endpointslices")
+    async with client(fake) as http:
+        forbidden = await http.get(SLICES)
+        assert forbidden.status_code == 403
+        body = forbidden.json()
+        assert body["reason"] == "Forbidden" and body["code"] == 403
+        assert body["message"] == (
+            'endpointslices.discovery.k8s.io is forbidden: User "alice" cannot list resource '
+            '"endpointslices" in API group "discovery.k8s.io" in the namespace "default"'
+        )
+        assert (await http.get(SERVICES)).status_code == 200  # only that verb on that resource
+
+
+async def test_chunked_lists_are_one_consistent_snapshot_and_expire_with_compaction() -> None:
+    fake = seeded()
+    async with client(fake) as http:
+        first = (await http.get(SLICES, params={"limit": "2"})).json()
+        assert len(first["items"]) == 2 and first["metadata"]["remainingItemCount"] == 3
+        token = first["metadata"]["continue"]
+        fake.delete_slice("orders-5")  # written between chunks: not seen by this list
+        second = (await http.get(SLICES, params={"limit": "2", "continue": token})).json()
+        third = (
+            await http.get(
+                SLICES, params={"limit": "2", "continue": second["metadata"]["continue"]}
+            )
+        ).json()
+        names = [i["metadata"]["name"] for page in (first, second, third) for i in page["items"]]
+        assert names == [f"orders-{n}" for n in range(1, 6)]
+        assert "continue" not in third["metadata"]
+        assert {p["metadata"]["resourceVersion"] for p in (first, second, third)} == {
+            first["metadata"]["resourceVersion"]
+        }
+        again = (await http.get(SLICES, params={"limit": "2"})).json()
+        fake.compact()
+        expired = await http.get(
+            SLICES, params={"limit": "2", "continue": again["metadata"]["continue"]}
+        )
+        assert expired.status_code == 410 and expired.json()["reason"] == "Expired"
+
+
+@pytest.mark.trio_only
+async def test_a_watch_replays_from_its_version_then_follows_and_ends_at_its_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = seeded()
+    async with client(fake) as http:
+        start = fake.version
+        fake.put_slice(
+            slice_object("orders-1", "orders", [endpoint(1, ready=False)], owner_uid="x")
+        )
+        params = {"watch": "1", "resourceVersion": str(start), "timeoutSeconds": "5"}
+        async with watching(http, params) as (response, lines):
+            assert response.status_code == 200
+            fake.delete_slice("orders-2")
+            fake.put_slice(slice_object("orders-9", "orders", [endpoint(9)], owner_uid="x"))
+            events = await events_of(lines, 3)
+            assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+                ("MODIFIED", "orders-1"),
+                ("DELETED", "orders-2"),
+                ("ADDED", "orders-9"),
+            ]
+            assert events[2]["object"]["metadata"]["resourceVersion"] == str(fake.version)
+            began = trio.current_time()
+            rest = [line async for line in lines if line]
+            assert rest == [] and trio.current_time() - began == pytest.approx(5, abs=0.1)
+        # "" / "0": the current state first, as synthetic ADDED events.
+        async with watching(http, {"watch": "true", "resourceVersion": "0"}) as (_, lines):
+            added = await events_of(lines, 5)
+            assert {e["type"] for e in added} == {"ADDED"} and len(added) == 5
+
+
+async def test_an_out_of_selector_change_is_a_deletion_for_that_watch() -> None:
+    fake = seeded()
+    async with client(fake) as http:
+        params = {"watch": "1", "resourceVersion": str(fake.version), "labelSelector": "app=web"}
+        async with watching(http, params) as (_, lines):
+            labelled = slice_object("orders-1", "orders", [], owner_uid="x", labels={"app": "web"})
+            fake.put_slice(labelled)
+            fake.put_slice(slice_object("orders-1", "orders", [], owner_uid="x"))
+            events = await events_of(lines, 2)
+            assert [e["type"] for e in events] == ["ADDED", "DELETED"]
+
+
+@pytest.mark.trio_only
+async def test_bookmarks_carry_only_a_version_and_come_only_when_allowed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = seeded(bookmark_interval=10.0)
+    async with client(fake) as http:
+        params = {"watch": "1", "resourceVersion": str(fake.version), "allowWatchBookmarks": "true"}
+        async with watching(http, params) as (_, lines):
+            began = trio.current_time()
+            (event,) = await events_of(lines, 1)
+            assert trio.current_time() - began == pytest.approx(10, abs=0.1)
+            assert event == {
+                "type": "BOOKMARK",
+                "object": {
+                    "kind": "EndpointSlice",
+                    "apiVersion": "discovery.k8s.io/v1",
+                    "metadata": {"resourceVersion": str(fake.version)},
+                },
+            }
+        params.pop("allowWatchBookmarks")
+        params["timeoutSeconds"] = "30"
+        async with http.stream("GET", SLICES, params=params) as response:
+            fake.bookmark()
+            assert [line async for line in response.aiter_lines() if line] == []
+
+
+async def test_a_compacted_version_is_a_410_error_event_or_status() -> None:
+    fake = seeded(window=3)
+    assert fake.compacted > 1
+    async with client(fake) as http:
+        params = {"watch": "1", "resourceVersion": "1"}
+        async with http.stream("GET", SLICES, params=params) as response:
+            assert response.status_code == 200
+            events = [json.loads(line) async for line in response.aiter_lines() if line]
+            assert len(events) == 1 and events[0]["type"] == "ERROR"
+            status = events[0]["object"]
+            assert status["kind"] == "Status" and status["code"] == 410
+            assert status["reason"] == "Expired" and "too old resource version" in status["message"]
+        # An open watch whose position was compacted gets the same ERROR, then ends.
+        async with http.stream(
+            "GET", SLICES, params={"watch": "1", "resourceVersion": str(fake.version)}
+        ) as r:
+            fake.expire_watches()
+            events = [json.loads(line) async for line in r.aiter_lines() if line]
+            assert [e["object"]["code"] for e in events] == [410]
+    fake.gone_as_status = True
+    async with client(fake) as http:
+        gone = await http.get(SLICES, params={"watch": "1", "resourceVersion": "1"})
+        assert gone.status_code == 410 and gone.json()["code"] == 410
+
+
+async def test_a_broken_watch_is_a_read_error_in_process() -> None:
+    fake = seeded()
+    async with client(fake) as http:
+        async with http.stream(
+            "GET", SLICES, params={"watch": "1", "resourceVersion": str(fake.version)}
+        ) as r:
+            assert fake.open_watches == 1
+            fake.break_watches()
+            with pytest.raises(httpx.ReadError):
+                async for _ in r.aiter_lines():
+                    pass
+        assert fake.open_watches == 0
+
+
+async def test_discovery_documents_name_the_two_resources() -> None:
+    fake = seeded()
+    async with client(fake) as http:
+        assert (await http.get("/api")).json()["versions"] == ["v1"]
+        groups = (await http.get("/apis")).json()["groups"]
+        assert [g["name"] for g in groups] == ["discovery.k8s.io"]
+        core = (await http.get("/api/v1")).json()
+        assert [r["name"] for r in core["resources"]] == ["services"]
+        discovery = (await http.get("/apis/discovery.k8s.io/v1")).json()
+        assert discovery["resources"][0]["kind"] == "EndpointSlice"
+        assert set(discovery["resources"][0]["verbs"]) >= {"list", "watch"}
+
+
+# -- real kubectl against the fake (over TLS, on loopback) ----------------------------------------
+
+KUBECTL = shutil.which("kubectl")
+
+
+def need_kubectl() -> str:
+    if KUBECTL is None:
+        if IN_CI:
+            pytest.fail("kubectl is not installed (make servers installs kubernetes-client)")
+        pytest.skip("kubectl is not installed (never skipped under CI=true)")
+    return KUBECTL
+
+
+async def kubectl(home: Path, kubeconfig: Path, *args: str) -> str:
+    binary = need_kubectl()
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "KUBECONFIG": str(kubeconfig)}
+    with anyio.fail_after(30):
+        done = await anyio.run_process(
+            [binary, *args, "--cache-dir", str(home / "cache")], env=env, check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return done.stdout.decode()
+
+
+@pytest.mark.trio_only
+async def test_kubectl_lists_slices_and_services_from_the_fake(
+    tmp_path: Path, self_signed_cert: tuple[str, str]
+) -> None:
+    need_kubectl()
+    async with run_kubernetes_fake(tokens={TOKEN: "alice"}, tls=self_signed_cert) as fake:
+        uid = fake.create_service("orders")["metadata"]["uid"]
+        fake.put_slice(
+            slice_object("orders-a", "orders", [endpoint(1), endpoint(2)], owner_uid=uid)
+        )
+        fake.put_slice(slice_object("orders-b", "orders", [endpoint(3)], owner_uid=uid))
+        config = write_kubeconfig(tmp_path / "config", fake.url, ca_file=self_signed_cert[0])
+        names = await kubectl(tmp_path, config, "get", "endpointslices", "-o", "name")
+        assert names.split() == [
+            "endpointslice.discovery.k8s.io/orders-a",
+            "endpointslice.discovery.k8s.io/orders-b",
+        ]
+        table = await kubectl(tmp_path, config, "get", "endpointslices")
+        assert table.split()[:2] == ["NAME", "AGE"] and "orders-a" in table and "orders-b" in table
+        services = json.loads(await kubectl(tmp_path, config, "get", "services", "-o", "json"))
+        assert [s["metadata"]["uid"] for s in services["items"]] == [uid]
+        assert services["items"][0]["spec"]["ports"][0]["name"] == "http"
+        # kubectl discovered the API through the fake, with alice's token.
+        paths = {r.path for r in fake.requests}
+        assert {"/api", "/apis", "/api/v1", "/apis/discovery.k8s.io/v1"} <= paths
+        assert {r.token for r in fake.requests} == {TOKEN}
+        # RBAC denials reach kubectl as the API server's Status message.
+        fake.deny("alice", "list", "endpointslices")
+        binary = need_kubectl()
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "KUBECONFIG": str(config)}
+        refused = await anyio.run_process(
+            [binary, "get", "endpointslices", "--cache-dir", str(tmp_path / "cache")],
+            env=env,
+            check=False,
+        )
+        assert refused.returncode != 0
+        assert b'cannot list resource "endpointslices"' in refused.stderr
+
+
+@pytest.mark.trio_only
+async def test_kubectl_watch_sees_the_changes_in_order(
+    tmp_path: Path, self_signed_cert: tuple[str, str]
+) -> None:
+    binary = need_kubectl()
+    async with run_kubernetes_fake(tokens={TOKEN: "alice"}, tls=self_signed_cert) as fake:
+        uid = fake.create_service("orders")["metadata"]["uid"]
+        fake.put_slice(slice_object("orders-a", "orders", [endpoint(1)], owner_uid=uid))
+        config = write_kubeconfig(tmp_path / "config", fake.url, ca_file=self_signed_cert[0])
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "KUBECONFIG": str(config)}
+        command = [
+            binary, "get", "endpointslices", "--watch", "-o", "name",
+            "--cache-dir", str(tmp_path / "cache"),
+        ]  # fmt: skip
+        output = tmp_path / "watch.out"
+        with output.open("wb") as sink, anyio.fail_after(30):
+            async with await anyio.open_process(command, env=env, stdout=sink) as process:
+                await fake.wait_for(lambda: fake.open_watches == 1)
+                fake.put_slice(slice_object("orders-b", "orders", [endpoint(2)], owner_uid=uid))
+                fake.delete_slice("orders-a")
+                while output.read_text().count("\n") < 3:  # noqa: ASYNC110 - a file
+                    await trio.sleep(0.05)
+                process.terminate()
+        assert output.read_text().split() == [
+            "endpointslice.discovery.k8s.io/orders-a",  # the list
+            "endpointslice.discovery.k8s.io/orders-b",  # ADDED
+            "endpointslice.discovery.k8s.io/orders-a",  # DELETED
+        ]
+        watches = fake.watch_requests("endpointslices")
+        assert watches and watches[0].query["resourceVersion"] == str(fake.version - 2)

@@ -1,0 +1,392 @@
+"""Sans-IO parts of the Kubernetes provider: decoding, the evidence rules, settings, credentials."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nadisc_kubernetes import (
+    KubernetesSettings,
+    ServiceView,
+    TokenSource,
+    build_snapshot,
+    decode_event,
+    decode_page,
+    endpoint_state,
+    resolve_access,
+)
+from nadisc_kubernetes._wire import SliceEndpoint, WireError, decode_service, decode_slice
+from pydantic import ValidationError
+
+from nadisc import CapacityRejected, ConfigError, InvalidSnapshot
+from tests.fakes.kubernetes import KubernetesFake, slice_object
+
+from .conftest import endpoint, write_kubeconfig
+
+UID = "uid-1"
+
+
+def service(ports: list[dict[str, Any]] | None = None, uid: str = UID) -> Any:
+    body = {
+        "metadata": {"name": "orders", "namespace": "default", "uid": uid, "resourceVersion": "5"},
+        "spec": {"ports": ports if ports is not None else [{"name": "http", "port": 80}]},
+    }
+    return decode_service(json.dumps(body).encode())
+
+
+def slice_(
+    name: str, endpoints: list[dict[str, Any]], *, owner: str | None = UID, **kw: Any
+) -> Any:
+    return decode_slice(
+        json.dumps(slice_object(name, "orders", endpoints, owner_uid=owner, **kw)).encode()
+    )
+
+
+def snapshot(svc: Any, *slices: Any, port: str | int | None = "http", limit: int = 100) -> Any:
+    return build_snapshot("orders", svc, slices, port=port, max_instances=limit)
+
+
+# -- conditions -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ready", "serving", "terminating"), list(itertools.product((None, True, False), repeat=3))
+)
+def test_every_condition_combination_maps_as_documented(
+    ready: bool | None, serving: bool | None, terminating: bool | None
+) -> None:
+    """nil ready = ready; nil terminating = not terminating; nil serving = ready."""
+    conditions = {
+        k: v
+        for k, v in (("ready", ready), ("serving", serving), ("terminating", terminating))
+        if v is not None
+    }
+    ep = msgspec.convert({"addresses": ["10.0.0.1"], "conditions": conditions}, SliceEndpoint)
+    effective_ready = ready is not False
+    if terminating:
+        effective_serving = serving if serving is not None else effective_ready
+        expected = "draining" if effective_serving else "withdrawn"
+    else:
+        expected = "served" if effective_ready else "withdrawn"
+    assert endpoint_state(ep) == expected
+    listed = snapshot(
+        service(), slice_("s", [{"addresses": ["10.0.0.1"], "conditions": conditions}])
+    )
+    if expected == "withdrawn":
+        assert listed.instances == ()
+    else:
+        (instance,) = listed.instances
+        assert instance.draining is (expected == "draining")
+
+
+def test_identity_is_the_target_not_the_ip_and_duplicates_merge() -> None:
+    a = slice_("orders-a", [endpoint(1), endpoint(2, ready=False, serving=True, terminating=True)])
+    # The same Pods again in a second slice (during a split): pod-2 served there, same IP reused
+    # by another Pod.
+    b = slice_("orders-b", [endpoint(2), {**endpoint(3), "addresses": ["10.0.0.1"]}])
+    listed = snapshot(service(), a, b)
+    assert listed.identities() == ("pod-1", "pod-2", "pod-3")
+    by_id = {i.identity: i for i in listed.instances}
+    assert not by_id["pod-2"].draining  # the served copy wins over the draining one
+    assert by_id["pod-1"].host == by_id["pod-3"].host == "10.0.0.1"
+    assert dict(by_id["pod-1"].metadata) == {
+        "address_type": "IPv4", "zone": "zone-a", "node_name": "node-1",
+    }  # fmt: skip
+    hinted = slice_(
+        "orders-h",
+        [
+            {
+                **endpoint(4),
+                "hints": {"forZones": [{"name": "zone-a"}, {"name": "zone-b"}]},
+                "hostname": "w4",
+            }
+        ],
+    )
+    (h,) = snapshot(service(), hinted).instances
+    assert h.metadata["hints.for_zones"] == "zone-a,zone-b" and h.metadata["hostname"] == "w4"
+    bare = slice_("orders-x", [{"addresses": ["fd00::1"]}], address_type="IPv6")
+    (x,) = snapshot(service(), bare).instances
+    assert x.identity == "IPv6/fd00::1" and x.address == "[fd00::1]:8080"
+
+
+def test_only_slices_owned_by_the_current_uid_are_evidence() -> None:
+    stale = slice_("orders-old", [endpoint(1)], owner="uid-0")
+    foreign = decode_slice(json.dumps({
+        **slice_object("orders-foreign", "orders", [endpoint(2)]),
+        "metadata": {"name": "orders-foreign", "labels": {"kubernetes.io/service-name": "orders"},
+                     "ownerReferences": [{"kind": "Deployment", "name": "x", "uid": UID}]},
+    }).encode())  # fmt: skip
+    unlabelled = slice_("orders-u", [endpoint(4)])
+    unlabelled = msgspec.structs.replace(
+        unlabelled, metadata=msgspec.structs.replace(unlabelled.metadata, labels={})
+    )
+    good = slice_("orders-new", [endpoint(3)])
+    listed = snapshot(service(), stale, foreign, unlabelled, good)
+    assert listed.identities() == ("pod-3",)
+    assert set(listed.invalid) == {
+        "endpointslice/orders-old", "endpointslice/orders-foreign", "endpointslice/orders-u",
+    }  # fmt: skip
+    assert "uid-0" in listed.invalid["endpointslice/orders-old"]
+
+
+def test_ports_resolve_by_service_port_name_or_number() -> None:
+    ports = [{"name": "http", "port": 80}, {"name": "admin", "port": 9000}]
+    s = slice_(
+        "orders-a",
+        [endpoint(1)],
+        ports=[{"name": "http", "port": 8080}, {"name": "admin", "port": 9090}],
+    )
+    assert snapshot(service(ports), s, port="admin").instances[0].port == 9090
+    assert snapshot(service(ports), s, port=80).instances[0].port == 8080
+    with pytest.raises(InvalidSnapshot, match=r"no port 'grpc' \(its ports: http, admin\)"):
+        snapshot(service(ports), s, port="grpc")
+    with pytest.raises(InvalidSnapshot, match="has 2 ports"):
+        snapshot(service(ports), s, port=None)
+    single = service([{"port": 80}])  # an unnamed single port: slice port name ""
+    unnamed = slice_("orders-b", [endpoint(2)], ports=[{"port": 8081}])
+    assert snapshot(single, unnamed, port=None).instances[0].port == 8081
+    missing = slice_("orders-c", [endpoint(3)], ports=[{"name": "other", "port": 1}])
+    null = slice_("orders-d", [endpoint(4)], ports=[{"name": "http", "port": None}])
+    listed = snapshot(service(), missing, null)
+    assert listed.instances == ()
+    assert listed.invalid["endpointslice/orders-c"] == "has no port named 'http'"
+    assert "no usable number" in listed.invalid["endpointslice/orders-d"]
+
+
+def test_missing_service_is_explicit_empty_and_capacity_is_refused() -> None:
+    assert snapshot(None, slice_("orders-a", [endpoint(1)])).instances == ()
+    assert snapshot(service()).instances == ()
+    many = slice_("orders-a", [endpoint(n) for n in range(1, 6)])
+    with pytest.raises(CapacityRejected, match="max_instances_per_service=4"):
+        snapshot(service(), many, limit=4)
+
+
+def test_decoding_refuses_wrong_shapes_and_oversized_events() -> None:
+    with pytest.raises(WireError):
+        decode_page("slice", b'{"items": [{"metadata": 5}]}')
+    with pytest.raises(WireError):
+        decode_page("service", b"not json")
+    page = decode_page(
+        "slice",
+        json.dumps(
+            {"metadata": {"resourceVersion": "7", "continue": "abc"}, "items": None}
+        ).encode(),
+    )
+    assert page.metadata.continue_ == "abc" and page.items is None
+    line = json.dumps(
+        {"type": "ADDED", "object": slice_object("a", "orders", [endpoint(1)])}
+    ).encode()
+    assert decode_event("slice", line, limit=len(line)).type == "ADDED"
+    with pytest.raises(WireError, match="exceeds the limit"):
+        decode_event("slice", line, limit=len(line) - 1)
+    with pytest.raises(WireError, match="unknown type"):
+        decode_event("slice", b'{"type": "PATCHED", "object": {}}', limit=1000)
+    with pytest.raises(WireError, match="without a Status"):
+        decode_event("slice", b'{"type": "ERROR", "object": {}}', limit=1000)
+    error = decode_event(
+        "slice",
+        b'{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired",'
+        b'"message":"too old"}}',
+        limit=1000,
+    )
+    assert error.status is not None and error.status.code == 410
+    mark = decode_event(
+        "slice", b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}', limit=1000
+    )
+    assert mark.resource_version == "9" and mark.object is None
+
+
+# -- the view, against the fake's own truth -------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abc"), st.lists(st.integers(1, 6), max_size=3)), max_size=12
+    )
+)
+def test_the_view_fed_by_events_equals_a_fresh_listing(writes: list[tuple[str, list[int]]]) -> None:
+    """Applying the fake's events one by one gives the listing a fresh list gives."""
+    fake = KubernetesFake()
+    uid = fake.create_service("orders")["metadata"]["uid"]
+    view = ServiceView("orders", "orders", port="http", max_instances=100)
+    view.reset_service(
+        [decode_service(json.dumps(o).encode()) for o in fake.objects["services"].values()],
+        str(fake.version),
+    )
+    view.reset_slices([], str(fake.version))
+    for name, pods in writes:
+        key = ("default", f"orders-{name}")
+        if not pods and key in fake.objects["endpointslices"]:
+            fake.delete_slice(f"orders-{name}")
+        else:
+            fake.put_slice(
+                slice_object(f"orders-{name}", "orders", [endpoint(n) for n in pods], owner_uid=uid)
+            )
+        event = fake.history[-1]
+        line = json.dumps({"type": event.type, "object": event.obj}).encode()
+        view.apply("slice", decode_event("slice", line, limit=1 << 20))
+    fresh = build_snapshot(
+        "orders",
+        view.service,
+        [decode_slice(json.dumps(o).encode()) for o in fake.objects["endpointslices"].values()],
+        port="http",
+        max_instances=100,
+    )
+    assert view.snapshot() == fresh
+    assert view.version("slice") == str(fake.version)
+
+
+# -- settings ------------------------------------------------------------------------------------
+
+
+def test_settings_are_strict_and_name_the_field() -> None:
+    parsed = KubernetesSettings.model_validate(
+        {"services": {"orders": {"port": "http"}, "pay": {"name": "payments", "port": 8443}}}
+    )
+    assert parsed.binding("orders").name == "orders" and parsed.binding("payments").port == 8443
+    for bad, where in (
+        ({"services": {"o": {"name": "Orders"}}}, "services.o.name"),
+        ({"services": {"o": {"port": "HTTP"}}}, "services.o.port"),
+        ({"services": {"o": {"port": 70000}}}, "services.o.port"),
+        ({"page_size": "10"}, "page_size"),
+        ({"namespace": "Shop"}, "namespace"),
+        ({"credentials": "exec"}, "credentials"),
+        ({"tokne": "x"}, "tokne"),
+        ({"services": {"a": {"name": "x", "port": 1}, "b": {"name": "x", "port": 2}}}, "services"),
+        ({"initial_backoff": 10, "max_backoff": 5}, "initial_backoff"),
+        ({"credentials": "in_cluster", "context": "x"}, "in_cluster"),
+    ):
+        with pytest.raises(ValidationError) as caught:
+            KubernetesSettings.model_validate(bad)
+        assert where in str(caught.value), (bad, str(caught.value))
+
+
+# -- credentials ---------------------------------------------------------------------------------
+
+
+def kube_settings(path: Path, **extra: Any) -> KubernetesSettings:
+    return KubernetesSettings.model_validate(
+        {"credentials": "kubeconfig", "kubeconfig": str(path), **extra}
+    )
+
+
+def test_kubeconfig_token_context_namespace_and_ca(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    config = write_kubeconfig(
+        tmp_path / "config",
+        "https://10.1.2.3:6443",
+        token="s3cret",
+        ca_file="ca.pem",
+        namespace="shop",
+    )
+    access = resolve_access(kube_settings(config), {})
+    assert access.server == "https://10.1.2.3:6443" and access.namespace == "shop"
+    assert access.ca_file == str(ca)  # relative to the kubeconfig's folder
+    assert access.tokens.current() == "s3cret"
+    assert "s3cret" not in repr(access) and "s3cret" not in repr(access.tokens)
+    assert resolve_access(kube_settings(config, namespace="other"), {}).namespace == "other"
+    # $KUBECONFIG when no path is configured.
+    auto = KubernetesSettings.model_validate({})
+    assert resolve_access(auto, {"KUBECONFIG": str(config)}).server == "https://10.1.2.3:6443"
+
+
+def test_exec_and_other_plugins_are_refused_with_a_clear_error(tmp_path: Path) -> None:
+    exec_user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": "gke-gcloud-auth-plugin",
+        }
+    }
+    config = write_kubeconfig(tmp_path / "config", "https://k", token=None, user=exec_user)
+    with pytest.raises(ConfigError, match="exec credential plugins are not supported") as caught:
+        resolve_access(kube_settings(config), {})
+    assert "users[alice].exec" in str(caught.value)
+    config = write_kubeconfig(
+        tmp_path / "config", "https://k", token=None, user={"auth-provider": {"name": "oidc"}}
+    )
+    with pytest.raises(ConfigError, match="auth-provider"):
+        resolve_access(kube_settings(config), {})
+    with pytest.raises(ConfigError, match="no context named 'nope'"):
+        resolve_access(kube_settings(config, context="nope"), {})
+    with pytest.raises(ConfigError, match="cannot read"):
+        resolve_access(kube_settings(tmp_path / "missing"), {})
+    half = write_kubeconfig(
+        tmp_path / "config", "https://k", token=None, user={"client-certificate": "c.pem"}
+    )
+    with pytest.raises(ConfigError, match="needs its client-key"):
+        resolve_access(kube_settings(half), {})
+
+
+def test_in_cluster_reads_the_service_account_files(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("tok-1\n")
+    (tmp_path / "namespace").write_text("shop")
+    (tmp_path / "ca.crt").write_text("x")
+    env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT_HTTPS": "443"}
+    parsed = KubernetesSettings.model_validate({"in_cluster_root": str(tmp_path)})
+    access = resolve_access(parsed, env)  # auto: the variables are set
+    assert access.server == "https://[fd00::1]:443" and access.namespace == "shop"
+    assert access.ca_file == str(tmp_path / "ca.crt") and access.tokens.current() == "tok-1"
+    with pytest.raises(ConfigError, match="KUBERNETES_SERVICE_HOST"):
+        resolve_access(KubernetesSettings.model_validate({"credentials": "in_cluster"}), {})
+
+
+def test_a_token_file_is_reread_when_it_changes_and_on_demand(tmp_path: Path) -> None:
+    """Projected tokens rotate by swapping a symlink: re-read by path, never kept open."""
+    (tmp_path / "v1").write_text("one")
+    (tmp_path / "v2").write_text("two")
+    link = tmp_path / "token"
+    link.symlink_to(tmp_path / "v1")
+    tokens = TokenSource(path=str(link))
+    assert tokens.current() == "one" and tokens.current() == "one"
+    assert tokens.reads == 1  # unchanged: not read again
+    swap = tmp_path / "token.new"
+    swap.symlink_to(tmp_path / "v2")
+    os.replace(swap, link)
+    assert tokens.current() == "two" and tokens.reads == 2
+    assert tokens.reload() and tokens.reads == 3
+    assert not TokenSource(token="fixed").reload()
+
+
+def test_the_settings_have_a_json_schema() -> None:
+    schema = KubernetesSettings.model_json_schema()
+    assert schema["additionalProperties"] is False
+    assert {"credentials", "namespace", "services", "watch_timeout"} <= set(schema["properties"])
+
+
+def test_endpoints_with_the_same_topology_share_one_metadata_mapping() -> None:
+    listed = snapshot(service(), slice_("s", [endpoint(1), endpoint(4), endpoint(2)]))
+    by_id = {i.identity: i for i in listed.instances}
+    assert by_id["pod-1"].metadata is by_id["pod-4"].metadata  # node-1, zone-a
+    assert by_id["pod-2"].metadata is not by_id["pod-1"].metadata
+
+
+async def test_watch_lines_are_split_across_chunks_and_bounded() -> None:
+    from nadisc_kubernetes._http import LineReader
+
+    class Chunks:
+        def __init__(self, *chunks: bytes) -> None:
+            self.chunks = list(chunks)
+
+        def __aiter__(self) -> Chunks:
+            return self
+
+        async def __anext__(self) -> bytes:
+            if not self.chunks:
+                raise StopAsyncIteration
+            return self.chunks.pop(0)
+
+    reader = LineReader(Chunks(b'{"a":', b'1}\n{"b"', b":2}\n\n"), 16, "watch")
+    assert [batch async for batch in reader] == [[], [b'{"a":1}'], [b'{"b":2}']]
+    with pytest.raises(CapacityRejected, match="max_response_bytes=4"):
+        [batch async for batch in LineReader(Chunks(b"123456\n"), 4, "watch")]
+    with pytest.raises(CapacityRejected):  # no newline yet, but already too long
+        [batch async for batch in LineReader(Chunks(b"123456"), 4, "watch")]
