@@ -902,18 +902,22 @@ class Balance(Generic[Req, Resp]):
         without waiting hands the request over without a trip through the
         scheduler. Failures end the guard as in :meth:`dispatch_held`.
         """
-        ep, guard = self._select(request, self._clock())
+        now = self._clock()
+        ep, guard = self._select(request, now)
         index = ep._index
         self._in_flight += 1
         try:
             response = await ep._service.call(request)
         except CallDeclined:
             self._in_flight -= 1
-            guard.cancel(self._clock())
+            guard.cancel(now)  # as of the dispatch: nothing was sent, no evidence
             raise
         except Exception as exc:
             self._in_flight -= 1
-            guard.complete(self._clock(), failed=True)
+            end = self._clock()
+            guard.complete(end, failed=True)
+            if self._detector is not None:
+                self._outcome(ep._key, True, end)
             raise _endpoint_error(ep._key, index, exc) from exc
         except BaseException:
             self._in_flight -= 1
