@@ -51,7 +51,7 @@ unit: venv servers
 asyncio-pass: venv
 	TEST_BACKEND=asyncio $(BIN)/pytest tests/poise tests/providers/nacos/test_owner_anyio.py \
 		tests/providers/kubernetes/test_owner_anyio.py \
-		tests/nadisc/test_calling_errors.py tests/nadisc/test_calling_budget.py \
+		tests/nadisc/test_calling_errors.py \
 		tests/nadisc/test_rest_verbs.py tests/nadisc/test_observation_changes.py \
 		-o trio_mode=false -m "not trio_only" -q
 

@@ -211,6 +211,7 @@ async def test_a_deadline_extension_that_is_no_number_is_refused(autojump_clock:
 # -- httpx's own pool, a real loopback server, the real clock ---------------------------
 
 
+@pytest.mark.trio_only  # the loopback backend is hypercorn on trio
 async def test_httpx_pool_carries_the_budget_in_its_timeouts() -> None:
     async with serve_backends(HttpBackend("slow", latency=3.0)) as (slow,):
         memory = provider(slow.instance())
@@ -230,6 +231,7 @@ async def test_httpx_pool_carries_the_budget_in_its_timeouts() -> None:
             assert route.statistics().in_flight == {"slow": 0}
 
 
+@pytest.mark.trio_only  # the loopback backend is hypercorn on trio
 async def test_rest_client_budget_covers_the_body_over_httpx_pool() -> None:
     backend = HttpBackend("s", chunks=6, chunk_delay=0.1)
     async with (
