@@ -20,10 +20,10 @@ venv: $(STAMP)
 # loopback ports; this only makes the binaries exist.
 servers:
 	@if ! command -v etcd >/dev/null 2>&1 || ! command -v dnsmasq >/dev/null 2>&1 \
-		|| ! command -v openssl >/dev/null 2>&1; then \
-		echo "installing etcd-server, dnsmasq-base and openssl"; \
+		|| ! command -v openssl >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
+		echo "installing etcd-server, dnsmasq-base, openssl and chromium"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			etcd-server dnsmasq-base openssl >/dev/null; \
+			etcd-server dnsmasq-base openssl chromium >/dev/null; \
 	fi
 	@# kubectl drives the Kubernetes fake's tests (any kubectl on PATH will do; the
 	@# image may ship one already, which Debian's package would conflict with).
@@ -46,11 +46,11 @@ unit: venv servers
 	$(BIN)/pytest
 
 # The balancing core is written against anyio: run its tests on asyncio too,
-# the core Nacos flows and the Kubernetes flows through the owner, and the
-# calling path's (errors, verbs, change iteration).
+# the core Nacos and Kubernetes flows through the owner, the console/metrics
+# apps, and the calling path's (errors, verbs, change iteration).
 asyncio-pass: venv
 	TEST_BACKEND=asyncio $(BIN)/pytest tests/poise tests/providers/nacos/test_owner_anyio.py \
-		tests/providers/kubernetes/test_owner_anyio.py \
+		tests/providers/kubernetes/test_owner_anyio.py tests/observability/test_asyncio.py \
 		tests/nadisc/test_calling_errors.py \
 		tests/nadisc/test_rest_verbs.py tests/nadisc/test_observation_changes.py \
 		-o trio_mode=false -m "not trio_only" -q

@@ -58,6 +58,7 @@ from ._errors import RegistrationRejected as RegistrationRejected
 from ._errors import UnknownService as UnknownService
 from ._evidence import Reason as Reason
 from ._instance import EvidenceKind as EvidenceKind
+from ._instance import IncrementalListing as IncrementalListing
 from ._instance import Instance as Instance
 from ._instance import ProviderSnapshot as ProviderSnapshot
 from ._loading import config_json_schema as config_json_schema
@@ -69,9 +70,13 @@ from ._observation import Observation as Observation
 from ._observation import ObservationChanges as ObservationChanges
 from ._observation import ObservationSnapshot as ObservationSnapshot
 from ._observer import ConnectionMetrics as ConnectionMetrics
+from ._observer import EndpointMetrics as EndpointMetrics
+from ._observer import InstanceView as InstanceView
 from ._observer import ObserverSnapshot as ObserverSnapshot
 from ._observer import RegistrationMetrics as RegistrationMetrics
+from ._observer import RouteMetrics as RouteMetrics
 from ._observer import RuntimeObserver as RuntimeObserver
+from ._observer import ServiceListing as ServiceListing
 from ._observer import ServiceMetrics as ServiceMetrics
 from ._owner import CloseReport as CloseReport
 from ._owner import ConnectionSpec as ConnectionSpec
@@ -166,6 +171,7 @@ __all__ = [
     "EligibilityController",
     "EligibilityError",
     "EligibilityProbe",
+    "EndpointMetrics",
     "EvidenceKind",
     "EvidenceUnavailable",
     "FirstServing",
@@ -175,8 +181,10 @@ __all__ = [
     "HealthStatus",
     "IdentityRevoked",
     "IncompleteSnapshot",
+    "IncrementalListing",
     "Instance",
     "InstanceSchemeMismatch",
+    "InstanceView",
     "InvalidRequest",
     "InvalidSnapshot",
     "LeaseLost",
@@ -223,8 +231,10 @@ __all__ = [
     "RestDiscoveryClient",
     "RestOptions",
     "RetryConfig",
+    "RouteMetrics",
     "RouteStatistics",
     "RuntimeObserver",
+    "ServiceListing",
     "ServiceMetrics",
     "ShutdownWaiter",
     "SnapshotConfig",

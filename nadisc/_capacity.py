@@ -24,7 +24,15 @@ naming the config key, or an observation whose evidence reason is
   (``max_transport_tasks``).
 
 ``max_parallel_operations`` is a plain :class:`anyio.CapacityLimiter` on the
-owner (``owner.operations``), used for one-shot control operations.
+owner (``owner.operations``), used for one-shot control operations:
+preparation and every registry call of the registrations (FIFO; see
+:mod:`nadisc._registration`).
+
+Costs: admitting a listing is O(1) — the byte size of a
+:class:`~nadisc.ProviderSnapshot` is measured once (or known from the
+:class:`~nadisc.IncrementalListing` that built it) and the totals move by
+the difference between the new listing and the one it replaces. Stream
+requests and releases are O(waiting requests).
 """
 
 from __future__ import annotations

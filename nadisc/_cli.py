@@ -6,6 +6,8 @@ network resource is created. This command is such a host::
     nadisc check discovery.yaml            validate (after expanding ${VARS})
     nadisc schema                          print the JSON Schema of the config
     nadisc observe discovery.yaml orders   observe one service once and print it
+    nadisc console discovery.yaml          serve the live console (nadisc.observability)
+    nadisc watch discovery.yaml orders     a live table of services (or --connect ws://...)
 
 Variable syntax (in string values only): ``${NAME}`` (must be set),
 ``${NAME:-fallback}`` (fallback when unset or empty), and ``$${`` for a
@@ -134,6 +136,9 @@ def _parser() -> argparse.ArgumentParser:
     observe.add_argument("-q", "--qualifier", help="connection name (default: primary)")
     observe.add_argument("--strict", action="store_true", help="refuse evidence after a failure")
     observe.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    from .observability._commands import add_commands
+
+    add_commands(sub)
     return parser
 
 
@@ -154,6 +159,9 @@ def main(
             json.dump(config_json_schema(), out, indent=2, sort_keys=True)
             out.write("\n")
             return 0
+        run = getattr(args, "run", None)
+        if run is not None:  # console / watch (nadisc.observability)
+            return int(run(args, lambda path: _load(path, env), env, out, err))
         config = _load(args.config, env)
         if args.command == "check":
             _describe(config, out)

@@ -754,8 +754,14 @@ class RegistrationConfig(_Frozen):
     listener_ref: StrictStr | None = Field(default=None, min_length=1)
     #: Defaults to the listener's eligibility.
     eligibility_ref: StrictStr | None = Field(default=None, min_length=1)
-    ip: StrictStr
-    port: Port
+    #: The advertised address; default: the bound listener's (its
+    #: ``advertised_host`` when it is bound to a wildcard address).
+    ip: StrictStr | None = None
+    #: Must equal the listener's bound port when both are known (a mapped
+    #: port is ``advertised_port``); default: the bound port.
+    port: Port | None = None
+    #: The port peers dial when it differs from the bound one (NAT, containers).
+    advertised_port: Port | None = None
     startup_required: StrictBool = True
     readiness_critical: StrictBool = False
     weight: Weight = 1.0
@@ -777,7 +783,9 @@ class RegistrationConfig(_Frozen):
 
     @field_validator("ip")
     @classmethod
-    def _ip(cls, value: str) -> str:
+    def _ip(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         if not value or value != value.strip() or any(c.isspace() for c in value):
             raise ValueError("ip must be a non-empty address without whitespace")
         try:
@@ -875,6 +883,8 @@ class DiscoveryConfig(_Frozen):
                     f"service alias {registration.service_name!r} is not bound on "
                     f"connection {qualifier!r}",
                 )
+            if registration.ip is None or registration.port is None:
+                continue  # taken from the bound listener; the frozen plan checks it
             key = (qualifier, remote, registration.ip, registration.port)
             if key in backend_keys:
                 raise _problem(

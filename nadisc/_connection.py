@@ -49,6 +49,12 @@ class ConnectionStats:
     latency_total: float = 0.0
     latency_max: float = 0.0
     latency_buckets: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
+    #: Failed refreshes by closed failure kind (``FailureKind`` values).
+    failure_kinds: dict[str, int] = field(default_factory=dict)
+
+    def record_failure(self, kind: str) -> None:
+        self.failures += 1
+        self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + 1
 
     def record_query(self, seconds: float) -> None:
         self.queries += 1

@@ -12,17 +12,27 @@ it; :class:`~nadisc.FirstServing` never probes it. Providers set it when the
 registry says an instance is shutting down but still serving (a Kubernetes
 endpoint that is ``serving`` and ``terminating``). A listing whose instances
 are all draining is not an explicit empty one.
+
+Costs: building a :class:`ProviderSnapshot` checks identities and, on first
+use, measures its bytes, O(n) Python work each. A provider that follows a
+stream of changes keeps an :class:`IncrementalListing` instead: it maintains
+key order, the identity count and the byte total per change
+(O(log n) comparisons each, plus a pointer move for the sorted insert), and
+its :meth:`~IncrementalListing.snapshot` copies one tuple of references
+(O(n) in C) and does no per-instance Python work.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Generic, TypeVar
 
-__all__ = ["EvidenceKind", "Instance", "ProviderSnapshot"]
+__all__ = ["EvidenceKind", "IncrementalListing", "Instance", "ProviderSnapshot"]
 
 
 class EvidenceKind(enum.Enum):
@@ -107,6 +117,8 @@ class ProviderSnapshot:
     instances: tuple[Instance, ...]
     evidence: EvidenceKind
     invalid: Mapping[str, str] = field(default_factory=lambda: _EMPTY, hash=False)
+    #: :meth:`approximate_bytes`, once measured (or known from the builder).
+    _size: int = field(default=-1, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -124,4 +136,175 @@ class ProviderSnapshot:
         return tuple(i.identity for i in self.instances)
 
     def approximate_bytes(self) -> int:
-        return 64 + sum(i.approximate_bytes() for i in self.instances)
+        """What this listing counts against ``max_snapshot_bytes`` (measured once)."""
+        # A listing built around ``__init__`` (a provider's fast path) may
+        # have left the slot unset.
+        size: int = getattr(self, "_size", -1)
+        if size < 0:
+            size = 64 + sum(i.approximate_bytes() for i in self.instances)
+            object.__setattr__(self, "_size", size)
+        return size
+
+    @classmethod
+    def _checked(
+        cls,
+        service: str,
+        instances: tuple[Instance, ...],
+        evidence: EvidenceKind,
+        invalid: Mapping[str, str],
+        size: int,
+    ) -> ProviderSnapshot:
+        """A listing whose identities and size :class:`IncrementalListing`
+        already established (no per-instance work here)."""
+        snapshot = object.__new__(cls)
+        object.__setattr__(snapshot, "service", service)
+        object.__setattr__(snapshot, "instances", instances)
+        object.__setattr__(snapshot, "evidence", evidence)
+        object.__setattr__(
+            snapshot,
+            "invalid",
+            invalid if isinstance(invalid, MappingProxyType) else MappingProxyType(dict(invalid)),
+        )
+        object.__setattr__(snapshot, "_size", size)
+        return snapshot
+
+
+#: The key type of an :class:`IncrementalListing` (the registry's own keys).
+K = TypeVar("K", str, bytes)
+
+
+class IncrementalListing(Generic[K]):
+    """A listing kept in key order and updated one change at a time.
+
+    For providers that follow a stream of changes (a watch): :meth:`put` and
+    :meth:`discard` keep the instances sorted by the provider's key (``bytes`` or
+    ``str``), count identities and keep the
+    byte total that :meth:`ProviderSnapshot.approximate_bytes` reports, so a
+    batch of k changes costs O(k log n) comparisons. :meth:`snapshot` hands
+    out a :class:`ProviderSnapshot` holding one copy of the tuple of
+    references (O(n) in C, no Python work per instance), the same object
+    again while nothing changed. Instances are kept as given: an unchanged
+    one stays the very same object, so comparing two snapshots is cheap.
+
+    Two keys carrying one identity are allowed in between; :meth:`snapshot`
+    refuses them with ``ValueError``, as ``ProviderSnapshot`` would.
+    """
+
+    __slots__ = (
+        "_by_key",
+        "_cached",
+        "_duplicates",
+        "_identities",
+        "_instances",
+        "_keys",
+        "_size",
+        "_sizes",
+    )
+
+    def __init__(self) -> None:
+        self._keys: list[K] = []
+        self._instances: list[Instance] = []
+        self._by_key: dict[K, Instance] = {}
+        #: key -> the bytes its instance was measured at (each measured once).
+        self._sizes: dict[K, int] = {}
+        self._identities: dict[str, int] = {}
+        self._duplicates = 0
+        self._size = 64
+        self._cached: ProviderSnapshot | None = None
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._by_key
+
+    def get(self, key: K) -> Instance | None:
+        return self._by_key.get(key)
+
+    @property
+    def approximate_bytes(self) -> int:
+        """The byte total of the listing, kept by difference."""
+        return self._size
+
+    def _count(self, instance: Instance, step: int, size: int) -> None:
+        identity = instance.identity
+        before = self._identities.get(identity, 0)
+        after = before + step
+        if after:
+            self._identities[identity] = after
+        else:
+            del self._identities[identity]
+        # Keys beyond the first one carrying an identity are duplicates.
+        self._duplicates += max(after - 1, 0) - max(before - 1, 0)
+        self._size += step * size
+
+    def put(self, key: K, instance: Instance) -> None:
+        """Insert or replace the instance stored under ``key``."""
+        old = self._by_key.get(key)
+        if old is instance:
+            return
+        self._cached = None
+        keys = self._keys
+        if old is None:
+            at = bisect.bisect_left(keys, key)
+            keys.insert(at, key)
+            self._instances.insert(at, instance)
+        else:
+            at = bisect.bisect_left(keys, key)
+            self._instances[at] = instance
+            self._count(old, -1, self._sizes[key])
+        size = instance.approximate_bytes()
+        self._by_key[key] = instance
+        self._sizes[key] = size
+        self._count(instance, 1, size)
+
+    def discard(self, key: K) -> bool:
+        """Remove ``key``; True if it was there."""
+        old = self._by_key.pop(key, None)
+        if old is None:
+            return False
+        self._cached = None
+        at = bisect.bisect_left(self._keys, key)
+        del self._keys[at]
+        del self._instances[at]
+        self._count(old, -1, self._sizes.pop(key))
+        return True
+
+    def clear(self) -> None:
+        self._keys.clear()
+        self._instances.clear()
+        self._by_key.clear()
+        self._sizes.clear()
+        self._identities.clear()
+        self._duplicates = 0
+        self._size = 64
+        self._cached = None
+
+    def snapshot(
+        self,
+        service: str,
+        evidence: EvidenceKind,
+        invalid: Mapping[str, str] = _EMPTY,
+    ) -> ProviderSnapshot:
+        """The listing now (``ValueError`` if two keys share an identity)."""
+        if self._duplicates:
+            seen: set[str] = set()
+            for instance in self._instances:
+                if instance.identity in seen:
+                    raise ValueError(
+                        f"service {service!r}: duplicate instance identity {instance.identity!r}"
+                    )
+                seen.add(instance.identity)
+        cached = self._cached
+        if (
+            cached is not None
+            and cached.service == service
+            and cached.evidence is evidence
+            and (cached.invalid is invalid or cached.invalid == invalid)
+        ):
+            return cached
+        snapshot = ProviderSnapshot._checked(
+            service, tuple(self._instances), evidence, invalid, self._size
+        )
+        self._cached = snapshot
+        return snapshot

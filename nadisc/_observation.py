@@ -280,7 +280,7 @@ class Slot:
                 self.alias,
                 kind.value,
             )
-        self.connection.stats.failures += 1
+        self.connection.stats.record_failure(kind.value)
         changed = self.evidence.on_failure(kind, now)
         self._notify(changed)
         if changed and kind is FailureKind.REVOKED:

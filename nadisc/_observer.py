@@ -10,6 +10,19 @@ names, service aliases, registration names) and closed sets of states: no
 addresses, no instance ids, no credentials, no metadata. ``prepared`` means
 initial preparation passed, not that every instance is healthy.
 
+Two more reads serve the console and ``nadisc watch`` (not metrics labels):
+:meth:`RuntimeObserver.listings` gives each observed service's served
+instances (identity, address, weight: never metadata or credentials) with
+revision, evidence kind and age against ``max_age``; the snapshot's
+``routes`` give each calling route's balancer view (per endpoint in-flight,
+requests sent, PeakEWMA estimate, readiness, draining). Registrations carry
+renewal counts and their recent state changes (:mod:`nadisc._journal`).
+
+Costs: ``snapshot()`` is O(connections + services + registrations + route
+endpoints); ``listings()`` is O(services) while nothing changed (the
+instance views are cached per listing generation), plus O(instances) for a
+service whose listing changed.
+
 A :class:`RuntimeObserver` holds no close rights: it only reads.
 """
 
@@ -25,17 +38,27 @@ import anyio
 from ._capacity import CapacityUse
 from ._connection import LATENCY_BUCKETS
 from ._evidence import Refusal
+from ._journal import RegistrationJournal
 from ._registration_state import HealthEvidence, RegistrationState, WriteOutcome
 
 if TYPE_CHECKING:
+    from ._observation import Slot
     from ._owner import DiscoveryOwner, Phase
+    from ._route import Route
+    from ._transport import DiscoveryTransport
 
 __all__ = [
     "ConnectionMetrics",
+    "EndpointMetrics",
+    "InstanceView",
     "ObserverSnapshot",
     "RegistrationMetrics",
+    "RouteMetrics",
     "RuntimeObserver",
+    "ServiceListing",
     "ServiceMetrics",
+    "route_metrics",
+    "transport_routes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -85,6 +108,8 @@ class ConnectionMetrics:
     #: Times an observation saw this connection's identity revoked.
     identity_revocations: int
     services: tuple[ServiceMetrics, ...]
+    #: Failed refreshes by closed failure kind (``FailureKind`` values), sorted.
+    failure_kinds: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +130,81 @@ class RegistrationMetrics:
     residual_risk: bool
     startup_required: bool
     readiness_critical: bool
+    #: Acknowledged renewals so far.
+    renewals: int = 0
+    #: Renewals refused, lost or finding the lease gone.
+    renewal_failures: int = 0
+    #: The last state changes as (event-loop time, state), oldest first.
+    history: tuple[tuple[float, RegistrationState], ...] = ()
+    #: Kind (class name) of the last failure; never a message.
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointMetrics:
+    """One endpoint of a calling route's balance."""
+
+    #: The instance identity (diagnostic: never a metrics label).
+    identity: str
+    #: Calls of this generation not finished yet (bodies included).
+    in_flight: int
+    #: Requests handed to the HTTP pool for this identity (all generations).
+    sent: int
+    #: PeakEWMA round-trip estimate in seconds (None: the policy keeps none).
+    rtt_estimate: float | None
+    #: ``idle``, ``ready`` or ``failed`` (quarantined).
+    readiness: str
+    eligible: bool
+    #: Removed from the listing; finishing its calls in flight.
+    draining: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RouteMetrics:
+    """The balancer of one (connection, service) calling route."""
+
+    connection: str
+    service: str
+    #: Observation revision mirrored into the balance (-1: none yet).
+    revision: int
+    #: Requests sent through this route (sum over endpoints).
+    calls: int
+    in_flight: int
+    #: Endpoints quarantined after a readiness failure.
+    failed_endpoints: int
+    endpoints: tuple[EndpointMetrics, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """What the console shows of a served instance: never metadata or tags."""
+
+    identity: str
+    address: str
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceListing:
+    """One observed service's served listing, for the console and ``watch``."""
+
+    connection: str
+    service: str
+    #: The observation's generation (grows whenever what it serves changes).
+    revision: int
+    #: The listing's evidence kind (None: no listing yet).
+    evidence: str | None
+    #: Event-loop time of the last complete listing (None: none yet).
+    confirmed_at: float | None
+    #: The connection's ``snapshot.max_age`` in seconds.
+    max_age: float
+    #: Served from the grace window after a failed refresh.
+    degraded: bool
+    #: None when usable now; otherwise the refusal reason.
+    unavailable_reason: str | None
+    #: The kind of the failed refresh in force (None: the last refresh worked).
+    last_failure: str | None
+    instances: tuple[InstanceView, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +222,8 @@ class ObserverSnapshot:
     registrations: tuple[object, ...]
     #: Each registration's current state, in plan order.
     registration_states: tuple[RegistrationMetrics, ...] = ()
+    #: The balancer view of every route of the owner's REST callers.
+    routes: tuple[RouteMetrics, ...] = ()
 
     def connection(self, name: str) -> ConnectionMetrics:
         for item in self.connections:
@@ -139,15 +241,22 @@ class ObserverSnapshot:
 class RuntimeObserver:
     """Reads the owner's state. No close rights."""
 
-    __slots__ = ("_read",)
+    __slots__ = ("_list", "_read")
 
     def __init__(self, owner: DiscoveryOwner) -> None:
-        # Keep only a reading function, not the owner itself.
+        # Keep only reading functions, not the owner itself.
         self._read: Callable[[float], ObserverSnapshot] = _reader(owner)
+        self._list: Callable[[float], tuple[ServiceListing, ...]] = _lister(owner)
 
     def snapshot(self) -> ObserverSnapshot:
         """An immutable record of the owner's state now."""
         return self._read(anyio.current_time())
+
+    def listings(self, now: float | None = None) -> tuple[ServiceListing, ...]:
+        """Every observed service's served listing at ``now`` (default: the clock),
+        sorted by (connection, service). Repeated calls reuse the instance
+        views of listings whose generation did not move."""
+        return self._list(anyio.current_time() if now is None else now)
 
     def __repr__(self) -> str:
         return "<RuntimeObserver>"
@@ -194,6 +303,7 @@ def _reader(owner: DiscoveryOwner) -> Callable[[float], ObserverSnapshot]:
                     capacity_rejections=stats.capacity_rejections,
                     identity_revocations=stats.identity_revocations,
                     services=tuple(services),
+                    failure_kinds=tuple(sorted(stats.failure_kinds.items())),
                 )
             )
         ledger = runtime.ledger
@@ -212,6 +322,7 @@ def _reader(owner: DiscoveryOwner) -> Callable[[float], ObserverSnapshot]:
         )
         registrations: tuple[object, ...] = ()
         states: list[RegistrationMetrics] = []
+        journal = _journal_of(owner)
         if owner._registrations is not None:
             try:
                 registrations = tuple(owner._registrations.report())
@@ -222,21 +333,30 @@ def _reader(owner: DiscoveryOwner) -> Callable[[float], ObserverSnapshot]:
             except Exception:
                 logger.exception("the registration statuses failed")
             else:
-                states.extend(
-                    RegistrationMetrics(
-                        name=status.name,
-                        qualifier=status.qualifier,
-                        state=status.state,
-                        write=status.write,
-                        health=status.health,
-                        eligible=status.eligible,
-                        epoch=status.epoch,
-                        residual_risk=status.residual_risk,
-                        startup_required=status.startup_required,
-                        readiness_critical=status.readiness_critical,
+                for status in statuses.values():
+                    entry = journal.entry(status.name) if journal is not None else None
+                    history = tuple(entry.history) if entry is not None else ()
+                    if not history or history[-1][1] is not status.state:
+                        # A change by the passage of time alone (evidence ran out).
+                        history = (*history, (now, status.state))
+                    states.append(
+                        RegistrationMetrics(
+                            name=status.name,
+                            qualifier=status.qualifier,
+                            state=status.state,
+                            write=status.write,
+                            health=status.health,
+                            eligible=status.eligible,
+                            epoch=status.epoch,
+                            residual_risk=status.residual_risk,
+                            startup_required=status.startup_required,
+                            readiness_critical=status.readiness_critical,
+                            renewals=entry.renewals if entry is not None else 0,
+                            renewal_failures=entry.renewal_failures if entry is not None else 0,
+                            history=history,
+                            last_error=getattr(status, "last_error", None),
+                        )
                     )
-                    for status in statuses.values()
-                )
         return ObserverSnapshot(
             taken_at=now,
             phase=owner.phase,
@@ -246,6 +366,116 @@ def _reader(owner: DiscoveryOwner) -> Callable[[float], ObserverSnapshot]:
             live_tasks=runtime.live_tasks,
             registrations=registrations,
             registration_states=tuple(states),
+            routes=tuple(
+                route_metrics(route)
+                for client in tuple(owner._rest.values())
+                if client.transport is not None
+                for route in transport_routes(client.transport)
+            ),
         )
 
     return read
+
+
+def _journal_of(owner: DiscoveryOwner) -> RegistrationJournal | None:
+    component = owner._registrations
+    inner = getattr(component, "registrations", None)
+    journal = getattr(inner, "journal", None)
+    return journal if isinstance(journal, RegistrationJournal) else None
+
+
+def transport_routes(transport: DiscoveryTransport) -> tuple[Route, ...]:
+    """The live routes of a discovery transport (none once it is closed)."""
+    return () if transport.closed else transport.routes()
+
+
+def route_metrics(route: Route) -> RouteMetrics:
+    """The balancer view of one route now. O(endpoints); reads only."""
+    from poise import GenerationTracker, PeakEwma, ReadinessState
+
+    stats = route.statistics()
+    endpoints: list[EndpointMetrics] = []
+    failed = 0
+    for endpoint in route.streaming.balance.endpoints:
+        tracker = endpoint.tracker
+        draining = False
+        open_calls = 0
+        if isinstance(tracker, GenerationTracker):
+            draining = tracker.retired
+            open_calls = tracker.open_guards
+            tracker = tracker.inner
+        rtt = tracker.rtt_estimate if isinstance(tracker, PeakEwma) else None
+        readiness = endpoint.state
+        if readiness is ReadinessState.FAILED:
+            failed += 1
+        identity = str(endpoint.key)
+        endpoints.append(
+            EndpointMetrics(
+                identity=identity,
+                in_flight=open_calls,
+                sent=stats.sent.get(identity, 0),
+                rtt_estimate=rtt,
+                readiness=readiness.value,
+                eligible=endpoint.eligible,
+                draining=draining,
+            )
+        )
+    return RouteMetrics(
+        connection=stats.connection,
+        service=stats.service,
+        revision=stats.revision,
+        calls=sum(stats.sent.values()),
+        in_flight=sum(stats.in_flight.values()),
+        failed_endpoints=failed,
+        endpoints=tuple(endpoints),
+    )
+
+
+def _lister(owner: DiscoveryOwner) -> Callable[[float], tuple[ServiceListing, ...]]:
+    # (connection, alias) -> (slot, generation, instance views)
+    cache: dict[tuple[str, str], tuple[Slot, int, tuple[InstanceView, ...]]] = {}
+
+    def listings(now: float) -> tuple[ServiceListing, ...]:
+        out: list[ServiceListing] = []
+        seen: set[tuple[str, str]] = set()
+        for name, connection in sorted(owner._connections.items()):
+            for alias, slot in sorted(connection.slots.items()):
+                key = (name, alias)
+                seen.add(key)
+                evidence = slot.evidence
+                view = evidence.view(now)
+                cached = cache.get(key)
+                if cached is not None and cached[0] is slot and cached[1] == evidence.generation:
+                    instances = cached[2]
+                else:
+                    instances = (
+                        ()
+                        if isinstance(view, Refusal)
+                        else tuple(
+                            InstanceView(i.identity, i.address, i.weight) for i in view.instances
+                        )
+                    )
+                    cache[key] = (slot, evidence.generation, instances)
+                kind = None if isinstance(view, Refusal) else view.evidence.value
+                failure = evidence.failure
+                out.append(
+                    ServiceListing(
+                        connection=name,
+                        service=alias,
+                        revision=evidence.generation,
+                        evidence=kind,
+                        confirmed_at=evidence.confirmed_at,
+                        max_age=evidence.policy.max_age,
+                        degraded=False if isinstance(view, Refusal) else view.degraded,
+                        unavailable_reason=(
+                            view.reason.value if isinstance(view, Refusal) else None
+                        ),
+                        last_failure=None if failure is None else failure.value,
+                        instances=() if isinstance(view, Refusal) else instances,
+                    )
+                )
+        for key in [k for k in cache if k not in seen]:
+            del cache[key]
+        return tuple(out)
+
+    return listings

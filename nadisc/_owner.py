@@ -183,7 +183,10 @@ class RegistrationComponent(Protocol):
     # * ``async identity_revoked(qualifier, *, after_epoch=None) -> int``:
     #   backs :meth:`DiscoveryOwner.identity_revoked`;
     # * ``statuses() -> Mapping[str, RegistrationStatus]``: backs
-    #   :meth:`DiscoveryOwner.registrations` and the observer.
+    #   :meth:`DiscoveryOwner.registrations` and the observer;
+    # * ``use_operations(limiter)`` (synchronous): the owner hands over its
+    #   ``max_parallel_operations`` limiter when it is created; every
+    #   registry call of the registrations then waits for a turn under it.
 
 
 class _Child:
@@ -336,8 +339,13 @@ class DiscoveryOwner:
         self._close_waiter: ShutdownWaiter[CloseReport] | None = None
         self._close_report: CloseReport | None = None
         self._prepared = False
-        #: Concurrency bound for one-shot control operations (max_parallel_operations).
+        #: Concurrency bound for one-shot control operations (max_parallel_operations):
+        #: preparation and every registry call of the registrations (first
+        #: writes, renewals, checks, deregistrations), served in arrival order.
         self.operations = anyio.CapacityLimiter(limits.max_parallel_operations)
+        use_operations = getattr(registrations, "use_operations", None)
+        if callable(use_operations):
+            use_operations(self.operations)
         #: Keyed child tasks started by :meth:`start_child`.
         self._children: dict[tuple[str, Hashable], _Child] = {}
         #: REST callers handed out by rest(), closed by the owner's close.

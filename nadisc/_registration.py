@@ -42,8 +42,20 @@ performs writes and checks and reports their outcomes:
   deadline, shortened to the shutdown deadline), so a registration that
   lands during shutdown is still removed.
 
+**Operation bound.** Every registry call of a runner (first write,
+renewal, health check, deregistration) waits for a turn under the owner's
+``max_parallel_operations`` limiter (:meth:`RegistrationSet.use_operations`),
+first come first served; its deadline is computed when the turn starts, so
+time spent queued never makes a write time out. A write and the check that
+confirms it share one turn (registrations complete one after another), and
+a call still queued when quiesce begins is never sent. A startup set that
+misses the publish deadline is reported with how many were confirmed and
+how many never got their first write.
+
 **Cost.** One task per registration, one provider call per operation, O(1)
-work per event; :meth:`RegistrationSet.registrations` is O(n).
+work per event; :meth:`RegistrationSet.registrations` is O(n). With N
+registrations and the bound P, a round of renewals takes about N / P
+registry round trips.
 """
 
 from __future__ import annotations
@@ -56,7 +68,7 @@ import math
 import random
 import re
 import socket
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol, TypeVarTuple, Unpack
@@ -78,6 +90,7 @@ from ._errors import (
     RegistrationError,
     RegistrationRejected,
 )
+from ._journal import RegistrationJournal
 from ._provider import (
     Capabilities,
     HealthCheck,
@@ -334,6 +347,7 @@ def resolve_registrations(
                 f"not {type(source).__name__}",
                 path=_path(name, "eligibility_ref"),
             )
+        ip, port = _advertised_address(name, entry, listener_ref, listeners)
         specs.append(
             RegistrationSpec(
                 name=name,
@@ -341,8 +355,8 @@ def resolve_registrations(
                 qualifier=entry.qualifier,
                 listener_ref=listener_ref,
                 eligibility_ref=eligibility_ref,
-                ip=entry.ip,
-                port=entry.port,
+                ip=ip,
+                port=port,
                 startup_required=entry.startup_required,
                 readiness_critical=entry.readiness_critical,
                 weight=entry.weight,
@@ -354,6 +368,50 @@ def resolve_registrations(
             )
         )
     return specs
+
+
+def _advertised_address(
+    name: str,
+    entry: RegistrationConfig,
+    listener_ref: str | None,
+    listeners: Mapping[str, tuple[str, int]],
+) -> tuple[str | None, int | None]:
+    """The address a config entry advertises: its own ``ip``, else the bound
+    listener's host (never a wildcard); ``advertised_port``, else the bound
+    port. An explicit ``port`` must equal the bound one."""
+    bound = listeners.get(listener_ref) if listener_ref is not None else None
+    ip = entry.ip
+    port = entry.port
+    if bound is not None:
+        host, bound_port = bound
+        if port is not None and port != bound_port:
+            raise RegistrationError(
+                name,
+                f"port {port} is configured but listener {listener_ref!r} is bound to port "
+                f"{bound_port}: drop port (the bound one is used), or set advertised_port "
+                "for a mapped port (NAT, containers)",
+                path=_path(name, "port"),
+            )
+        if ip is None:
+            if _is_wildcard(host):
+                raise RegistrationError(
+                    name,
+                    f"listener {listener_ref!r} is bound to the wildcard address {host}, which "
+                    "is never advertised: give the listener an advertised host or set ip",
+                    path=_path(name, "ip"),
+                )
+            ip = host
+        port = bound_port
+    if entry.advertised_port is not None:
+        port = entry.advertised_port
+    return ip, port
+
+
+def _is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return host in ("", "*")
 
 
 def _check_address(name: str, ip: str, *, allow_loopback: bool) -> None:
@@ -689,7 +747,9 @@ class _Registration:
         "frozen",
         "records",
         "registered",
+        "sent",
         "started",
+        "turn",
         "wake",
         "write_scope",
     )
@@ -702,6 +762,10 @@ class _Registration:
         self.write_scope: anyio.CancelScope | None = None
         self.wake: anyio.Event | None = None
         self.started = False
+        #: A first write was ever sent (False: still queued, or never eligible).
+        self.sent = False
+        #: The runner holds a turn under the operation bound right now.
+        self.turn = False
         self.done = False
 
 
@@ -748,8 +812,18 @@ class RegistrationSet:
     ``rng`` drives the backoff jitter (inject a seeded one for tests).
     """
 
-    def __init__(self, *, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        rng: random.Random | None = None,
+        operations: anyio.CapacityLimiter | None = None,
+    ) -> None:
         self._rng = rng or random.Random()
+        #: The bound every registry call of a runner waits for (the owner's
+        #: ``max_parallel_operations``); None: unbounded.
+        self._operations = operations
+        #: Runners waiting for a turn under ``operations`` right now.
+        self._queued = 0
         self._regs: dict[str, _Registration] = {}
         # Filled by freeze; the probe holds the read-only view from the start.
         self._eligibility: dict[str, Eligibility] = {}
@@ -760,9 +834,13 @@ class RegistrationSet:
         self._quiesce_deadline: float | None = None
         self._epochs: dict[str, int] = {}
         self._changed: anyio.Event | None = None
+        #: Renewal counts and state history, read by the observer.
+        self.journal = RegistrationJournal()
         self._revoked: dict[str, anyio.Event] = {}
         self._running = 0
         self._drained: anyio.Event | None = None
+        #: Names of registrations whose records changed, while publish waits.
+        self._touched: set[str] | None = None
 
     # ----------------------------------------------------------------- plan
 
@@ -794,6 +872,47 @@ class RegistrationSet:
     @property
     def frozen(self) -> bool:
         return self._frozen
+
+    def use_operations(self, limiter: anyio.CapacityLimiter) -> None:
+        """Bound every registry call of the runners (first writes, renewals,
+        checks, deregistrations) by ``limiter``; the owner passes its
+        ``max_parallel_operations`` limiter. Waiters are served in arrival
+        order. Only before :meth:`publish`."""
+        if self._published:
+            raise LifecycleError("the operation bound must be set before publish")
+        self._operations = limiter
+
+    @property
+    def operations_queued(self) -> int:
+        """Registry calls waiting for a turn under the operation bound now."""
+        return self._queued
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, reg: _Registration) -> AsyncIterator[None]:
+        """One turn under the operation bound (FIFO). A registry call's own
+        deadline is computed *inside* the turn: time spent queued never eats
+        into it. Re-entrant per registration: a write and the check that
+        confirms it run in one turn, so registrations complete one after
+        another instead of all writing first and confirming last."""
+        limiter = self._operations
+        if limiter is None or reg.turn:
+            yield
+            return
+        token = object()
+        self._queued += 1
+        try:
+            await limiter.acquire_on_behalf_of(token)
+        finally:
+            self._queued -= 1
+        reg.turn = True
+        try:
+            # A turn granted just as quiesce cancelled the runner is given
+            # back at once: nothing is sent on it.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            yield
+        finally:
+            reg.turn = False
+            limiter.release_on_behalf_of(token)
 
     def eligibilities(self) -> Mapping[str, Eligibility]:
         """Registration name -> its local eligibility, for the probe.
@@ -848,37 +967,76 @@ class RegistrationSet:
                 name=f"registration {reg.frozen.name}",
             )
         required = [r for r in self._regs.values() if r.frozen.startup_required]
-        with anyio.CancelScope(deadline=deadline):
-            while True:
-                if self._quiescing:
-                    raise LifecycleError("quiesce began before the registrations were confirmed")
-                now = anyio.current_time()
-                pending: list[str] = []
-                for reg in required:
-                    self._observe_eligibility(reg, now)
-                    state = sm.derive_state(reg.records, now)
-                    if state is RegistrationState.ACTIVE:
-                        continue
-                    action = sm.next_action(
-                        reg.records, idempotent_renewal=reg.frozen.capabilities.idempotent_renewal
-                    )
-                    if state is RegistrationState.FAILED or (action is sm.Action.BLOCKED):
-                        raise RegistrationError(
-                            reg.frozen.name,
-                            f"startup registration failed: {state.value}"
-                            + (f" ({reg.records.last_error})" if reg.records.last_error else ""),
-                            path=_path(reg.frozen.name),
+        # Only registrations whose records changed are judged again after a
+        # change (O(changes), not O(registrations) per change); once every
+        # one was seen Active, all are judged together once more, since
+        # evidence seen earlier may have lapsed meanwhile.
+        pending = {r.frozen.name: r for r in required}
+        self._touched = set()
+        try:
+            with anyio.CancelScope(deadline=deadline):
+                candidates: Iterable[_Registration] = required
+                while True:
+                    if self._quiescing:
+                        raise LifecycleError(
+                            "quiesce began before the registrations were confirmed"
                         )
-                    pending.append(reg.frozen.name)
-                if not pending:
-                    return
-                await self._wait_changed()
-        pending_names = ", ".join(
-            repr(r.frozen.name)
-            for r in required
-            if sm.derive_state(r.records, anyio.current_time()) is not RegistrationState.ACTIVE
+                    now = anyio.current_time()
+                    for reg in list(candidates):
+                        if self._startup_active(reg, now):
+                            pending.pop(reg.frozen.name, None)
+                    if not pending:
+                        lapsed = [r for r in required if not self._startup_active(r, now)]
+                        if not lapsed:
+                            return
+                        pending = {r.frozen.name: r for r in lapsed}
+                    await self._wait_changed()
+                    touched, self._touched = self._touched, set()
+                    candidates = [pending[name] for name in touched if name in pending]
+        finally:
+            self._touched = None
+        raise DeadlineExceeded(self._unconfirmed_message(required))
+
+    def _startup_active(self, reg: _Registration, now: float) -> bool:
+        """True when ``reg`` is Active; raises when it failed for good."""
+        self._observe_eligibility(reg, now)
+        state = sm.derive_state(reg.records, now)
+        if state is RegistrationState.ACTIVE:
+            return True
+        action = sm.next_action(
+            reg.records, idempotent_renewal=reg.frozen.capabilities.idempotent_renewal
         )
-        raise DeadlineExceeded(f"publish: startup registrations not confirmed: {pending_names}")
+        if state is RegistrationState.FAILED or action is sm.Action.BLOCKED:
+            raise RegistrationError(
+                reg.frozen.name,
+                f"startup registration failed: {state.value}"
+                + (f" ({reg.records.last_error})" if reg.records.last_error else ""),
+                path=_path(reg.frozen.name),
+            )
+        return False
+
+    def _unconfirmed_message(self, required: Sequence[_Registration]) -> str:
+        """Why publish ran out of time: how many startup-required registrations
+        were confirmed, how many were never even sent (queued behind the
+        operation bound), and the first few names still unconfirmed."""
+        now = anyio.current_time()
+        missing = [
+            r for r in required if sm.derive_state(r.records, now) is not RegistrationState.ACTIVE
+        ]
+        never_sent = sum(1 for r in missing if not r.sent)
+        shown = ", ".join(repr(r.frozen.name) for r in missing[:10])
+        if len(missing) > 10:
+            shown += f" and {len(missing) - 10} more"
+        bound = (
+            f" under max_parallel_operations={self._operations.total_tokens:g}"
+            if self._operations is not None
+            else ""
+        )
+        return (
+            f"publish: {len(required) - len(missing)} of {len(required)} startup-required "
+            f"registrations confirmed by the deadline; {never_sent} of the rest were still "
+            f"waiting for their first write{bound}; not confirmed: {shown}"
+        )
 
     # ------------------------------------------------------------- quiesce
 
@@ -1032,7 +1190,10 @@ class RegistrationSet:
     def _apply(self, reg: _Registration, event: sm.Event, now: float) -> None:
         before = reg.records
         reg.records = sm.apply(before, event, now)
+        self.journal.record(reg.frozen.name, event, reg.records, now)
         if reg.records != before:
+            if self._touched is not None:
+                self._touched.add(reg.frozen.name)
             self._notify()
 
     def _notify(self) -> None:
@@ -1160,8 +1321,11 @@ class RegistrationSet:
             self._observe_eligibility(reg, anyio.current_time())
             action = sm.next_action(reg.records, idempotent_renewal=idempotent)
             if action is sm.Action.REGISTER:
-                if await self._register(reg, provider):
-                    await self._check(reg, provider)
+                async with self._turn(reg):
+                    registered = await self._register(reg, provider)
+                    if registered:
+                        await self._check(reg, provider)
+                if registered:
                     await self._idle(reg, provider, renew_every)
                 elif reg.records.write in (sm.WriteOutcome.NONE, sm.WriteOutcome.LOST):
                     # The write definitely did not apply: retry after backoff.
@@ -1170,10 +1334,12 @@ class RegistrationSet:
             if action in (sm.Action.RENEW, sm.Action.RETRY_RENEW):
                 # Eligibility was re-checked just above, right before this
                 # submission (a retry repeats the same record).
-                await self._renew(reg, provider)
-                write = reg.records.write
+                async with self._turn(reg):
+                    await self._renew(reg, provider)
+                    write = reg.records.write
+                    if write is sm.WriteOutcome.ACKED:
+                        await self._check(reg, provider)
                 if write is sm.WriteOutcome.ACKED:
-                    await self._check(reg, provider)
                     delay = renew_every
                     if reg.records.attempt > 0:  # a renewal that did not apply
                         delay = min(delay, backoff())
@@ -1209,13 +1375,19 @@ class RegistrationSet:
         return deadline
 
     async def _register(self, reg: _Registration, provider: Provider) -> bool:
-        now = anyio.current_time()
-        epoch = reg.records.epoch
-        self._apply(reg, sm.RegisterStarted(), now)
-        deadline = self._write_deadline(reg, now)
-        event, result = await self._write(
-            reg, epoch, deadline, provider.register(reg.frozen.record, deadline), _REGISTER
-        )
+        async with self._turn(reg):
+            if reg.records.quiescing:
+                return False  # quiesce began while this write waited for its turn
+            # The write starts now: its deadline counts from here, not from
+            # when the runner joined the queue.
+            now = anyio.current_time()
+            epoch = reg.records.epoch
+            reg.sent = True
+            self._apply(reg, sm.RegisterStarted(), now)
+            deadline = self._write_deadline(reg, now)
+            event, result = await self._write(
+                reg, epoch, deadline, provider.register(reg.frozen.record, deadline), _REGISTER
+            )
         acked = isinstance(event, sm.RegisterAcked)
         if acked and result is not None:
             reg.registered = result
@@ -1227,12 +1399,15 @@ class RegistrationSet:
     async def _renew(self, reg: _Registration, provider: Provider) -> None:
         registered = reg.registered
         assert registered is not None
-        now = anyio.current_time()
-        epoch = reg.records.epoch
-        deadline = self._write_deadline(reg, now)
-        event, result = await self._write(
-            reg, epoch, deadline, provider.renew(registered, deadline), _RENEW
-        )
+        async with self._turn(reg):
+            if reg.records.quiescing:
+                return  # no renewal after quiesce, even one that was queued
+            now = anyio.current_time()
+            epoch = reg.records.epoch
+            deadline = self._write_deadline(reg, now)
+            event, result = await self._write(
+                reg, epoch, deadline, provider.renew(registered, deadline), _RENEW
+            )
         if result is not None:
             reg.registered = result
         self._apply(reg, event, anyio.current_time())
@@ -1297,27 +1472,29 @@ class RegistrationSet:
         registered = reg.registered
         if registered is None:
             return False
-        started = anyio.current_time()
-        epoch = reg.records.epoch  # the check carries the epoch it started under
-        timing = reg.frozen.timing
-        deadline = started + timing.request_timeout
-        event: sm.Event | None = None
-        status: HealthStatus | None = None
-        with anyio.CancelScope(deadline=deadline) as scope:
-            try:
-                status = await provider.check(registered, deadline)
-            except IdentityRevoked:
-                self._revoke_from(reg, epoch)
-                return True
-            except InvalidSnapshot as exc:
-                event = sm.CheckInvalid(epoch, _kind(exc))
-            except LeaseLost:
-                event = sm.CheckNegative(epoch, HealthStatus.MISSING)
-            except (ProviderFailure, DeadlineExceeded) as exc:
-                event = sm.CheckTransient(epoch, _kind(exc))
-            except Exception as exc:
-                logger.warning("registration %r: check raised %s", reg.frozen.name, _kind(exc))
-                event = sm.CheckTransient(epoch, _kind(exc))
+        async with self._turn(reg):
+            # Evidence counts from when the check really started (after its turn).
+            started = anyio.current_time()
+            epoch = reg.records.epoch  # the check carries the epoch it started under
+            timing = reg.frozen.timing
+            deadline = started + timing.request_timeout
+            event: sm.Event | None = None
+            status: HealthStatus | None = None
+            with anyio.CancelScope(deadline=deadline) as scope:
+                try:
+                    status = await provider.check(registered, deadline)
+                except IdentityRevoked:
+                    self._revoke_from(reg, epoch)
+                    return True
+                except InvalidSnapshot as exc:
+                    event = sm.CheckInvalid(epoch, _kind(exc))
+                except LeaseLost:
+                    event = sm.CheckNegative(epoch, HealthStatus.MISSING)
+                except (ProviderFailure, DeadlineExceeded) as exc:
+                    event = sm.CheckTransient(epoch, _kind(exc))
+                except Exception as exc:
+                    logger.warning("registration %r: check raised %s", reg.frozen.name, _kind(exc))
+                    event = sm.CheckTransient(epoch, _kind(exc))
         if scope.cancelled_caught:
             event = sm.CheckTransient(epoch, "DeadlineExceeded")
         elif event is None:
@@ -1345,12 +1522,16 @@ class RegistrationSet:
     async def _cleanup(self, reg: _Registration, provider: Provider) -> None:
         now = anyio.current_time()
         timing = reg.frozen.timing
-        budget_end = now + timing.deregister_timeout
-        if self._quiesce_deadline is not None:
-            budget_end = min(budget_end, self._quiesce_deadline)
+        quiesce_end = self._quiesce_deadline
+        # Waiting for a turn under the operation bound is bounded by the
+        # shutdown deadline (or, when the owner is torn down without one, by
+        # a second deregister_timeout); the removal itself gets its own
+        # deregister_timeout from the moment it starts.
+        wait_end = quiesce_end if quiesce_end is not None else now + timing.deregister_timeout
+        error: str | None = "DeadlineExceeded"
         # Shielded so the owner's cancellation cannot skip the removal, but
         # bounded by the shutdown deadline and deregister_timeout.
-        with anyio.CancelScope(shield=True, deadline=budget_end):
+        with anyio.CancelScope(shield=True, deadline=wait_end) as bounded:
             if not reg.records.quiescing:
                 self._apply(reg, sm.QuiesceBegan(), now)
             action = sm.next_action(
@@ -1360,19 +1541,27 @@ class RegistrationSet:
                 self._retire(reg, now)
                 return
             self._apply(reg, sm.DeregisterStarted(), now)
-            error: str | None = "DeadlineExceeded"
-            if now < budget_end:
-                try:
-                    await provider.deregister(reg.registered, budget_end)
-                except (ProviderFailure, DeadlineExceeded) as exc:
-                    error = _kind(exc)
-                except Exception as exc:
-                    logger.warning(
-                        "registration %r: deregister raised %s", reg.frozen.name, _kind(exc)
-                    )
-                    error = _kind(exc)
-                else:
-                    error = None
+            async with self._turn(reg):
+                begun = anyio.current_time()
+                budget_end = begun + timing.deregister_timeout
+                if quiesce_end is not None:
+                    budget_end = min(budget_end, quiesce_end)
+                bounded.deadline = max(bounded.deadline, budget_end)
+                if begun < budget_end:
+                    with anyio.move_on_at(budget_end):
+                        try:
+                            await provider.deregister(reg.registered, budget_end)
+                        except (ProviderFailure, DeadlineExceeded) as exc:
+                            error = _kind(exc)
+                        except Exception as exc:
+                            logger.warning(
+                                "registration %r: deregister raised %s",
+                                reg.frozen.name,
+                                _kind(exc),
+                            )
+                            error = _kind(exc)
+                        else:
+                            error = None
         # A removal cut off by the budget leaves ``error`` at DeadlineExceeded.
         end = anyio.current_time()
         if error is None:
@@ -1443,6 +1632,11 @@ class OwnerRegistrations:
             checked, plans, listeners=self._listeners, eligibility=self._eligibility
         )
         self._providers = providers
+
+    def use_operations(self, limiter: anyio.CapacityLimiter) -> None:
+        """The owner's ``max_parallel_operations`` bound (see
+        :meth:`RegistrationSet.use_operations`)."""
+        self.registrations.use_operations(limiter)
 
     async def publish(self, task_group: TaskSpawner, deadline: float) -> None:
         await self.registrations.publish(task_group, self._providers, deadline)

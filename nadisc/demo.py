@@ -21,6 +21,15 @@ p50/p99 latency, and how many requests issued after the drain arrived at
 ``delta`` (zero expected). ``main`` exits with status 1 when errors or
 after-drain arrivals are not zero.
 
+A last part hosts the service itself: three instances served by
+hypercorn through :mod:`nadisc.hosting` (ephemeral ports, registered
+without ip/port into an in-memory registry) are rolled one by one (start
+a replacement, then shut the old one down the way SIGTERM does) while
+callers keep sending requests through the transport. The registry's
+contents are published to the callers' connection every 20 ms, standing in
+for a registry watch. Expected: no failed request, and no request reaching
+an instance after its deregistration was acknowledged.
+
 The static provider's listings are fixed for the owner's life, so the
 connection is configured like a static one but backed by an in-memory
 registry (:class:`~nadisc.testing.MemoryProvider`) that can change its
@@ -34,6 +43,7 @@ import argparse
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -45,7 +55,17 @@ from ._owner import open_discovery
 from ._transport import DiscoveryTransport
 from .testing import MemoryProvider
 
-__all__ = ["STRATEGIES", "Backend", "DemoResult", "StrategyRun", "main", "run_demo"]
+__all__ = [
+    "STRATEGIES",
+    "Backend",
+    "DemoResult",
+    "RollingRun",
+    "StrategyRun",
+    "main",
+    "rolling_config",
+    "run_demo",
+    "run_rolling",
+]
 
 SERVICE = "orders"
 #: name, latency (seconds), weight (read by the weighted strategy).
@@ -175,6 +195,7 @@ class StrategyRun:
 class DemoResult:
     requests: int
     runs: list[StrategyRun]
+    rolling: RollingRun | None = None
 
     @property
     def problems(self) -> list[str]:
@@ -317,6 +338,208 @@ async def _run_strategy(
     return StrategyRun(strategy, per_backend, errors, after_drain, arrived, latencies, wall)
 
 
+ROLLED = 3
+
+
+@dataclass
+class RollingRun:
+    """What the rolling restart did."""
+
+    requests: int
+    errors: int
+    #: Per replaced instance: requests that reached its app after its
+    #: deregistration was acknowledged (0 expected).
+    late: dict[str, int]
+    #: Requests each instance's app handled.
+    served: dict[str, int]
+    refused: int
+    wall: float
+
+    @property
+    def problems(self) -> list[str]:
+        found = []
+        if self.errors:
+            found.append(f"rolling restart: {self.errors} request(s) failed")
+        for name, count in self.late.items():
+            if count:
+                found.append(f"rolling restart: {count} request(s) reached {name} after it left")
+        return found
+
+    def table(self) -> str:
+        names = list(self.served)
+        header = ["instance", *names]
+        rows = [
+            header,
+            ["served", *(str(self.served[n]) for n in names)],
+            ["after deregistration", *(str(self.late.get(n, "-")) for n in names)],
+        ]
+        widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
+        lines = []
+        for n, row in enumerate(rows):
+            cells = [row[0].ljust(widths[0])]
+            cells += [cell.rjust(widths[c + 1]) for c, cell in enumerate(row[1:])]
+            lines.append("  ".join(cells))
+            if n == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        lines.append(
+            f"{self.requests} requests, {self.errors} failed, {self.refused} answered 503 after "
+            f"a deregistration (retried elsewhere by the caller), {self.wall:.1f} s"
+        )
+        return "\n".join(lines)
+
+
+class _Instance:
+    """A hosted demo instance: answers its name; records arrival times."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.arrivals: list[float] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = "startup" if message["type"] == "lifespan.startup" else "shutdown"
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        if scope["type"] != "http":
+            return
+        self.arrivals.append(anyio.current_time())
+        await anyio.sleep(0.002)
+        body = self.name.encode()
+        headers = [(b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def rolling_config() -> DiscoveryConfig:
+    """A connection whose registrations land in an in-memory registry; the
+    one registration has no ip/port (the host fills in the bound address)."""
+    return DiscoveryConfig.model_validate(
+        {
+            "enabled": True,
+            "connections": {
+                "primary": {
+                    "provider": "memory",
+                    "request_timeout_ms": 500,
+                    "monitor_interval_ms": 500,
+                    "observation_grace_ms": 3000,
+                    "memory": {"services": {SERVICE: {"name": SERVICE}}},
+                    "rest": {
+                        "max_attempts": 4,
+                        "retry_get_head_on_transport_error": True,
+                        "retry_get_head_on_retryable_status": True,
+                    },
+                }
+            },
+            "registrations": {"web": {"service_name": SERVICE}},
+            "shutdown_timeout_ms": 2000,
+        }
+    )
+
+
+async def run_rolling(*, concurrency: int = 4, say: Callable[[str], None] = print) -> RollingRun:
+    """Roll three hosted instances one by one under load (see the module docs)."""
+    from .hosting import Host, serve
+    from .testing import MemoryRegistry
+
+    config = rolling_config()
+    registry = MemoryRegistry()
+    caller_config = DiscoveryConfig.model_validate(
+        {**config.model_dump(mode="json"), "registrations": {}}
+    )
+    listing = MemoryProvider(evidence=EvidenceKind.STATIC_FACT, watch=True)
+    listing.set(SERVICE, [])
+    apps: list[_Instance] = []
+    counts = {"ok": 0, "errors": 0}
+    late: dict[str, int] = {}
+    refused = 0
+    stop = anyio.Event()
+    t0 = time.perf_counter()
+
+    def publish() -> None:
+        instances = []
+        for instance_id in registry.instance_ids():
+            stored = registry.get(instance_id)
+            if stored is not None:
+                record = stored.record
+                instances.append(Instance(instance_id, record.host, record.port))
+        listing.set(SERVICE, instances)
+
+    async with anyio.create_task_group() as hosts:
+
+        async def start(index: int) -> Host:
+            app = _Instance(f"v{index}")
+            apps.append(app)
+            host: Host = await hosts.start(
+                lambda task_status: serve(
+                    app,
+                    config,
+                    providers={"primary": MemoryProvider(registry=registry)},
+                    allow_loopback=True,
+                    handle_signals=False,
+                    drain_timeout_ms=2000,
+                    task_status=task_status,
+                )
+            )
+            publish()
+            return host
+
+        async def mirror() -> None:
+            while True:
+                publish()
+                await anyio.sleep(0.02)
+
+        running = [await start(i) for i in range(ROLLED)]
+        hosts.start_soon(mirror)
+        async with open_discovery(caller_config, providers={"primary": listing}) as caller:
+            transport = DiscoveryTransport(caller)
+            async with httpx.AsyncClient(mounts={"nadisc://": transport}) as http:
+
+                async def send() -> None:
+                    while not stop.is_set():
+                        try:
+                            answer = await http.get(f"nadisc://primary/{SERVICE}/work")
+                            counts["ok" if answer.status_code == 200 else "errors"] += 1
+                        except Exception:
+                            counts["errors"] += 1
+
+                async with anyio.create_task_group() as callers:
+                    for _ in range(concurrency):
+                        callers.start_soon(send)
+                    await anyio.sleep(0.2)
+                    for index in range(ROLLED):
+                        old, old_app = running.pop(0), apps[index]
+                        running.append(await start(ROLLED + index))
+                        await anyio.sleep(0.2)
+                        old.shutdown()
+                        report = await old.wait_closed()
+                        assert report.deregistered_at is not None
+                        late[old_app.name] = sum(
+                            1 for at in old_app.arrivals if at > report.deregistered_at
+                        )
+                        refused += report.refused_requests
+                        say(
+                            f"  rolled {old_app.name} -> v{ROLLED + index}: deregistered in "
+                            f"{report.quiesce_seconds * 1e3:.1f} ms, drained in "
+                            f"{report.drain_seconds * 1e3:.1f} ms"
+                        )
+                    await anyio.sleep(0.2)
+                    stop.set()
+        for host in running:
+            host.shutdown()
+        hosts.cancel_scope.cancel()
+    return RollingRun(
+        requests=counts["ok"] + counts["errors"],
+        errors=counts["errors"],
+        late=late,
+        served={app.name: len(app.arrivals) for app in apps},
+        refused=refused,
+        wall=time.perf_counter() - t0,
+    )
+
+
 async def run_demo(
     requests: int = 2000,
     concurrency: int = 8,
@@ -365,6 +588,19 @@ def main(requests: int = 2000, concurrency: int = 8, argv: list[str] | None = No
             print(f"FAILED: {problem}")
         raise SystemExit(1)
     print("invariants held: no errors, nothing issued after the drain reached it")
+    print()
+    print(
+        f"rolling restart: {ROLLED} instances hosted by nadisc.hosting (hypercorn, ephemeral "
+        "ports, registered without ip/port), replaced one by one under load"
+    )
+    rolling: RollingRun = anyio.run(lambda: run_rolling(concurrency=concurrency), backend="trio")
+    result.rolling = rolling
+    print(rolling.table())
+    if rolling.problems:
+        for problem in rolling.problems:
+            print(f"FAILED: {problem}")
+        raise SystemExit(1)
+    print("invariants held: no failed request, nothing reached an instance after it left")
     return result
 
 

@@ -18,13 +18,21 @@ Failure translation (reads / writes)::
 
 The ACL token travels in the ``X-Consul-Token`` header only and is never part
 of a message.
+
+Connections: requests share one pool. A watch's blocking queries, which
+hold a connection for up to ``wait``, do not: :meth:`ConsulHttp.channel`
+opens a channel with one connection of its own for each watch (closed with
+it), so a thousand watches are a thousand sockets the pool never scans, and
+a short request never queues behind a long poll. The TLS context is built
+once per connection and shared by its channels.
 """
 
 from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
@@ -90,27 +98,71 @@ class ConsulHttp:
         *,
         max_response_bytes: int,
         transport: httpx.AsyncBaseTransport | None = None,
+        _verify: ssl.SSLContext | None = None,
     ) -> None:
+        self._settings = settings
         self._base = settings.base_url
         self._max_bytes = max_response_bytes
+        self._given = transport
         headers = {"User-Agent": "nadisc-consul", "Accept": "application/json"}
         if settings.token is not None:
             headers["X-Consul-Token"] = settings.token.get_secret_value()
-        verify: ssl.SSLContext | bool = True
-        if settings.ca_file is not None:
+        dedicated = _verify is not None
+        if _verify is None:
             try:
-                verify = ssl.create_default_context(cafile=settings.ca_file)
+                _verify = (
+                    ssl.create_default_context(cafile=settings.ca_file)
+                    if settings.ca_file is not None
+                    else httpx.create_ssl_context()
+                )
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError("consul.ca_file", f"cannot load CA bundle: {exc}") from exc
+        self._verify = _verify
+        if dedicated:
+            # A channel: exactly one connection, kept for the channel's life.
+            limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+            if transport is None:
+                transport = httpx.AsyncHTTPTransport(verify=_verify, limits=limits)
+        else:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
         self._client = httpx.AsyncClient(
             headers=headers,
-            verify=verify,
+            verify=_verify,
             transport=transport,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+            limits=limits,
             follow_redirects=False,
             trust_env=False,
         )
         self._closed = False
+        #: Channels of this connection open right now (see :meth:`channel`).
+        self.channels_open = 0
+        #: Requests sent through the shared pool / through channels.
+        self.pool_requests = 0
+        self.channel_requests = 0
+        #: Blocking queries (``?index=``) that went through the pool: only
+        #: the catalog's two long polls ever do.
+        self.pool_blocking_requests = 0
+        self._parent: ConsulHttp | None = None
+
+    @asynccontextmanager
+    async def channel(self) -> AsyncIterator[ConsulHttp]:
+        """A channel with one connection of its own (for one watch's blocking
+        queries), closed on exit. An injected transport (tests) serves it too."""
+        if self._closed:
+            raise IncompleteSnapshot("the connection is closed")
+        child = ConsulHttp(
+            self._settings,
+            max_response_bytes=self._max_bytes,
+            transport=self._given,
+            _verify=self._verify,
+        )
+        child._parent = self
+        self.channels_open += 1
+        try:
+            yield child
+        finally:
+            self.channels_open -= 1
+            await child.aclose()
 
     @property
     def max_response_bytes(self) -> int:
@@ -176,8 +228,14 @@ class ConsulHttp:
         budget: float,
         what: str,
     ) -> ConsulResponse:
-        if self._closed:
+        if self._closed or (self._parent is not None and self._parent._closed):
             raise IncompleteSnapshot(f"{what}: the connection is closed")
+        if self._parent is not None:
+            self._parent.channel_requests += 1
+        else:
+            self.pool_requests += 1
+            if params is not None and "index" in params:
+                self.pool_blocking_requests += 1
         url = self._base + path
         # httpx enforces the socket-level timeouts; the outer scope also bounds
         # transports without sockets and the whole read (a slow trickle).

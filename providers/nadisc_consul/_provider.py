@@ -224,6 +224,7 @@ class ConsulProvider:
         budget: float,
         wait: float | None = None,
         binding: ServiceBinding | None = None,
+        http: ConsulHttp | None = None,
     ) -> tuple[ConsulResponse, int]:
         binding = binding if binding is not None else self._settings.binding(service)
         params = self.read_params(index=index, wait=wait)
@@ -231,7 +232,7 @@ class ConsulProvider:
         if binding.tag is not None:
             params["tag"] = binding.tag
         what = f"GET /v1/health/service/{binding.name}"
-        response = await self._http.get(
+        response = await (http or self._http).get(
             f"/v1/health/service/{quote(binding.name, safe='')}", params, budget=budget, what=what
         )
         if response.filtered_by_acls:
@@ -300,7 +301,18 @@ class ConsulProvider:
     async def watch(
         self, service: str, sink: ObservationSink, *, task_status: TaskStatus[None]
     ) -> None:
-        """The blocking-query loop (module docstring). Returns only when cancelled."""
+        """The blocking-query loop (module docstring), on a channel of its own
+        outside the request pool. Returns only when cancelled."""
+        async with self._http.channel() as http:
+            await self._watch_loop(service, sink, task_status, http)
+
+    async def _watch_loop(
+        self,
+        service: str,
+        sink: ObservationSink,
+        task_status: TaskStatus[None],
+        http: ConsulHttp,
+    ) -> None:
         cursor = BlockingCursor()
         bucket = self.new_bucket()
         backoff = self.new_backoff()
@@ -319,7 +331,7 @@ class ConsulProvider:
             )
             try:
                 response, new_index = await self._fetch_service(
-                    service, index, budget=budget, wait=wait
+                    service, index, budget=budget, wait=wait, http=http
                 )
                 outcome = cursor.observe(new_index)
                 if outcome is IndexOutcome.CHANGED:

@@ -7,6 +7,12 @@ stopped server cannot hold a caller), and in bytes by ``max_response_bytes``
 decoding). Watches are long POSTs whose newline-delimited results are parsed
 incrementally with the same bound on every line.
 
+Connections: unary calls take a turn under a fair limiter of
+``max_request_connections`` before reaching a pool of as many connections
+(a call still waiting at its deadline was never sent: ``IncompleteSnapshot``
+even for a write); every watch opens a dedicated single-connection
+transport of its own, outside that pool, closed with the watch.
+
 Failures leave this module as nadisc's typed outcomes, with the httpx,
 JSON or pydantic error chained as ``__cause__``:
 
@@ -37,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -189,6 +196,8 @@ class _Counters:
     requests: int = 0
     failures: int = 0
     authentications: int = 0
+    #: Dedicated watch connections open right now (outside the request pool).
+    watch_connections: int = 0
 
 
 class WatchStream:
@@ -254,14 +263,26 @@ class EtcdClient:
         connect = settings.connect_timeout_ms / 1000
         self._unary_timeout = httpx.Timeout(request_timeout, connect=connect)
         self._stream_timeout = httpx.Timeout(request_timeout, connect=connect, read=None)
+        pool = settings.max_request_connections
+        # Unary requests share a small pool, and never more requests than it
+        # has connections reach it: httpcore hands connections to queued
+        # requests by scanning every request against every connection, so a
+        # crowd of waiters (or of long watches) in one pool costs the event
+        # loop O(requests x connections) per event. The fair limiter in front
+        # keeps the pool's own queue empty.
+        self._requests = anyio.CapacityLimiter(pool)
         self._http = httpx.AsyncClient(
             transport=transport,
             timeout=self._unary_timeout,
-            # Every watch holds one connection for its lifetime (the gateway cannot
-            # multiplex watches over HTTP/1.1); the owner bounds how many exist.
-            limits=httpx.Limits(max_connections=1100, max_keepalive_connections=32),
+            limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
             trust_env=False,
         )
+        # Watches get a dedicated connection each, outside that pool (the
+        # gateway cannot multiplex watches over HTTP/1.1). An injected
+        # transport (tests) serves watches as well; otherwise each watch
+        # opens its own single-connection transport, sharing one TLS context.
+        self._injected = transport
+        self._tls: ssl.SSLContext | None = None
         self._token: str | None = None
         self._auth_lock = anyio.Lock()
         self._closed = False
@@ -292,10 +313,12 @@ class EtcdClient:
         headers: dict[str, str],
         *,
         timeouts: httpx.Timeout | None = None,
+        client: httpx.AsyncClient | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """``POST`` with a streamed response (what ``httpx.AsyncClient.stream``
         does), sending the body through :class:`_Body`."""
-        request = self._http.build_request(
+        http = client if client is not None else self._http
+        request = http.build_request(
             "POST",
             where,
             content=content,
@@ -303,7 +326,7 @@ class EtcdClient:
             timeout=timeouts if timeouts is not None else httpx.USE_CLIENT_DEFAULT,
         )
         request.stream = _Body(content)
-        response = await self._http.send(request, stream=True)
+        response = await http.send(request, stream=True)
         try:
             yield response
         finally:
@@ -321,22 +344,33 @@ class EtcdClient:
             headers["Authorization"] = self._token
         self.counters.requests += 1
         last_error: Exception | None = None
+        sent = False
         with anyio.CancelScope(deadline=until) as scope:
-            for step in range(len(self._endpoints)):
-                index = (self._current + step) % len(self._endpoints)
-                where = f"{self._endpoints[index]}{path}"
-                try:
-                    async with self._stream(where, content, headers) as response:
-                        self._current = index
-                        data = await self._read_bounded(response, where)
-                        return response.status_code, data
-                except httpx.ConnectError as exc:
-                    last_error = exc
-                    continue
-                except httpx.HTTPError as exc:
-                    self.counters.failures += 1
-                    raise _transport_failure(kind, f"{where}: {type(exc).__name__}: {exc}") from exc
+            async with self._requests:
+                sent = True
+                for step in range(len(self._endpoints)):
+                    index = (self._current + step) % len(self._endpoints)
+                    where = f"{self._endpoints[index]}{path}"
+                    try:
+                        async with self._stream(where, content, headers) as response:
+                            self._current = index
+                            data = await self._read_bounded(response, where)
+                            return response.status_code, data
+                    except httpx.ConnectError as exc:
+                        last_error = exc
+                        continue
+                    except httpx.HTTPError as exc:
+                        self.counters.failures += 1
+                        raise _transport_failure(
+                            kind, f"{where}: {type(exc).__name__}: {exc}"
+                        ) from exc
         self.counters.failures += 1
+        if scope.cancelled_caught and not sent:
+            # Still waiting for a turn: nothing left this process.
+            raise IncompleteSnapshot(
+                f"{path}: not sent, no request slot came free before the deadline "
+                f"(max_request_connections={self._requests.total_tokens:g})"
+            )
         if scope.cancelled_caught:
             raise _transport_failure(
                 kind, f"{self.endpoint}{path}: no complete answer before the deadline"
@@ -439,8 +473,11 @@ class EtcdClient:
         keys_only: bool = False,
         count_only: bool = False,
         limit: int = 0,
+        revision: int = 0,
     ) -> RangeResponse:
         body: dict[str, object] = {"key": b64(key)}
+        if revision:
+            body["revision"] = str(revision)
         if range_end is not None:
             body["range_end"] = b64(range_end)
         if keys_only:
@@ -609,7 +646,13 @@ class EtcdClient:
                 where = f"{self._endpoints[index]}/v3/watch"
                 try:
                     response = await stack.enter_async_context(
-                        self._stream(where, content, headers, timeouts=self._stream_timeout)
+                        self._stream(
+                            where,
+                            content,
+                            headers,
+                            timeouts=self._stream_timeout,
+                            client=await self._watch_client(stack),
+                        )
                     )
                 except httpx.ConnectError as exc:
                     last_error = exc
@@ -636,6 +679,34 @@ class EtcdClient:
         raise IncompleteSnapshot(
             f"/v3/watch: no endpoint accepted a connection: {last_error}"
         ) from last_error
+
+    async def _watch_client(self, stack: AsyncExitStack) -> httpx.AsyncClient:
+        """A single-connection client for one watch, closed with ``stack``
+        (the request pool when a transport was injected)."""
+        if self._injected is not None:
+            return self._http
+        if self._tls is None:
+            self._tls = httpx.create_ssl_context()
+        transport = httpx.AsyncHTTPTransport(
+            verify=self._tls,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=0),
+        )
+        client = httpx.AsyncClient(
+            transport=transport, timeout=self._stream_timeout, trust_env=False
+        )
+        self.counters.watch_connections += 1
+        stack.push_async_callback(self._close_quietly, client)
+        return client
+
+    async def _close_quietly(self, client: httpx.AsyncClient) -> None:
+        self.counters.watch_connections -= 1
+        with anyio.move_on_after(1.0, shield=True):
+            await client.aclose()
+
+    @property
+    def request_pool(self) -> tuple[int, int]:
+        """(unary requests in flight, ``max_request_connections``)."""
+        return self._requests.borrowed_tokens, int(self._requests.total_tokens)
 
     # ---------------------------------------------------------------- close
 

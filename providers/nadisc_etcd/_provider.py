@@ -3,7 +3,8 @@
 Discovery (evidence :attr:`~nadisc.EvidenceKind.LEASE`: a record exists
 because its registrant keeps a lease alive)::
 
-    query(service)   one range of <prefix>/<service>/ -> complete ProviderSnapshot
+    query(service)   one range of <prefix>/<service>/ (pages of 1,000 keys read at
+                     one revision, decoded cooperatively) -> complete ProviderSnapshot
 
     watch(service)   range ─► publish ─► watch from revision+1 (progress_notify)
                        ▲                    │ each received batch of events: publish once
@@ -45,7 +46,13 @@ can no longer land, so that registration is known not applied and reported
 as a retryable ``IncompleteSnapshot`` (as is any write that was never sent).
 
 The provider never starts tasks of its own; ``watch`` runs in the caller's
-task group and holds one stream plus one probe task inside it.
+task group and holds one stream (on a dedicated connection, outside the
+request pool) plus one probe task inside it.
+
+Costs: a watch batch of k events costs O(k log n) plus the decoding of
+those k records, and its snapshot is one tuple copy (see :mod:`._state`);
+the watch yields between batches. Per watched service and interval: one
+probe range per ``probe_interval_ms``; one socket for the stream.
 """
 
 from __future__ import annotations
@@ -56,12 +63,14 @@ import logging
 from dataclasses import dataclass
 
 import anyio
+import anyio.lowlevel
 import httpx
 from anyio.abc import TaskStatus
 from pydantic import BaseModel
 
 from nadisc import (
     Capabilities,
+    CapacityRejected,
     ConfigError,
     ConnectionContext,
     EvidenceKind,
@@ -84,7 +93,7 @@ from ._client import EtcdClient, WatchStream
 from ._layout import Layout, check_record, encode_record
 from ._settings import EtcdSettings
 from ._state import Backoff, ProbeVerdict, ServiceState
-from ._wire import GatewayStatus, prefix_range_end
+from ._wire import GatewayStatus, KeyValue, prefix_range_end
 
 __all__ = ["EtcdProvider", "EtcdProviderFactory", "EtcdStatistics", "factory"]
 
@@ -93,6 +102,8 @@ logger = logging.getLogger(__name__)
 #: A lease must be kept alive within this fraction of its TTL: two keepalives
 #: may be lost (or answered late) before the lease lapses.
 RENEW_FRACTION = 1 / 3
+#: Keys per page of a complete range (each page is one bounded response).
+RANGE_PAGE = 1000
 
 
 def capabilities_for(settings: EtcdSettings) -> Capabilities:
@@ -123,6 +134,8 @@ class EtcdStatistics:
     watch_failures: int
     publishes: int
     probes: int
+    #: Watches holding a dedicated connection right now (never from the pool).
+    watch_connections: int = 0
 
 
 @dataclass(slots=True)
@@ -179,6 +192,9 @@ class EtcdProvider:
         self._counts = _Counts()
         self._closed = False
         self._capabilities = capabilities_for(settings)
+        #: service -> the state of a running watch of it: a query reuses the
+        #: records that watch already decoded.
+        self._live: dict[str, ServiceState] = {}
 
     def __repr__(self) -> str:
         return (
@@ -209,6 +225,7 @@ class EtcdProvider:
             watch_failures=c.watch_failures,
             publishes=c.publishes,
             probes=c.probes,
+            watch_connections=n.watch_connections,
         )
 
     def _check_open(self) -> None:
@@ -225,15 +242,33 @@ class EtcdProvider:
         bound service (``IdentityRevoked`` names the service that is refused)."""
         self._check_open()
         await self._client.status(deadline=deadline)
-        for alias in sorted(self._settings.services):
-            remote = self._settings.remote_name(alias)
-            head = self._layout.service_prefix(remote)
+        # One count-only range per bound service, all at once (the request
+        # limiter paces them): a thousand bound services fit in one request
+        # timeout. A refusal is reported for the first alias by name.
+        refused: dict[str, IdentityRevoked] = {}
+        failures: list[ProviderFailure] = []
+
+        async def check(alias: str) -> None:
+            head = self._layout.service_prefix(self._settings.remote_name(alias))
             try:
                 await self._client.range(
                     head, prefix_range_end(head), count_only=True, deadline=deadline
                 )
             except IdentityRevoked as exc:
-                raise IdentityRevoked(f"service {alias!r} ({remote!r}): {exc}") from exc
+                refused[alias] = exc
+            except ProviderFailure as exc:
+                failures.append(exc)
+
+        async with anyio.create_task_group() as group:
+            for alias in sorted(self._settings.services):
+                group.start_soon(check, alias)
+        if refused:
+            alias = min(refused)
+            remote = self._settings.remote_name(alias)
+            cause = refused[alias]
+            raise IdentityRevoked(f"service {alias!r} ({remote!r}): {cause}") from cause
+        if failures:
+            raise failures[0]
 
     def _new_state(self, service: str) -> ServiceState:
         return ServiceState(
@@ -244,11 +279,36 @@ class EtcdProvider:
         )
 
     async def _range_into(self, state: ServiceState, deadline: float) -> None:
+        """A complete range of the service, in pages of :data:`RANGE_PAGE`
+        keys all read at the revision of the first page (one consistent
+        listing), decoded cooperatively (the loop gets a turn every few
+        hundred records) and reusing what a live watch already decoded."""
         head = self._layout.service_prefix(state.service)
-        answer = await self._client.range(head, prefix_range_end(head), deadline=deadline)
-        if answer.more:
-            raise IncompleteSnapshot(f"service {state.service!r}: the range was truncated")
-        state.reset(answer.kvs, answer.header.revision)
+        end = prefix_range_end(head)
+        kvs: list[KeyValue] = []
+        start, revision = head, 0
+        while True:
+            answer = await self._client.range(
+                start, end, limit=RANGE_PAGE, revision=revision, deadline=deadline
+            )
+            if not revision:
+                revision = answer.header.revision
+            kvs.extend(answer.kvs)
+            if not answer.more:
+                break
+            if not answer.kvs:
+                raise IncompleteSnapshot(f"service {state.service!r}: the range was truncated")
+            if len(kvs) > self._context.max_instances_per_service + RANGE_PAGE:
+                # Far past the limit already: the listing would be refused anyway.
+                raise CapacityRejected(
+                    f"service {state.service!r}: more than "
+                    f"max_instances_per_service={self._context.max_instances_per_service} records"
+                )
+            start = answer.kvs[-1].key + b"\x00"
+            await anyio.lowlevel.checkpoint()
+        live = self._live.get(state.service)
+        for _ in state.reset_steps(kvs, revision, reuse=live):
+            await anyio.lowlevel.checkpoint()
 
     async def query(self, service: str, deadline: float) -> ProviderSnapshot:
         """One range of the service prefix as a complete listing."""
@@ -278,6 +338,21 @@ class EtcdProvider:
             self._settings.retry_max_backoff_ms / 1000,
         )
         run = _Run(self._new_state(service), sink, backoff)
+        self._live.setdefault(service, run.state)
+        try:
+            await self._watch(run, service, sink, task_status, backoff)
+        finally:
+            if self._live.get(service) is run.state:
+                del self._live[service]
+
+    async def _watch(
+        self,
+        run: _Run,
+        service: str,
+        sink: ObservationSink,
+        task_status: TaskStatus[None],
+        backoff: Backoff,
+    ) -> None:
         started = False
         need_range = True
         while True:
@@ -397,9 +472,14 @@ class EtcdProvider:
                     state.progress(message.header.revision)
                     progressed = True
             if changed:
+                # Latest-only: everything this read delivered is applied
+                # first, then published once.
                 self._publish(run)
             elif progressed:
                 self._confirm(run)
+            # Give the loop a turn between batches, even when the socket
+            # always has more to read (a burst).
+            await anyio.lowlevel.checkpoint()
 
     async def _probe(self, run: _Run, head: bytes) -> None:
         interval = self._settings.probe_interval_ms / 1000

@@ -93,6 +93,12 @@ class EtcdSettings(BaseModel):
     retry_max_backoff_ms: int = Field(default=30_000, ge=1, le=86_400_000)
     #: A record value longer than this is a confirmed invalid candidate.
     max_record_bytes: int = Field(default=65_536, ge=64, le=16 * 1024 * 1024)
+    #: Unary requests (ranges, puts, leases, probes) in flight at once on
+    #: this connection, over as many pooled HTTP connections; more wait
+    #: their turn in arrival order. Watches never use this pool: each holds
+    #: a dedicated connection of its own (bounded by the owner's
+    #: ``max_watch_streams``).
+    max_request_connections: int = Field(default=16, ge=1, le=1024)
 
     @field_validator("endpoints")
     @classmethod

@@ -15,16 +15,28 @@ the listing is and whether the stream can be trusted. No I/O, no clock.
 ``revision`` is the newest revision whose effects are all applied, so a
 broken stream resumes from ``revision + 1`` with no event lost and none
 applied twice (an event at or below ``revision`` is ignored).
+
+Costs: the valid records live in an :class:`~nadisc.IncrementalListing`
+(key order, identity count and byte total kept per change), so a watch batch
+of k events costs O(k log n) plus the decoding of those k records, and
+:meth:`ServiceState.snapshot` copies one tuple of references and sorts only
+the invalid records (cached while they do not change). A complete range
+(:meth:`~ServiceState.reset`) is O(n); records whose key and
+``mod_revision`` a live state already decoded are taken over undecoded
+(in etcd a key's ``mod_revision`` names one value), and
+:meth:`~ServiceState.reset_steps` yields every few hundred records so the
+caller can give the event loop back in between.
 """
 
 from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
-from nadisc import CapacityRejected, EvidenceKind, Instance, ProviderSnapshot
+from nadisc import CapacityRejected, EvidenceKind, IncrementalListing, Instance, ProviderSnapshot
 
 from ._layout import Layout, RecordError, decode_record
 from ._wire import KeyValue, WatchResponse
@@ -51,6 +63,9 @@ class ProbeVerdict(enum.Enum):
 class ServiceState:
     """The records of one service under a layout, as of ``revision``."""
 
+    #: Records a cooperative reset decodes between two yields.
+    RESET_STEP = 256
+
     def __init__(
         self, service: str, layout: Layout, *, max_record_bytes: int, max_instances: int
     ) -> None:
@@ -60,6 +75,9 @@ class ServiceState:
         self._max_record_bytes = max_record_bytes
         self._max_instances = max_instances
         self._entries: dict[bytes, _Entry] = {}
+        self._listing: IncrementalListing[bytes] = IncrementalListing()
+        self._invalid: dict[bytes, str] = {}
+        self._invalid_view: Mapping[str, str] | None = None
         self._lagging_since: int | None = None
 
     def __len__(self) -> int:
@@ -75,11 +93,61 @@ class ServiceState:
             return _Entry(kv.mod_revision, None, str(exc))
         return _Entry(kv.mod_revision, instance, None)
 
-    def reset(self, kvs: Iterable[KeyValue], revision: int) -> None:
+    def reset(
+        self, kvs: Iterable[KeyValue], revision: int, *, reuse: ServiceState | None = None
+    ) -> None:
         """Replace everything with a complete range taken at ``revision``."""
-        self._entries = {kv.key: self._decode(kv) for kv in kvs}
+        for _ in self.reset_steps(kvs, revision, reuse=reuse):
+            pass
+
+    def reset_steps(
+        self, kvs: Iterable[KeyValue], revision: int, *, reuse: ServiceState | None = None
+    ) -> Iterator[None]:
+        """:meth:`reset`, yielding after every :attr:`RESET_STEP` records; the
+        state changes only once the iterator is exhausted. ``reuse`` (another
+        state of the same service, a live watch's) lends records it already
+        decoded at the same ``mod_revision``."""
+        known = reuse._entries if reuse is not None else {}
+        entries: dict[bytes, _Entry] = {}
+        listing: IncrementalListing[bytes] = IncrementalListing()
+        invalid: dict[bytes, str] = {}
+        step = self.RESET_STEP
+        for count, kv in enumerate(kvs, 1):
+            entry = known.get(kv.key)
+            if entry is None or not kv.mod_revision or entry.mod_revision != kv.mod_revision:
+                entry = self._decode(kv)
+            entries[kv.key] = entry
+            if entry.instance is not None:
+                listing.put(kv.key, entry.instance)
+            else:
+                invalid[kv.key] = entry.problem or "invalid record"
+            if count % step == 0:
+                yield
+        self._entries = entries
+        self._listing = listing
+        self._invalid = invalid
+        self._invalid_view = None
         self.revision = revision
         self._lagging_since = None
+
+    def _store(self, key: bytes, entry: _Entry) -> None:
+        self._entries[key] = entry
+        if entry.instance is not None:
+            self._listing.put(key, entry.instance)
+            if self._invalid.pop(key, None) is not None:
+                self._invalid_view = None
+        else:
+            self._listing.discard(key)
+            self._invalid[key] = entry.problem or "invalid record"
+            self._invalid_view = None
+
+    def _remove(self, key: bytes) -> bool:
+        if self._entries.pop(key, None) is None:
+            return False
+        self._listing.discard(key)
+        if self._invalid.pop(key, None) is not None:
+            self._invalid_view = None
+        return True
 
     def apply(self, response: WatchResponse) -> bool:
         """Apply one watch response's events; True if the listing changed.
@@ -87,7 +155,7 @@ class ServiceState:
         Events at or below ``revision`` were applied already (a resumed stream
         may repeat them) and are ignored. Events of one response may share a
         revision (one transaction), so the guard uses the revision from
-        before the response.
+        before the response. O(events x log n).
         """
         floor = self.revision
         newest = floor
@@ -98,9 +166,9 @@ class ServiceState:
                 continue
             newest = max(newest, kv.mod_revision)
             if event.type == "DELETE":
-                changed |= self._entries.pop(kv.key, None) is not None
+                changed |= self._remove(kv.key)
             else:
-                self._entries[kv.key] = self._decode(kv)
+                self._store(kv.key, self._decode(kv))
                 changed = True
         self.revision = newest
         return changed
@@ -134,11 +202,15 @@ class ServiceState:
         return ProbeVerdict.LAGGING
 
     def invalid(self) -> Mapping[str, str]:
-        return {
-            key.decode("utf-8", "replace"): entry.problem
-            for key, entry in sorted(self._entries.items())
-            if entry.problem is not None
-        }
+        """Invalid records (key -> reason) in key order; cached while unchanged."""
+        if self._invalid_view is None:
+            self._invalid_view = MappingProxyType(
+                {
+                    key.decode("utf-8", "replace"): problem
+                    for key, problem in sorted(self._invalid.items())
+                }
+            )
+        return self._invalid_view
 
     def snapshot(self) -> ProviderSnapshot:
         """The complete listing now, valid instances in key order.
@@ -146,23 +218,15 @@ class ServiceState:
         ``CapacityRejected`` when more valid instances than
         ``max_instances_per_service`` are present. Invalid records never
         count against the limit and never appear among the instances.
+        The same object is returned while nothing changed.
         """
-        instances = tuple(
-            entry.instance
-            for _, entry in sorted(self._entries.items())
-            if entry.instance is not None
-        )
-        if len(instances) > self._max_instances:
+        count = len(self._listing)
+        if count > self._max_instances:
             raise CapacityRejected(
-                f"service {self.service!r}: {len(instances)} instances exceed "
+                f"service {self.service!r}: {count} instances exceed "
                 f"max_instances_per_service={self._max_instances}"
             )
-        return ProviderSnapshot(
-            service=self.service,
-            instances=instances,
-            evidence=EvidenceKind.LEASE,
-            invalid=self.invalid(),
-        )
+        return self._listing.snapshot(self.service, EvidenceKind.LEASE, self.invalid())
 
 
 class Backoff:

@@ -554,7 +554,6 @@ def test_registration_targets() -> None:
         (reg(weight=0), "weight"),
         (reg(weight=float("inf")), "weight"),
         (reg(tags="a"), "tags"),
-        ({"service_name": "self", "port": 1}, "ip"),
     ],
 )
 def test_registration_errors(registration: dict[str, Any], suffix: str) -> None:

@@ -15,6 +15,15 @@ def test_reduced_demo_keeps_its_invariants(capsys: pytest.CaptureFixture[str]) -
     assert "MemoryProvider" in out and "p99 ms" in out and "delta after drain" in out
     assert "invariants held" in out and "FAILED" not in out
     assert result.problems == []
+    # The rolling restart of hosted instances: no failed request, nothing
+    # reached a replaced instance after its deregistration.
+    rolling = result.rolling
+    assert rolling is not None and rolling.problems == []
+    assert rolling.errors == 0 and rolling.requests > 0
+    assert rolling.late == {"v0": 0, "v1": 0, "v2": 0}
+    assert set(rolling.served) == {f"v{i}" for i in range(6)}
+    assert all(count > 0 for count in rolling.served.values()), rolling.served
+    assert "rolling restart" in out and "after deregistration" in out
     assert [run.strategy for run in result.runs] == list(demo.STRATEGIES)
     names = [name for name, _, _ in demo.BACKENDS]
     for run in result.runs:

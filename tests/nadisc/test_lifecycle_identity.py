@@ -199,6 +199,11 @@ async def test_readiness_view_is_immutable_and_free_of_addresses(
                 "residual_risk",
                 "startup_required",
                 "readiness_critical",
+                # Counters, (time, closed state) pairs and a failure's class name.
+                "renewals",
+                "renewal_failures",
+                "history",
+                "last_error",
             }
         with pytest.raises(KeyError):
             snapshot.registration("nope")

@@ -67,6 +67,8 @@ def etcd_config(
     *,
     etcd: Mapping[str, Any] | None = None,
     registrations: Mapping[str, Mapping[str, Any]] | None = None,
+    limits: Mapping[str, Any] | None = None,
+    shutdown_timeout_ms: int = 4000,
     **connection: Any,
 ) -> DiscoveryConfig:
     """One ``primary`` etcd connection; ``connection`` overrides its policy fields."""
@@ -85,8 +87,10 @@ def etcd_config(
     document: dict[str, Any] = {
         "enabled": True,
         "connections": {"primary": policy},
-        "shutdown_timeout_ms": 4000,
+        "shutdown_timeout_ms": shutdown_timeout_ms,
     }
+    if limits:
+        document["limits"] = dict(limits)
     if registrations:
         document["registrations"] = {name: dict(spec) for name, spec in registrations.items()}
     return DiscoveryConfig.model_validate(document)

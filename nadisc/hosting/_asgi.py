@@ -1,0 +1,163 @@
+"""The ASGI pieces the host puts in front of the served apps.
+
+:class:`Gate` wraps a public app. It counts the HTTP requests in flight and,
+once :meth:`Gate.close` was called (the host does so when the deregistration
+is acknowledged), answers every *new* HTTP request with ``503`` and
+``Connection: close`` without calling the app, and refuses new websocket
+handshakes. Requests already inside the app run to completion. Lifespan
+messages always pass through::
+
+    OPEN ──close()──► CLOSED        (in_flight counts down to 0 as requests finish)
+
+:class:`PrefixRouter` dispatches on path prefixes (``/metrics`` -> an app),
+setting ``root_path`` the way Starlette's ``Mount`` does, with a fallback
+for everything else (a 404 app by default). Both cost O(1) per request
+(the router: one comparison per mount).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any
+
+import anyio
+
+__all__ = ["ASGIApp", "Gate", "PrefixRouter", "not_found"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+#: Any ASGI 3 application.
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+async def _respond(send: Send, status: int, body: bytes, *, close: bool = False) -> None:
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", b"%d" % len(body)),
+    ]
+    if close:
+        headers.append((b"connection", b"close"))
+        headers.append((b"retry-after", b"0"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
+    """The fallback of an admin listener: ``404`` for HTTP, lifespan acknowledged."""
+    if scope["type"] == "http":
+        await _respond(send, 404, b"not found\n")
+    elif scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+    elif scope["type"] == "lifespan":
+        await _lifespan(receive, send)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+class Gate:
+    """Counts in-flight HTTP requests; refuses new ones once closed (see module docs)."""
+
+    __slots__ = ("_app", "_closed", "cancelled", "in_flight", "refused", "served")
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+        self._closed = False
+        #: HTTP requests inside the app now.
+        self.in_flight = 0
+        #: HTTP requests handed to the app so far.
+        self.served = 0
+        #: Requests answered 503 because the gate was closed.
+        self.refused = 0
+        #: HTTP requests cancelled inside the app (cut by the server).
+        self.cancelled = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """From now on, new requests are refused (synchronous, idempotent)."""
+        self._closed = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._app(scope, receive, send)
+            return
+        if self._closed:
+            self.refused += 1
+            if kind == "http":
+                await _respond(send, 503, b"shutting down\n", close=True)
+            else:
+                await send({"type": "websocket.close", "code": 1012})  # service restart
+            return
+        if kind != "http":
+            await self._app(scope, receive, send)
+            return
+        self.in_flight += 1
+        self.served += 1
+        try:
+            await self._app(scope, receive, send)
+        except anyio.get_cancelled_exc_class():
+            self.cancelled += 1
+            raise
+        finally:
+            self.in_flight -= 1
+
+
+class PrefixRouter:
+    """Routes ``/prefix`` and ``/prefix/...`` to mounted apps, the rest to ``fallback``.
+
+    The longest matching prefix wins. A mounted app sees the full ``path``
+    and the prefix appended to ``root_path``; an ``unchanged`` one gets the
+    scope as it came (the eligibility probe routes on its own full path).
+    Lifespan goes to ``fallback`` only (mounted apps are started by whoever
+    owns them).
+    """
+
+    __slots__ = ("_fallback", "_mounts")
+
+    def __init__(
+        self,
+        mounts: Mapping[str, ASGIApp],
+        fallback: ASGIApp = not_found,
+        *,
+        unchanged: Mapping[str, ASGIApp] | None = None,
+    ) -> None:
+        checked: list[tuple[str, ASGIApp, bool]] = []
+        for table, rooted in ((mounts, True), (unchanged or {}, False)):
+            for prefix, app in table.items():
+                if not isinstance(prefix, str) or not prefix.startswith("/") or prefix == "/":
+                    raise ValueError(f"a mount prefix starts with '/' and names a path: {prefix!r}")
+                if not callable(app):
+                    raise ValueError(f"mount {prefix!r}: {type(app).__name__} is not an ASGI app")
+                checked.append((prefix.rstrip("/"), app, rooted))
+        checked.sort(key=lambda item: len(item[0]), reverse=True)
+        self._mounts = tuple(checked)
+        self._fallback = fallback
+
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        return tuple(prefix for prefix, _, _ in self._mounts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            path: str = scope.get("path", "")
+            for prefix, app, rooted in self._mounts:
+                if path == prefix or path.startswith(prefix + "/"):
+                    if rooted:
+                        scope = dict(scope)
+                        scope["root_path"] = scope.get("root_path", "") + prefix
+                    await app(scope, receive, send)
+                    return
+        await self._fallback(scope, receive, send)

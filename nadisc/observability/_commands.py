@@ -1,0 +1,373 @@
+"""``nadisc console`` and ``nadisc watch``: hosts around the console and the watch view.
+
+Contract:
+
+* ``nadisc console CONFIG [--bind HOST:PORT] [--interval S]`` opens an owner
+  for CONFIG (its registrations left out: a viewer never registers the
+  application), observes every bound service of every connection, and
+  serves the console (page, ``/ws``, ``/state``, ``/metrics``) with
+  hypercorn until SIGINT/SIGTERM. The bind defaults to ``127.0.0.1:8765``;
+  a non-loopback bind needs a token. The token comes from the environment
+  variable named by ``--token-env`` (default ``NADISC_CONSOLE_TOKEN``),
+  never from the command line (``ps`` would show it). It prints
+  ``console: http://HOST:PORT/`` once it serves.
+* ``nadisc watch CONFIG SERVICE... [--json] [--updates N]`` opens an owner
+  the same way, observes SERVICE (an alias on the default connection, or
+  ``connection/alias``) and redraws a table on each change: revision,
+  evidence kind, evidence age, instance count and the last error. On a
+  terminal the table redraws in place; ``--json`` prints one JSON line per
+  changed service instead.
+* ``nadisc watch [CONFIG] SERVICE... --connect ws://HOST:PORT/ws`` follows
+  a running console instead (trio-websocket), sending the token from the
+  same environment variable as ``Authorization: Bearer``.
+
+Exit status: 0 (stopped by a signal or after ``--updates``), 2 on a usage
+or config error, 1 when discovery or the connection failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO
+
+import anyio
+
+from .._config import DiscoveryConfig
+from .._errors import ConfigError, DiscoveryError
+from ._model import DEFAULT_INTERVAL, service_part
+
+__all__ = ["add_commands", "format_table", "watch_remote"]
+
+DEFAULT_BIND = "127.0.0.1:8765"
+TOKEN_ENV = "NADISC_CONSOLE_TOKEN"
+_CONFIG_SUFFIXES = (".yaml", ".yml", ".toml", ".json")
+
+Loader = Callable[[str], DiscoveryConfig]
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``console`` and ``watch`` to the ``nadisc`` parser's subcommands."""
+    console = sub.add_parser("console", help="serve the live console for a config")
+    console.add_argument("config")
+    console.add_argument("--bind", default=DEFAULT_BIND, help=f"HOST:PORT (default {DEFAULT_BIND})")
+    console.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, help="seconds")
+    console.add_argument("--token-env", default=TOKEN_ENV, help="variable holding the token")
+    console.add_argument("--timeout", type=float, default=5.0, help="first-listing wait")
+    console.set_defaults(run=_run_console)
+
+    watch = sub.add_parser("watch", help="watch services live in the terminal")
+    watch.add_argument("items", nargs="+", metavar="[CONFIG] SERVICE")
+    watch.add_argument("--connect", help="follow a running console (ws://HOST:PORT/ws)")
+    watch.add_argument("--json", action="store_true", help="one JSON line per change")
+    watch.add_argument("--updates", type=int, default=0, help="stop after N updates")
+    watch.add_argument("--token-env", default=TOKEN_ENV, help="variable holding the token")
+    watch.add_argument("--timeout", type=float, default=5.0, help="first-listing wait")
+    watch.set_defaults(run=_run_watch)
+
+
+# ----------------------------------------------------------------------------- shared
+
+
+def _viewer_config(config: DiscoveryConfig) -> DiscoveryConfig:
+    return config.model_copy(update={"registrations": {}})
+
+
+def _positive(name: str, value: float) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(name, "must be a positive number of seconds")
+    return value
+
+
+def _bind(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError("--bind", f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _token(environ: Mapping[str, str], name: str) -> str | None:
+    return environ.get(name) or None
+
+
+def _service_keys(config: DiscoveryConfig | None, names: Sequence[str]) -> list[str]:
+    keys = []
+    for name in names:
+        if "/" in name:
+            connection, _, alias = name.partition("/")
+        else:
+            connection, alias = (config.default_connection if config else None) or "primary", name
+        if config is not None:
+            block = config.connections.get(connection)
+            if block is None:
+                raise ConfigError(f"watch {name}", f"no connection named {connection!r}")
+        keys.append(f"{connection}/{alias}")
+    return keys
+
+
+def _age(part: Mapping[str, Any], now: float) -> float | None:
+    confirmed = part.get("confirmed_at")
+    return None if confirmed is None else max(0.0, now - float(confirmed))
+
+
+def _row(part: Mapping[str, Any], now: float) -> dict[str, Any]:
+    age = _age(part, now)
+    return {
+        "connection": part["connection"],
+        "service": part["service"],
+        "revision": part["revision"],
+        "evidence": part["evidence"],
+        "age": None if age is None else round(age, 3),
+        "max_age": part["max_age"],
+        "instances": len(part["instances"]),
+        "unavailable": part["unavailable"],
+        "last_error": part["last_failure"],
+    }
+
+
+def _change_key(row: Mapping[str, Any]) -> tuple[object, ...]:
+    return tuple(v for k, v in row.items() if k != "age")
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The watch table: one line per service, columns aligned."""
+    header = ("CONNECTION", "SERVICE", "REV", "EVIDENCE", "AGE", "INSTANCES", "LAST ERROR")
+    lines: list[tuple[str, ...]] = [header]
+    for r in rows:
+        age = "-" if r["age"] is None else f"{r['age']:.1f}s/{r['max_age']:g}s"
+        error = (r["unavailable"] and f"unavailable: {r['unavailable']}") or r["last_error"] or "-"
+        if r["unavailable"] and r["last_error"]:
+            error += f" ({r['last_error']})"
+        lines.append(
+            (
+                str(r["connection"]),
+                str(r["service"]),
+                str(r["revision"]),
+                str(r["evidence"] or "-"),
+                age,
+                str(r["instances"]),
+                str(error),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in lines
+    )
+
+
+class _View:
+    """Prints rows: a redrawn table on a terminal, lines otherwise, or JSON lines."""
+
+    def __init__(self, out: TextIO, *, as_json: bool, updates: int) -> None:
+        self.out = out
+        self.json = as_json
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.left = updates if updates > 0 else -1
+        self._last: dict[str, tuple[object, ...]] = {}
+
+    def show(self, rows: Sequence[dict[str, Any]], *, tick: bool = False) -> bool:
+        """Print what changed; return False once ``--updates`` were printed."""
+        changed = [r for r in rows if self._last.get(self._key(r)) != _change_key(r)]
+        for r in rows:
+            self._last[self._key(r)] = _change_key(r)
+        if not changed and not (tick and self.tty and not self.json):
+            return True
+        if self.json:
+            for r in changed:
+                self.out.write(json.dumps(r, sort_keys=True) + "\n")
+        elif self.tty:
+            self.out.write("\x1b[H\x1b[2J" + format_table(rows) + "\n")
+        else:
+            self.out.write(format_table(rows) + "\n\n")
+        self.out.flush()
+        if changed and self.left > 0:
+            self.left -= 1
+            return self.left > 0
+        return True
+
+    @staticmethod
+    def _key(row: Mapping[str, Any]) -> str:
+        return f"{row['connection']}/{row['service']}"
+
+
+# ----------------------------------------------------------------------------- console
+
+
+def _run_console(
+    args: argparse.Namespace, load: Loader, environ: Mapping[str, str], out: TextIO, err: TextIO
+) -> int:
+    config = load(args.config)
+    host, port = _bind(args.bind)
+    interval = _positive("--interval", args.interval)
+    timeout = _positive("--timeout", args.timeout)
+    token = _token(environ, args.token_env)
+    if not _loopback(host) and token is None:
+        raise ConfigError(
+            "--bind", f"a console on a non-loopback address needs a token (set {args.token_env})"
+        )
+    import trio
+
+    trio.run(_console_main, _viewer_config(config), host, port, interval, timeout, token, out)
+    return 0
+
+
+async def _observe_all(owner: Any, config: DiscoveryConfig, first_wait: float) -> list[object]:
+    held: list[object] = []
+    deadline = anyio.current_time() + first_wait
+    for name in config.connections:
+        handle = owner.client(name)
+        for alias in handle.services():
+            try:
+                held.append(await handle.observe(alias, deadline))
+            except DiscoveryError as exc:
+                sys.stderr.write(f"nadisc: {name}/{alias}: {type(exc).__name__}\n")
+    return held
+
+
+async def _console_main(
+    config: DiscoveryConfig,
+    host: str,
+    port: int,
+    interval: float,
+    first_wait: float,
+    token: str | None,
+    out: TextIO,
+) -> None:
+    import signal
+
+    import trio
+
+    from .._owner import open_discovery
+    from ._console import console_app
+    from ._serve import serve
+
+    async with open_discovery(config) as owner:
+        held = await _observe_all(owner, config, first_wait)
+        app = console_app(owner, token=token, interval=interval, metrics=True)
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(serve, app, f"{host}:{port}")
+            out.write(f"console: {urls[0]}/\n")
+            out.flush()
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    break
+            nursery.cancel_scope.cancel()
+        del held
+
+
+# ----------------------------------------------------------------------------- watch
+
+
+def _run_watch(
+    args: argparse.Namespace, load: Loader, environ: Mapping[str, str], out: TextIO, err: TextIO
+) -> int:
+    items: list[str] = list(args.items)
+    config: DiscoveryConfig | None = None
+    if args.connect is None or items[0].lower().endswith(_CONFIG_SUFFIXES):
+        if args.connect is None and len(items) < 2:
+            raise ConfigError("watch", "give the config file and at least one SERVICE")
+        config = load(items.pop(0))
+    if not items:
+        raise ConfigError("watch", "give at least one SERVICE")
+    if args.updates < 0:
+        raise ConfigError("--updates", "must be >= 0")
+    timeout = _positive("--timeout", args.timeout)
+    view = _View(out, as_json=args.json, updates=args.updates)
+    import trio
+
+    try:
+        if args.connect is not None:
+            keys = items if config is None else _service_keys(config, items)
+            trio.run(watch_remote, args.connect, keys, view, _token(environ, args.token_env))
+        else:
+            assert config is not None
+            keys = _service_keys(config, items)
+            trio.run(_watch_local, _viewer_config(config), keys, view, timeout)
+    except KeyboardInterrupt:
+        return 0
+    except OSError as exc:
+        err.write(f"nadisc: cannot follow the console: {exc.strerror or type(exc).__name__}\n")
+        return 1
+    return 0
+
+
+async def _watch_local(
+    config: DiscoveryConfig, keys: Sequence[str], view: _View, first_wait: float
+) -> None:
+    import trio
+
+    from .._owner import open_discovery
+
+    async with open_discovery(config) as owner:
+        deadline = anyio.current_time() + first_wait
+        observations = []
+        for key in keys:
+            connection, _, alias = key.partition("/")
+            observations.append(await owner.client(connection).observe(alias, deadline))
+        observer = owner.observer()
+        wanted = set(keys)
+        dirty = trio.Event()
+
+        async with trio.open_nursery() as nursery:
+
+            async def follow(observation: Any) -> None:
+                nonlocal dirty
+                while True:
+                    await observation.changed(anyio.current_time() + 3600)
+                    dirty.set()
+
+            for observation in observations:
+                nursery.start_soon(follow, observation)
+            while True:
+                now = anyio.current_time()
+                rows = [
+                    _row(service_part(listing), now)
+                    for listing in observer.listings(now)
+                    if f"{listing.connection}/{listing.service}" in wanted
+                ]
+                if not view.show(rows, tick=not dirty.is_set()):
+                    nursery.cancel_scope.cancel()
+                    return
+                dirty = trio.Event()
+                with trio.move_on_after(1.0):
+                    await dirty.wait()
+
+
+async def watch_remote(url: str, keys: Sequence[str], view: Any, token: str | None) -> None:
+    """Follow a console's ``/ws`` and show ``keys`` (``connection/service``,
+    or a bare service name matching it on any connection) through ``view``."""
+    from trio_websocket import open_websocket_url
+
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    services: dict[str, dict[str, Any]] = {}
+    wanted = set(keys)
+
+    def shown(key: str) -> bool:
+        return key in wanted or key.partition("/")[2] in wanted
+
+    async with open_websocket_url(url, extra_headers=headers) as socket:
+        while True:
+            message = json.loads(await socket.get_message())
+            if message.get("type") == "full":
+                services.clear()
+            services.update(message.get("services", {}))
+            for key in message.get("removed", []):
+                services.pop(key, None)
+            now = float(message.get("now") or 0.0)
+            rows = [_row(part, now) for key, part in sorted(services.items()) if shown(key)]
+            if not view.show(rows):
+                return

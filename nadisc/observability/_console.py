@@ -1,0 +1,245 @@
+"""The live console: a read-only page that follows an owner over a WebSocket.
+
+Contract: :class:`ConsoleApp` is a plain ASGI callable (HTTP + WebSocket +
+lifespan) that works at the root of a server or mounted under any prefix
+(it reads ``scope["root_path"]``; every URL in the page is relative). It
+reads the owner's observer only and starts no task outside the handler of
+the request it serves. Routes, relative to the mount point::
+
+    /             the page (static HTML; no data, so no token needed)
+    /console.js   /console.css   the page's script and style (package files)
+    /ws           WebSocket: one "full" message, then "delta" messages
+    /state        the newest full state as JSON (one-shot, for scripts)
+    /metrics      the Prometheus exposition (when ``metrics=True``)
+
+Per WebSocket client::
+
+    accept ─▶ [token?] ─▶ send full ─▶ wait_newer(seq) ─▶ send delta ─┐
+                                            ▲──────────────────────────┘
+    disconnect (any time) ─▶ the handler's scope is cancelled, nothing left
+
+Latest-only: a client that reads slowly blocks only its own send; when it
+is done it receives one delta from what it saw to the newest sample (see
+:mod:`nadisc.observability._model`), never a backlog.
+
+Token: with ``token`` set, ``/ws`` needs ``Authorization: Bearer <token>``
+or a first text message ``{"token": "<token>"}`` within 5 s (browsers
+cannot set WebSocket headers; the page takes the token from its URL
+fragment ``#token=...``, which never reaches the server or its logs);
+``/state`` and ``/metrics`` need the header. A wrong token closes with
+code 4401 (HTTP 401). Tokens are compared in constant time and never
+logged.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import anyio
+from prometheus_client import CollectorRegistry
+
+from .._observer import RuntimeObserver
+from ._asgi import Receive, Scope, Send, bearer_ok, header, lifespan, local_path, send_text
+from ._metrics import MetricsApp, register_metrics
+from ._model import DEFAULT_INTERVAL, ConsoleModel
+
+if TYPE_CHECKING:
+    from .._owner import DiscoveryOwner
+    from .._transport import DiscoveryTransport
+
+__all__ = ["ConsoleApp", "console_app"]
+
+#: Seconds a client may take to send its token message.
+AUTH_TIMEOUT = 5.0
+_CLOSE_UNAUTHORIZED = 4401
+
+_STATIC = {
+    "/": ("console.html", "text/html; charset=utf-8"),
+    "/console.js": ("console.js", "text/javascript; charset=utf-8"),
+    "/console.css": ("console.css", "text/css; charset=utf-8"),
+}
+_PAGE_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        b"img-src 'self' data:; base-uri 'none'; frame-ancestors 'none'",
+    ),
+    (b"referrer-policy", b"no-referrer"),
+]
+
+
+def _read_static(name: str) -> bytes:
+    return (importlib.resources.files("nadisc.observability") / "static" / name).read_bytes()
+
+
+class ConsoleApp:
+    """The console's ASGI app; see the module docstring. Build it with :func:`console_app`."""
+
+    def __init__(
+        self,
+        model: ConsoleModel,
+        *,
+        token: str | None = None,
+        metrics: MetricsApp | None = None,
+    ) -> None:
+        if token is not None and (not isinstance(token, str) or not token):
+            raise ValueError("the console token must be a non-empty string")
+        self.model = model
+        self._token = token
+        self._metrics = metrics
+        self._files = {path: (_read_static(name), kind) for path, (name, kind) in _STATIC.items()}
+        #: WebSocket clients connected now.
+        self.clients = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<ConsoleApp clients={self.clients} token={'set' if self._token else 'none'} "
+            f"metrics={self._metrics is not None}>"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope.get("type")
+        if kind == "lifespan":
+            await lifespan(receive, send)
+        elif kind == "http":
+            await self._http(scope, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        else:
+            raise RuntimeError(f"the console does not serve {kind!r} connections")
+
+    async def _http(self, scope: Scope, send: Send) -> None:
+        path = local_path(scope)
+        if path == "/metrics" and self._metrics is not None:
+            await self._metrics.serve_http(scope, send)
+            return
+        if scope.get("method") not in ("GET", "HEAD"):
+            await send_text(send, 405, "method not allowed\n", extra=[(b"allow", b"GET, HEAD")])
+            return
+        if path == "":
+            root = str(scope.get("root_path") or "").rstrip("/")
+            await send_text(send, 308, "", extra=[(b"location", f"{root}/".encode())])
+            return
+        if path == "/state":
+            if not bearer_ok(scope, self._token):
+                await send_text(send, 401, "unauthorized\n")
+                return
+            sample = self.model.current
+            body = sample.delta({}, full=True) or "{}"
+            await send_text(send, 200, body, content_type="application/json")
+            return
+        found = self._files.get(path)
+        if found is None:
+            await send_text(send, 404, "not found\n")
+            return
+        data, content_type = found
+        await send_text(
+            send,
+            200,
+            data if scope.get("method") == "GET" else b"",
+            content_type=content_type,
+            length=len(data),
+            extra=list(_PAGE_HEADERS),
+        )
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = await receive()
+        if message.get("type") != "websocket.connect":
+            return
+        if local_path(scope) != "/ws":
+            await send({"type": "websocket.close", "code": 4404})
+            return
+        authorized = self._token is None or (
+            header(scope, b"authorization") is not None and bearer_ok(scope, self._token)
+        )
+        await send({"type": "websocket.accept"})
+        self.clients += 1
+        try:
+            if not authorized and not await self._token_message(receive):
+                await send({"type": "websocket.close", "code": _CLOSE_UNAUTHORIZED})
+                # Let the closing handshake finish before the handler returns.
+                with anyio.move_on_after(AUTH_TIMEOUT):
+                    while (await receive()).get("type") != "websocket.disconnect":
+                        pass
+                return
+            async with anyio.create_task_group() as group:
+
+                async def read() -> None:
+                    while True:
+                        incoming = await receive()
+                        if incoming.get("type") == "websocket.disconnect":
+                            group.cancel_scope.cancel()
+                            return
+
+                group.start_soon(read)
+                await self._push(send)
+                group.cancel_scope.cancel()
+        finally:
+            self.clients -= 1
+
+    async def _token_message(self, receive: Receive) -> bool:
+        with anyio.move_on_after(AUTH_TIMEOUT):
+            incoming = await receive()
+            if incoming.get("type") != "websocket.receive":
+                return False
+            try:
+                given = json.loads(incoming.get("text") or "")
+            except ValueError:
+                return False
+            candidate = given.get("token") if isinstance(given, dict) else None
+            if not isinstance(candidate, str):
+                return False
+            return bearer_ok(
+                {"headers": [(b"authorization", f"Bearer {candidate}".encode())]}, self._token
+            )
+        return False
+
+    async def _push(self, send: Send) -> None:
+        model = self.model
+        seen: dict[str, int] = {}
+        sample = model.current
+        first = sample.delta(seen, full=True)
+        assert first is not None
+        await send({"type": "websocket.send", "text": first})
+        while True:
+            sample = await model.wait_newer(sample.seq)
+            text = sample.delta(seen)
+            if text is not None:
+                await send({"type": "websocket.send", "text": text})
+
+
+def console_app(
+    owner: DiscoveryOwner | RuntimeObserver,
+    *,
+    token: str | None = None,
+    interval: float = DEFAULT_INTERVAL,
+    services: Sequence[str] | None = None,
+    transports: Sequence[DiscoveryTransport] = (),
+    metrics: bool = False,
+    registry: CollectorRegistry | None = None,
+) -> ConsoleApp:
+    """The console of ``owner`` (or of an observer) as an ASGI app.
+
+    ``interval``: seconds between samples while clients are connected.
+    ``services``: show only these ``"connection/service"`` keys.
+    ``metrics=True`` also serves ``/metrics`` (from ``registry`` when given,
+    else a private registry); it needs the owner, not an observer.
+    """
+    if isinstance(interval, bool) or not (
+        isinstance(interval, int | float) and math.isfinite(interval) and interval > 0
+    ):
+        raise ValueError(f"interval must be a finite number of seconds > 0, got {interval!r}")
+    observer = owner if isinstance(owner, RuntimeObserver) else owner.observer()
+    model = ConsoleModel(observer, interval=interval, services=services, transports=transports)
+    metrics_app: MetricsApp | None = None
+    if metrics:
+        if isinstance(owner, RuntimeObserver):
+            raise TypeError("metrics=True needs the owner (the collector reads its observer)")
+        target = registry if registry is not None else CollectorRegistry(auto_describe=False)
+        register_metrics(owner, target, transports=transports)
+        metrics_app = MetricsApp(target, token=token)
+    return ConsoleApp(model, token=token, metrics=metrics_app)

@@ -1,0 +1,43 @@
+"""Smoke run of the runtime-at-scale benchmark (starts its own etcd servers)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from benchmarks import runtime_scale
+
+pytestmark = [pytest.mark.real_server, pytest.mark.trio_only]
+
+
+def test_smoke_run_prints_every_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("etcd") is None and os.environ.get("CI", "").lower() != "true":
+        pytest.skip(reason="etcd is not installed (apt-get install etcd-server); never under CI")
+    rows = runtime_scale.main(["--smoke"])
+    out = capsys.readouterr().out
+    sizes = runtime_scale.SMOKE
+    assert [r.scenario for r in rows] == [
+        f"{sizes.registrations} registrations",
+        f"{sizes.raised_registrations} registrations (raised limits)",
+        f"{sizes.watches} watched services",
+        f"{sizes.burst}-distinct-key burst",
+        f"{sizes.rewrite_keys}-key burst rewritten {sizes.rewrite_rounds} times",
+    ]
+    for row in rows:
+        assert row.scenario in out and row.measured in out
+    registered, raised, watched, burst, rewrites = rows
+    # Correctness holds at any size; timings are only bounded loosely here.
+    for row in (registered, raised):
+        assert row.ok, row.measured
+        assert row.values["keys"] == 0 and row.values["leases"] == 0
+    assert watched.values["seen_p99_ms"] < 2000
+    assert burst.values["final_s"] < 30
+    assert rewrites.values["final_ms"] < 5000
+
+
+def test_step_clock_ignores_a_step_it_joined_half_way() -> None:
+    clock = runtime_scale.StepClock()
+    clock.after_task_step(object())  # type: ignore[arg-type]
+    assert clock.longest == 0.0
