@@ -31,6 +31,13 @@ from ._connection import DiscoveryHandle as DiscoveryHandle
 from ._eligibility import Eligibility as Eligibility
 from ._eligibility import EligibilityController as EligibilityController
 from ._eligibility import EligibilityError as EligibilityError
+from ._errors import CallCapacityExceeded as CallCapacityExceeded
+from ._errors import CallError as CallError
+from ._errors import CallEvidenceUnavailable as CallEvidenceUnavailable
+from ._errors import CallLifecycleError as CallLifecycleError
+from ._errors import CallQualifierError as CallQualifierError
+from ._errors import CallTimeout as CallTimeout
+from ._errors import CallUnknownService as CallUnknownService
 from ._errors import CapacityExceeded as CapacityExceeded
 from ._errors import CapacityRejected as CapacityRejected
 from ._errors import ConfigError as ConfigError
@@ -63,6 +70,7 @@ from ._loading import load_config_file as load_config_file
 from ._loading import load_document as load_document
 from ._loading import parse_config as parse_config
 from ._observation import Observation as Observation
+from ._observation import ObservationChanges as ObservationChanges
 from ._observation import ObservationSnapshot as ObservationSnapshot
 from ._observer import ConnectionMetrics as ConnectionMetrics
 from ._observer import EndpointMetrics as EndpointMetrics
@@ -124,13 +132,23 @@ from ._route import InstanceSchemeMismatch as InstanceSchemeMismatch
 from ._route import RestOptions as RestOptions
 from ._route import RouteStatistics as RouteStatistics
 from ._route import declared_scheme as declared_scheme
+from ._transport import Budget as Budget
 from ._transport import DiscoveryTransport as DiscoveryTransport
 from ._transport import NotDiscoveryUrl as NotDiscoveryUrl
+from ._transport import call_budget as call_budget
 from .providers._static import StaticProvider as StaticProvider
 
 # (helpers: add your re-exports above this line, one `from ._x import Y as Y` each)
 
 __all__ = [
+    "Budget",
+    "CallCapacityExceeded",
+    "CallError",
+    "CallEvidenceUnavailable",
+    "CallLifecycleError",
+    "CallQualifierError",
+    "CallTimeout",
+    "CallUnknownService",
     "CandidateWithdrawn",
     "Capabilities",
     "CapacityExceeded",
@@ -182,6 +200,7 @@ __all__ = [
     "NotDiscoveryUrl",
     "NotServing",
     "Observation",
+    "ObservationChanges",
     "ObservationSink",
     "ObservationSnapshot",
     "ObserverSnapshot",
@@ -232,6 +251,7 @@ __all__ = [
     "WriteOutcome",
     "available_providers",
     "binding_names",
+    "call_budget",
     "config_json_schema",
     "declared_scheme",
     "default_qualifier",

@@ -13,7 +13,7 @@ observe, nothing else (no close rights).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
@@ -23,7 +23,7 @@ import anyio.lowlevel
 
 from ._capacity import SnapshotLedger, TaskBudget, WatchStreams
 from ._errors import CapacityExceeded, DeadlineExceeded, UnknownService
-from ._observation import Observation, Slot, check_deadline
+from ._observation import Observation, Slot, check_deadline, loop_clock
 
 if TYPE_CHECKING:
     from ._config import ConnectionConfig
@@ -108,6 +108,8 @@ class Connection:
         #: None: not prepared yet; True: prepared; False: prepare failed.
         self.prepared: bool | None = None
         self.prepare_error: str | None = None
+        # The event loop's clock, resolved on the first observe().
+        self._clock: Callable[[], float] | None = None
 
     @property
     def request_timeout(self) -> float:
@@ -123,29 +125,35 @@ class Connection:
                 f"service {alias!r} is not bound on connection {self.name!r}"
             ) from None
 
-    async def observe(self, alias: str, deadline: float) -> Observation:
-        now = anyio.current_time()
-        check_deadline(deadline, now)
+    async def observe(self, alias: str, deadline: float | None = None) -> Observation:
+        clock = self._clock
+        if clock is None:
+            clock = self._clock = loop_clock()[0]
+        if deadline is not None:
+            check_deadline(deadline, clock())
         self.runtime.check_observable()
         remote = self.remote_name(alias)
         slot = self.slots.get(alias)
         if slot is None or slot.reclaiming:
             slot = await self._new_slot(alias, remote)
-        now = anyio.current_time()
+        now = clock()
         slot.touch(now)
         observation = Observation(slot)
         if slot.first_outcome.is_set():
             await anyio.lowlevel.checkpoint()
+        elif deadline is None:
+            await slot.first_outcome.wait()  # bounded by the caller's cancel scope
         else:
             with anyio.move_on_at(deadline):
                 await slot.first_outcome.wait()
-        if anyio.current_time() >= deadline:
+        now = clock()
+        if deadline is not None and now >= deadline:
             raise DeadlineExceeded(
                 f"connection {self.name!r} service {alias!r}: the deadline passed "
                 "before the first listing"
             )
         # The caller has seen what observe() returned: changes start from here.
-        observation._look(anyio.current_time())
+        observation._look(now)
         return observation
 
     async def _new_slot(self, alias: str, remote: str) -> Slot:
@@ -200,17 +208,21 @@ class DiscoveryHandle:
         """The service aliases bound on this connection."""
         return tuple(self._connection.bindings)
 
-    async def observe(self, service: str, deadline: float) -> Observation:
+    async def observe(self, service: str, deadline: float | None = None) -> Observation:
         """The shared observation of ``service`` (an alias bound on this connection).
 
         ``deadline`` (absolute, event-loop clock) covers the cache hit and the
-        wait for the first query. A deadline that is NaN or already past
-        raises ``DeadlineExceeded`` before anything happens: no access time
-        is recorded, no slot created, no query started. The deadline is
-        checked again after waiting. A failed first query still returns the
-        observation; its :meth:`~Observation.snapshot` says why nothing may
-        be used. Raises ``UnknownService``, ``CapacityExceeded`` or
-        ``LifecycleError`` (owner not prepared, or closing).
+        wait for the first query; ``None`` (the default) means no deadline
+        beyond the caller's cancel scope (``with anyio.fail_after(2):``).
+        A deadline far in the past gets a hint in its error: deadlines are
+        absolute (``anyio.current_time() + 2``), not durations. A deadline
+        that is NaN or already past raises ``DeadlineExceeded`` before
+        anything happens: no access time is recorded, no slot created, no
+        query started. The deadline is checked again after waiting. A failed
+        first query still returns the observation; its
+        :meth:`~Observation.snapshot` says why nothing may be used. Raises
+        ``UnknownService``, ``CapacityExceeded`` or ``LifecycleError``
+        (owner not prepared, or closing).
         """
         return await self._connection.observe(service, deadline)
 

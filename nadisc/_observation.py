@@ -52,12 +52,13 @@ import logging
 import math
 import types
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import anyio.lowlevel
+import sniffio
 from anyio.abc import TaskStatus
 
 from poise import LatestCell
@@ -72,6 +73,7 @@ from ._errors import (
     IncompleteSnapshot,
     InvalidSnapshot,
     ProviderFailure,
+    relative_deadline_hint,
 )
 from ._evidence import Backoff, Evidence, EvidencePolicy, FailureKind, Reason, Usable
 from ._instance import EvidenceKind, Instance, ProviderSnapshot
@@ -79,11 +81,32 @@ from ._instance import EvidenceKind, Instance, ProviderSnapshot
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ["Observation", "ObservationSnapshot", "Slot", "check_deadline", "check_deadline_value"]
+__all__ = [
+    "Observation",
+    "ObservationChanges",
+    "ObservationSnapshot",
+    "Slot",
+    "check_deadline",
+    "check_deadline_value",
+    "loop_clock",
+]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def loop_clock() -> tuple[Callable[[], float], Callable[[], float]]:
+    """The running event loop's ``(current_time, current_effective_deadline)``.
+
+    The same values anyio returns, without its per-call backend lookup: a
+    transport resolves them once, on its first request (it serves one loop).
+    """
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.current_time, trio.current_effective_deadline
+    return anyio.current_time, anyio.current_effective_deadline
 
 
 def check_deadline_value(deadline: object) -> None:
@@ -98,10 +121,16 @@ def check_deadline_value(deadline: object) -> None:
 
 
 def check_deadline(deadline: float, now: float) -> None:
-    """Refuse a NaN or already-passed deadline with ``DeadlineExceeded``."""
+    """Refuse a NaN or already-passed deadline with ``DeadlineExceeded``.
+
+    A deadline far in the past (more than a minute) was most likely meant
+    as a duration: the message then says how to spell it.
+    """
     check_deadline_value(deadline)
     if deadline <= now:
-        raise DeadlineExceeded(f"deadline passed {now - deadline:.6f}s ago")
+        raise DeadlineExceeded(
+            f"deadline passed {now - deadline:.6f}s ago{relative_deadline_hint(deadline, now)}"
+        )
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)
@@ -624,6 +653,9 @@ class Observation:
     def _usable(self, strict: bool) -> ObservationSnapshot:
         return self._slot.record(anyio.current_time(), strict=strict)
 
+    def _usable_at(self, now: float, strict: bool) -> ObservationSnapshot:
+        return self._slot.record(now, strict=strict)
+
     def snapshot(self, *, strict: bool = False) -> ObservationSnapshot:
         """The listing that may be used now, for diagnosis and selection.
 
@@ -657,7 +689,28 @@ class Observation:
         _check_submit(submit)
         return _submitted(submit(self._usable(True)))
 
-    async def changed(self, deadline: float) -> None:
+    def changes(self, deadline: float | None = None) -> ObservationChanges:
+        """``async for state in observation.changes(deadline)``: the state now, then each change.
+
+        Each item is the :class:`ObservationSnapshot` that may be used at
+        that moment, or the :class:`~nadisc.EvidenceUnavailable` saying why
+        none may (stale, revoked, closed...). Latest-only: a consumer that
+        is slow to ask again gets the newest state, never a backlog of the
+        ones in between. The iteration ends after the close was yielded.
+        ``deadline`` (absolute event-loop time) bounds the whole iteration:
+        ``DeadlineExceeded`` when it passes; ``None`` (the default) means no
+        deadline beyond the caller's cancel scope. It shares this handle's
+        cursor with :meth:`changed`: iterate one at a time per handle.
+        """
+        return ObservationChanges(self, deadline)
+
+    def _state(self) -> ObservationSnapshot | EvidenceUnavailable:
+        try:
+            return self._usable(False)
+        except EvidenceUnavailable as exc:
+            return exc
+
+    async def changed(self, deadline: float | None = None) -> None:
         """Wait for a real change or a real expiry of the evidence.
 
         Returns when the observation's generation moved (new listing, failure,
@@ -665,9 +718,13 @@ class Observation:
         since this handle last looked. Raises ``DeadlineExceeded`` only when
         ``deadline`` passes (or was NaN/past on entry), and
         ``EvidenceUnavailable(reason="closed")`` once the close was seen.
-        Static evidence never expires, however long one waits.
+        Static evidence never expires, however long one waits. ``deadline``
+        ``None`` (the default) waits with no deadline beyond the caller's
+        cancel scope.
         """
         slot = self._slot
+        if deadline is None:
+            deadline = math.inf
         check_deadline(deadline, anyio.current_time())
         while True:
             now = anyio.current_time()
@@ -692,3 +749,48 @@ class Observation:
 
     def __repr__(self) -> str:
         return f"<Observation {self.connection}/{self.service}>"
+
+
+class ObservationChanges:
+    """The async iterator of :meth:`Observation.changes` (not constructed directly).
+
+    A class rather than an async generator: abandoning it half-way leaves
+    nothing for the garbage collector to finalise.
+    """
+
+    __slots__ = ("_deadline", "_done", "_first", "_observation")
+
+    def __init__(self, observation: Observation, deadline: float | None) -> None:
+        if deadline is not None:
+            check_deadline_value(deadline)
+        self._observation = observation
+        self._deadline = math.inf if deadline is None else deadline
+        self._first = True
+        self._done = False
+
+    def __aiter__(self) -> AsyncIterator[ObservationSnapshot | EvidenceUnavailable]:
+        return self
+
+    async def __anext__(self) -> ObservationSnapshot | EvidenceUnavailable:
+        if self._done:
+            raise StopAsyncIteration
+        observation = self._observation
+        if self._first:
+            self._first = False
+            check_deadline(self._deadline, anyio.current_time())
+            observation._look(anyio.current_time())
+            await anyio.lowlevel.checkpoint()
+        else:
+            try:
+                await observation.changed(self._deadline)
+            except EvidenceUnavailable:
+                # The close was already seen (and yielded) through this handle.
+                self._done = True
+                raise StopAsyncIteration from None
+        state = observation._state()
+        if isinstance(state, EvidenceUnavailable) and state.reason == "closed":
+            self._done = True
+        return state
+
+    def __repr__(self) -> str:
+        return f"<ObservationChanges {self._observation!r} done={self._done}>"

@@ -4,8 +4,9 @@
 
     rest = owner.rest("primary")     # owned by the owner: closed when it closes
     clients = rest_clients(owner)    # every connection's caller, by name
+    r = await rest.get("/v1/orders", service="orders", timeout=2.0)   # httpx's verbs
+    r = await rest.get("https://api.example.com/v1/x")                # external
     r = await rest.request("GET", service="orders", path="/v1/orders")
-    r = await rest.request("GET", url="https://api.example.com/v1/x")
 
 Two kinds of call, never mixed:
 
@@ -20,6 +21,12 @@ An owner with zero connections gives an external-only client (a service call
 raises :class:`~nadisc.QualifierError`); with named connections but none
 called ``primary``, an unqualified client's service calls raise
 :class:`~nadisc.QualifierError` too: the default is never inferred.
+
+Budget: the smallest of the connection's ``request_timeout``, the httpx
+timeout (client or ``timeout=``) and a ``"nadisc.deadline"`` extension,
+covering the body too for calls that read it; running out raises
+:class:`~nadisc.CallTimeout` naming the limit. Every failure is an
+``httpx.RequestError`` as well as a nadisc error.
 
 Responses:
 
@@ -50,7 +57,9 @@ fit the connect timeout, an unsupported instance scheme), and
 
 from __future__ import annotations
 
+import datetime
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -59,22 +68,39 @@ from urllib.parse import quote
 
 import anyio
 import httpx
+from httpx._client import USE_CLIENT_DEFAULT
+from httpx._types import (
+    CookieTypes,
+    HeaderTypes,
+    QueryParamTypes,
+    RequestContent,
+    RequestData,
+    RequestExtensions,
+    RequestFiles,
+)
 
 from ._errors import (
+    CallError,
+    CallLifecycleError,
+    CallQualifierError,
+    CallTimeout,
     ConfigError,
-    DeadlineExceeded,
     DiscoveryError,
-    LifecycleError,
     QualifierError,
+    for_call,
 )
 from ._route import RestOptions
 from ._transport import (
-    DEADLINE_EXTENSION,
+    BUDGET_EXTENSION,
     QUALIFIER_EXTENSION,
+    REST_LIMIT,
     SCHEME,
+    Budget,
     DiscoveryTransport,
+    call_budget,
     check_service,
     connection_of,
+    enforces_timeouts,
     url_host,
 )
 
@@ -94,15 +120,22 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _CLOSE_GRACE = 5.0
+_TARGET_CACHE = 1024
+_now = anyio.current_time
 #: The seed's cap on a managed response body: 4 MiB.
 MANAGED_BODY_LIMIT = 4 * 1024 * 1024
 
 
-class InvalidRequest(DiscoveryError, ValueError):
+def _what(request: httpx.Request) -> str:
+    name = request.extensions.get(QUALIFIER_EXTENSION)
+    return f"connection {name!r}" if isinstance(name, str) else "the external call"
+
+
+class InvalidRequest(CallError, ValueError):
     """A REST call was malformed (both or neither of ``service`` and ``url``, ...)."""
 
 
-class ResponseTooLarge(DiscoveryError):
+class ResponseTooLarge(CallError):
     """A managed response body is larger than the client's ``max_body_bytes``.
 
     ``limit`` is the cap; ``size`` the declared ``Content-Length`` when the
@@ -116,7 +149,7 @@ class ResponseTooLarge(DiscoveryError):
     """
 
     def __init__(self, message: str, *, limit: int, size: int) -> None:
-        super().__init__(message)
+        CallError.__init__(self, message)
         self.limit = limit
         self.size = size
 
@@ -327,6 +360,8 @@ class RestDiscoveryClient:
         )
         self._managed: set[httpx.Response] = set()
         self._per_connection: dict[str, RestOptions] = {}
+        self._targets: dict[tuple[object, object], tuple[httpx.URL, str]] = {}
+        self._pool_enforces = enforces_timeouts(pool)
         self._closed = False
 
     # -- views ---------------------------------------------------------------------------
@@ -364,34 +399,66 @@ class RestDiscoveryClient:
     def build_request(
         self,
         method: str,
+        url: str | httpx.URL | None = None,
         *,
         service: str | None = None,
         path: str | None = None,
-        url: str | httpx.URL | None = None,
+        extensions: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> httpx.Request:
         """An ``httpx.Request`` for a service call or an external URL (no I/O).
 
+        A service call names ``service=`` and its path, either as ``url``
+        (httpx's position: ``build_request("GET", "/v1/x", service="orders")``)
+        or as ``path=``; an external call gives an absolute ``http(s)`` ``url``.
         ``kwargs`` are ``httpx.AsyncClient.build_request`` arguments
-        (``params``, ``headers``, ``content``, ``json``, ...). Validates the
-        qualifier and the service alias of a service call now.
+        (``params``, ``headers``, ``content``, ``json``, ``timeout``, ...).
+        Validates the qualifier and the service alias of a service call now.
         """
         if self._closed:
-            raise LifecycleError("the REST client is closed")
-        if "extensions" in kwargs:
-            raise InvalidRequest("extensions are set by the REST client")
-        if (service is None) == (url is None):
-            raise InvalidRequest("give exactly one of service= (with path=) or url=")
-        if url is not None:
+            raise CallLifecycleError("the REST client is closed")
+        extra = dict(extensions) if extensions else None
+        if extra is not None and QUALIFIER_EXTENSION in extra:
+            raise InvalidRequest(f"the {QUALIFIER_EXTENSION} extension is set by the REST client")
+        if service is None:
+            if url is None:
+                raise InvalidRequest("give exactly one of service= (with its path) or url=")
             if path is not None:
                 raise InvalidRequest("path= belongs to service calls; put it in url=")
-            parsed = httpx.URL(url)
+            parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
             if parsed.scheme not in ("http", "https") or not parsed.host:
                 raise InvalidRequest(
                     f"url= must be an absolute http(s) URL, got scheme {parsed.scheme!r}"
                 )
-            return self._http.build_request(method, parsed, **kwargs)
-        assert service is not None
+            return self._http.build_request(method, parsed, extensions=extra, **kwargs)
+        if url is not None:
+            if path is not None:
+                raise InvalidRequest(
+                    "a service call takes its path once: as the url argument or as path="
+                )
+            if not isinstance(url, str):
+                raise InvalidRequest(
+                    "with service=, the url argument is the path on the service "
+                    f"('/v1/orders'), not {type(url).__name__}"
+                )
+            if "://" in url:
+                raise InvalidRequest(
+                    "give exactly one of service= (with its path) or an absolute url="
+                )
+            path = url
+        target, name = self._service_target(service, path)
+        extensions_out: dict[str, Any] = {QUALIFIER_EXTENSION: name}
+        if extra:
+            extensions_out.update(extra)
+        return self._http.build_request(method, target, extensions=extensions_out, **kwargs)
+
+    def _service_target(self, service: object, path: object) -> tuple[httpx.URL, str]:
+        # (service, path) -> the nadisc:// URL and the connection name; the
+        # checks run once per (service, path), then the URL is reused.
+        key = (service, path)
+        known = self._targets.get(key)
+        if known is not None:
+            return known
         if not isinstance(service, str) or not service:
             raise InvalidRequest(f"service must be a non-empty alias, got {service!r}")
         if path is None:
@@ -399,17 +466,23 @@ class RestDiscoveryClient:
         if not isinstance(path, str) or not path.startswith("/"):
             raise InvalidRequest(f"path must start with '/', got {path!r}")
         if self._discovery is None or self._owner is None:
-            raise QualifierError(
+            raise CallQualifierError(
                 "no connections are configured: this client calls external URLs only"
             )
-        handle = connection_of(self._owner, self._connection_name)
-        check_service(handle, service)  # UnknownService now, before any I/O
-        name = handle.qualifier
-        self._options_for(name)  # invalid options fail now
+        try:
+            handle = connection_of(self._owner, self._connection_name)
+            check_service(handle, service)  # UnknownService now, before any I/O
+            name = handle.qualifier
+            self._options_for(name)  # invalid options fail now
+        except CallError:
+            raise
+        except DiscoveryError as exc:
+            raise for_call(exc) from exc
         target = httpx.URL(f"{SCHEME}://{url_host(name)}/{quote(service, safe='')}{path}")
-        return self._http.build_request(
-            method, target, extensions={QUALIFIER_EXTENSION: name}, **kwargs
-        )
+        if len(self._targets) >= _TARGET_CACHE:
+            self._targets.clear()
+        made = self._targets[key] = (target, name)
+        return made
 
     def _options_for(self, name: str) -> RestOptions:
         options = self._per_connection.get(name)
@@ -423,20 +496,179 @@ class RestDiscoveryClient:
     async def request(
         self,
         method: str,
+        url: str | httpx.URL | None = None,
         *,
         service: str | None = None,
         path: str | None = None,
-        url: str | httpx.URL | None = None,
+        auth: Any = USE_CLIENT_DEFAULT,
+        follow_redirects: Any = USE_CLIENT_DEFAULT,
         **kwargs: Any,
     ) -> httpx.Response:
         """Send and read the whole body within the budget; return a closed response.
 
-        A body over ``max_body_bytes`` raises :class:`ResponseTooLarge`.
+        Arguments as :meth:`build_request`, plus httpx's ``auth`` and
+        ``follow_redirects``. A body over ``max_body_bytes`` raises
+        :class:`ResponseTooLarge`.
         """
-        request = self.build_request(method, service=service, path=path, url=url, **kwargs)
-        return await self.send(request)
+        request = self.build_request(method, url, service=service, path=path, **kwargs)
+        return await self.send(request, auth=auth, follow_redirects=follow_redirects)
 
-    async def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+    async def get(
+        self,
+        url: str | httpx.URL,
+        *,
+        service: str | None = None,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        auth: Any = USE_CLIENT_DEFAULT,
+        follow_redirects: Any = USE_CLIENT_DEFAULT,
+        timeout: Any = USE_CLIENT_DEFAULT,  # noqa: ASYNC109 (httpx's signature)
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """``GET``: httpx's signature; with ``service=``, ``url`` is the path on the service."""
+        return await self.request(
+            "GET", url, service=service, params=params, headers=headers, cookies=cookies,
+            auth=auth, follow_redirects=follow_redirects, timeout=timeout, extensions=extensions,
+        )  # fmt: skip
+
+    async def head(
+        self,
+        url: str | httpx.URL,
+        *,
+        service: str | None = None,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        auth: Any = USE_CLIENT_DEFAULT,
+        follow_redirects: Any = USE_CLIENT_DEFAULT,
+        timeout: Any = USE_CLIENT_DEFAULT,  # noqa: ASYNC109 (httpx's signature)
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """``HEAD``, as :meth:`get`."""
+        return await self.request(
+            "HEAD", url, service=service, params=params, headers=headers, cookies=cookies,
+            auth=auth, follow_redirects=follow_redirects, timeout=timeout, extensions=extensions,
+        )  # fmt: skip
+
+    async def options(
+        self,
+        url: str | httpx.URL,
+        *,
+        service: str | None = None,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        auth: Any = USE_CLIENT_DEFAULT,
+        follow_redirects: Any = USE_CLIENT_DEFAULT,
+        timeout: Any = USE_CLIENT_DEFAULT,  # noqa: ASYNC109 (httpx's signature)
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """``OPTIONS``, as :meth:`get`."""
+        return await self.request(
+            "OPTIONS", url, service=service, params=params, headers=headers, cookies=cookies,
+            auth=auth, follow_redirects=follow_redirects, timeout=timeout, extensions=extensions,
+        )  # fmt: skip
+
+    async def delete(
+        self,
+        url: str | httpx.URL,
+        *,
+        service: str | None = None,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        auth: Any = USE_CLIENT_DEFAULT,
+        follow_redirects: Any = USE_CLIENT_DEFAULT,
+        timeout: Any = USE_CLIENT_DEFAULT,  # noqa: ASYNC109 (httpx's signature)
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """``DELETE``, as :meth:`get` (never retried)."""
+        return await self.request(
+            "DELETE", url, service=service, params=params, headers=headers, cookies=cookies,
+            auth=auth, follow_redirects=follow_redirects, timeout=timeout, extensions=extensions,
+        )  # fmt: skip
+
+    async def post(
+        self,
+        url: str | httpx.URL,
+        *,
+        service: str | None = None,
+        content: RequestContent | None = None,
+        data: RequestData | None = None,
+        files: RequestFiles | None = None,
+        json: Any | None = None,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        auth: Any = USE_CLIENT_DEFAULT,
+        follow_redirects: Any = USE_CLIENT_DEFAULT,
+        timeout: Any = USE_CLIENT_DEFAULT,  # noqa: ASYNC109 (httpx's signature)
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """``POST``: httpx's signature; with ``service=``, ``url`` is the path (never retried)."""
+        return await self.request(
+            "POST", url, service=service, content=content, data=data, files=files, json=json,
+            params=params, headers=headers, cookies=cookies, auth=auth,
+            follow_redirects=follow_redirects, timeout=timeout, extensions=extensions,
+        )  # fmt: skip
+
+    async def put(
+        self,
+        url: str | httpx.URL,
+        *,
+        service: str | None = None,
+        content: RequestContent | None = None,
+        data: RequestData | None = None,
+        files: RequestFiles | None = None,
+        json: Any | None = None,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        auth: Any = USE_CLIENT_DEFAULT,
+        follow_redirects: Any = USE_CLIENT_DEFAULT,
+        timeout: Any = USE_CLIENT_DEFAULT,  # noqa: ASYNC109 (httpx's signature)
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """``PUT``, as :meth:`post`."""
+        return await self.request(
+            "PUT", url, service=service, content=content, data=data, files=files, json=json,
+            params=params, headers=headers, cookies=cookies, auth=auth,
+            follow_redirects=follow_redirects, timeout=timeout, extensions=extensions,
+        )  # fmt: skip
+
+    async def patch(
+        self,
+        url: str | httpx.URL,
+        *,
+        service: str | None = None,
+        content: RequestContent | None = None,
+        data: RequestData | None = None,
+        files: RequestFiles | None = None,
+        json: Any | None = None,
+        params: QueryParamTypes | None = None,
+        headers: HeaderTypes | None = None,
+        cookies: CookieTypes | None = None,
+        auth: Any = USE_CLIENT_DEFAULT,
+        follow_redirects: Any = USE_CLIENT_DEFAULT,
+        timeout: Any = USE_CLIENT_DEFAULT,  # noqa: ASYNC109 (httpx's signature)
+        extensions: RequestExtensions | None = None,
+    ) -> httpx.Response:
+        """``PATCH``, as :meth:`post`."""
+        return await self.request(
+            "PATCH", url, service=service, content=content, data=data, files=files, json=json,
+            params=params, headers=headers, cookies=cookies, auth=auth,
+            follow_redirects=follow_redirects, timeout=timeout, extensions=extensions,
+        )  # fmt: skip
+
+    async def send(
+        self,
+        request: httpx.Request,
+        *,
+        stream: bool = False,
+        auth: Any = USE_CLIENT_DEFAULT,
+        follow_redirects: Any = USE_CLIENT_DEFAULT,
+    ) -> httpx.Response:
         """Send a request built by :meth:`build_request`.
 
         ``stream=False`` reads the body within the budget (external calls
@@ -445,31 +677,105 @@ class RestDiscoveryClient:
         closes the response (``await response.aclose()``), and the
         instance's load stays counted until then; no cap is applied (the
         caller reads what it wants).
+
+        The budget starts now: the smallest of the connection's
+        ``request_timeout``, the request's httpx timeout and a
+        ``"nadisc.deadline"`` extension (see :func:`~nadisc.call_budget`);
+        running out raises :class:`~nadisc.CallTimeout` naming which.
         """
         if self._closed:
-            raise LifecycleError("the REST client is closed")
+            raise CallLifecycleError("the REST client is closed")
+        http = self._http
         name = request.extensions.get(QUALIFIER_EXTENSION)
-        # The budget starts when the call is sent, not when it was built.
-        if isinstance(name, str):
-            budget = self._options_for(name).request_timeout
-            what = f"connection {name!r}"
-        else:
-            budget = self._external_options.request_timeout
-            what = "the external call"
-        deadline = anyio.current_time() + budget
-        if isinstance(name, str):
-            request.extensions[DEADLINE_EXTENSION] = deadline
+        if not isinstance(name, str):
+            return await self._send_external(request, stream, auth, follow_redirects)
+        try:
+            budget = call_budget(request, self._options_for(name), _now())
+        except DiscoveryError as exc:
+            raise for_call(exc) from exc
         if stream:
-            return await self._http.send(request, stream=True)
-        with anyio.move_on_at(deadline):
-            response = await self._http.send(request, stream=True)
+            return await http.send(
+                request, stream=True, auth=auth, follow_redirects=follow_redirects
+            )
+        # The transport takes this budget as is (it started here).
+        request.extensions[BUDGET_EXTENSION] = budget
+        direct = auth is USE_CLIENT_DEFAULT and follow_redirects is USE_CLIENT_DEFAULT
+        deadline = budget.deadline
+        if deadline < anyio.current_effective_deadline():
+            with anyio.move_on_at(deadline):
+                return await self._read(request, budget, direct, auth, follow_redirects)
+            raise CallTimeout(
+                f"connection {name!r}: {budget.describe()} ran out",
+                limit=budget.limit,
+                seconds=budget.seconds,
+            )
+        return await self._read(request, budget, direct, auth, follow_redirects)
+
+    async def _read(
+        self,
+        request: httpx.Request,
+        budget: Budget,
+        direct: bool,
+        auth: Any,
+        follow_redirects: Any,
+    ) -> httpx.Response:
+        discovery = self._discovery
+        if direct and discovery is not None:
+            # No auth flow, redirects or event hooks are set on this client's
+            # own httpx client: hand the request to the discovery transport
+            # directly, as the client would (cookies a service sets are not
+            # kept between calls).
+            started = time.perf_counter()
+            try:
+                response = await discovery.handle_async_request(request)
+            except httpx.RequestError as exc:
+                exc.request = request
+                raise
+            response.request = request
             try:
                 _cap(response, self._max_body)
                 await response.aread()
             finally:
-                await _close_quietly(response)
+                if not response.is_closed:
+                    await _close_quietly(response)
+            response.elapsed = datetime.timedelta(seconds=time.perf_counter() - started)
             return response
-        raise DeadlineExceeded(f"{what}: the budget of {budget:g} s ran out")
+        response = await self._http.send(
+            request, stream=True, auth=auth, follow_redirects=follow_redirects
+        )
+        try:
+            _cap(response, self._max_body)
+            await response.aread()
+        finally:
+            if not response.is_closed:
+                await _close_quietly(response)
+        return response
+
+    async def _send_external(
+        self, request: httpx.Request, stream: bool, auth: Any, follow_redirects: Any
+    ) -> httpx.Response:
+        http = self._http
+        if stream:
+            return await http.send(
+                request, stream=True, auth=auth, follow_redirects=follow_redirects
+            )
+        budget = self._external_options.request_timeout
+        with anyio.move_on_after(budget):
+            response = await http.send(
+                request, stream=True, auth=auth, follow_redirects=follow_redirects
+            )
+            try:
+                _cap(response, self._max_body)
+                await response.aread()
+            finally:
+                if not response.is_closed:
+                    await _close_quietly(response)
+            return response
+        raise CallTimeout(
+            f"the external call: the {REST_LIMIT} budget of {budget:g} s ran out",
+            limit=REST_LIMIT,
+            seconds=budget,
+        )
 
     @property
     def max_body_bytes(self) -> int:
@@ -488,7 +794,9 @@ class RestDiscoveryClient:
             # The client closed while the headers were on their way: nothing
             # would close this response later, so close it now.
             await _close_quietly(response)
-            raise LifecycleError("the REST client was closed while the request was in flight")
+            raise CallLifecycleError(
+                "the REST client was closed while the request was in flight"
+            )
         try:
             _cap(response, self._max_body)
         except ResponseTooLarge:
@@ -509,18 +817,24 @@ class RestDiscoveryClient:
     async def stream(
         self,
         method: str,
+        url: str | httpx.URL | None = None,
         *,
         service: str | None = None,
         path: str | None = None,
-        url: str | httpx.URL | None = None,
+        auth: Any = USE_CLIENT_DEFAULT,
+        follow_redirects: Any = USE_CLIENT_DEFAULT,
         **kwargs: Any,
     ) -> AsyncIterator[httpx.Response]:
-        """``async with rest.stream(...) as response``: closed when the block exits.
+        """``async with rest.stream("GET", "/v1/x", service="orders") as response``.
 
-        The body is capped at ``max_body_bytes`` like :meth:`send_managed`.
+        httpx's ``stream`` signature (plus ``service=``); the response is
+        closed when the block exits. The body is capped at
+        ``max_body_bytes`` like :meth:`send_managed`.
         """
-        request = self.build_request(method, service=service, path=path, url=url, **kwargs)
-        response = await self.send(request, stream=True)
+        request = self.build_request(method, url, service=service, path=path, **kwargs)
+        response = await self.send(
+            request, stream=True, auth=auth, follow_redirects=follow_redirects
+        )
         try:
             _cap(response, self._max_body)
             yield response
@@ -562,6 +876,7 @@ class _Borrowed(httpx.AsyncBaseTransport):
 
     def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
         self._inner = inner
+        self.nadisc_enforces_timeouts = enforces_timeouts(inner)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         return await self._inner.handle_async_request(request)

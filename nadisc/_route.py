@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
+import anyio
 import httpx
 
 from poise import (
@@ -61,7 +62,7 @@ from poise import (
 )
 
 from ._config import RestConfig
-from ._errors import ConfigError, DiscoveryError, EvidenceUnavailable
+from ._errors import CallError, ConfigError, EvidenceUnavailable
 from ._instance import Instance
 from ._observation import Observation, ObservationSnapshot
 
@@ -94,10 +95,11 @@ SECURE_METADATA = "secure"
 _SECURE_VALUES = {"true": "https", "false": "http"}
 
 
-class InstanceSchemeMismatch(DiscoveryError, ValueError):
+class InstanceSchemeMismatch(CallError, ValueError):
     """An instance declares a scheme other than the connection's ``rest.instance_scheme``.
 
-    Raised before anything is sent to the instance. ``declared`` is what its
+    Raised before anything is sent to the instance (also an
+    ``httpx.RequestError``, like every failure of a call). ``declared`` is what its
     metadata says (normalised), ``configured`` the connection's scheme.
     """
 
@@ -304,21 +306,20 @@ class InstanceService:
             )
         route = self.route
         instance = self.instance
-
-        def hand_over(snapshot: ObservationSnapshot) -> Instance:
-            route.sync(snapshot)
-            current = route.current(key)
-            if current is None or current.draining:
-                raise CallDeclined(f"instance {key!r} left the evidence after it was selected")
-            if current is not instance:
-                raise CallDeclined(f"instance {key!r} changed after it was selected")
-            return instance
-
+        # submit_if_current, spelled out: the evidence view, the currency
+        # check and the hand-over to the pool run with no await in between
+        # (and no closure to build and vet per call).
         try:
-            route.submit(hand_over)
+            snapshot = route.usable()
         except EvidenceUnavailable as exc:
             raise CallDeclined(f"the evidence is unusable ({exc.reason})") from exc
-        # No await between the currency check and the hand-over to the pool.
+        if snapshot.revision != route._synced:
+            route.sync(snapshot)
+        current = route._instances.get(key)
+        if current is None or current.draining:
+            raise CallDeclined(f"instance {key!r} left the evidence after it was selected")
+        if current is not instance:
+            raise CallDeclined(f"instance {key!r} changed after it was selected")
         attempt.instance = instance
         route.count_sent(key)
         build = attempt.build
@@ -358,16 +359,26 @@ class Route:
         "_instances",
         "_sent",
         "_streaming",
+        "_strict",
         "_submit",
         "_synced",
         "_tracker",
+        "clock",
         "observation",
         "options",
     )
 
-    def __init__(self, observation: Observation, options: RestOptions) -> None:
+    def __init__(
+        self,
+        observation: Observation,
+        options: RestOptions,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.observation = observation
         self.options = options
+        #: The event loop's clock (the transport passes the loop's own, cheaper one).
+        self.clock: Callable[[], float] = anyio.current_time if clock is None else clock
+        self._strict = options.strict_evidence
         self._submit = (
             observation.submit_if_current_strict
             if options.strict_evidence
@@ -380,7 +391,7 @@ class Route:
         self._synced = -1
         self._closed = False
         self._discovery: DiscoveryBalance[Attempt, httpx.Response] = DiscoveryBalance(
-            policy, self._factory
+            policy, self._factory, clock=self.clock
         )
         self._streaming = StreamingDiscoveryBalance(self._directory.reader(), self._discovery)
 
@@ -503,6 +514,14 @@ class Route:
             del instances[identity]
             directory.remove(identity)
         self._synced = snapshot.revision
+
+    def usable(self) -> ObservationSnapshot:
+        """The observation's usable listing now (strict when the options say so).
+
+        Raises :class:`~nadisc.EvidenceUnavailable`. Synchronous: what
+        :meth:`submit` checks, for a caller that hands over right after.
+        """
+        return self.observation._usable_at(self.clock(), self._strict)
 
     def submit(self, hand_over: Callable[[ObservationSnapshot], T]) -> T:
         """Run the synchronous ``hand_over`` under the observation's currency check."""

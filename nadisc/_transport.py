@@ -19,17 +19,35 @@ does); unknown names raise :class:`~nadisc.QualifierError`, unknown aliases
 
 One call, all attempts::
 
-    budget = rest.request_timeout from the first attempt (or the request's
-             "nadisc.deadline" extension, absolute event-loop time)
-    loop:  evidence usable now?          no  -> EvidenceUnavailable (no request)
-           wait for a ready endpoint (reconciles discovery first; skipped
-             while the balance already applied the mirrored listing)
+    budget = the smallest of rest.request_timeout, the request's httpx timeout
+             (extensions["timeout"]: its largest phase, none if a phase is None)
+             and the "nadisc.deadline" extension (absolute event-loop time);
+             the caller's cancel scope, when it ends first, cancels the call
+    loop:  fast path (listing already applied, an endpoint ready): no yield,
+             no cancel scope, straight to the hand-over below
+           otherwise: evidence usable now?   no -> EvidenceUnavailable
+                      reconcile and wait for a ready endpoint (bounded)
            pick; re-check currency; hand to the pool   (revoked -> declined,
              pick again; instance declares another scheme ->
              InstanceSchemeMismatch, nothing sent)
            transport error  ─┐  GET/HEAD, switched on, attempts and budget left:
            502/503/504      ─┘  retry on another instance where there is one
-    budget spent -> DeadlineExceeded (chained from the last attempt's error)
+    budget spent -> CallTimeout naming the limit (chained from the last error)
+
+How the budget bounds the pool: httpx's own pool reads the timeout
+extension once per operation, so the transport hands it a mapping whose
+every value is capped by what is left of the budget (no cancel scope of
+ours); a response whose headers arrive after the budget is refused. A pool
+not known to honour the extension (``nadisc_enforces_timeouts``) gets the
+budget as one cancel scope around the call.
+
+Errors: every nadisc error is re-raised at the boundary as its ``Call*``
+form (see :mod:`nadisc._errors`), which is also an ``httpx.RequestError``;
+errors of the pool pass through unchanged.
+
+Cost on the fast path: the URL parse is cached per path; one evidence view,
+one readiness scan (O(endpoints)), one policy pick, a request rebuilt by
+copying the caller's normalised header list, and a guarded body.
 
 Only ``GET`` and ``HEAD`` are ever retried; a request whose body is a stream
 that cannot be replayed is not retried either. Each attempt's connect timeout
@@ -52,7 +70,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -63,29 +81,44 @@ import httpx
 from poise import CallDeclined, EndpointError, Held, SelectionError
 
 from ._errors import (
+    CallError,
+    CallTimeout,
     DeadlineExceeded,
     DiscoveryError,
     EvidenceUnavailable,
     LifecycleError,
     QualifierError,
     UnknownService,
+    for_call,
+    relative_deadline_hint,
 )
 from ._instance import Instance
+from ._observation import loop_clock
 from ._route import Attempt, InstanceSchemeMismatch, RestOptions, Route
+
+if TYPE_CHECKING:
+    from poise import StreamingDiscoveryBalance
 
 if TYPE_CHECKING:
     from ._connection import DiscoveryHandle
     from ._owner import DiscoveryOwner
 
 __all__ = [
+    "BUDGET_EXTENSION",
     "DEADLINE_EXTENSION",
+    "DEADLINE_LIMIT",
+    "HTTPX_LIMIT",
     "INSTANCE_EXTENSION",
     "QUALIFIER_EXTENSION",
+    "REST_LIMIT",
     "SCHEME",
+    "Budget",
     "DiscoveryTransport",
     "NotDiscoveryUrl",
+    "call_budget",
     "check_service",
     "connection_of",
+    "enforces_timeouts",
     "url_host",
 ]
 
@@ -97,6 +130,9 @@ SCHEME = "nadisc"
 QUALIFIER_EXTENSION = "nadisc.qualifier"
 #: Request extension: absolute deadline (event-loop clock) for the whole call.
 DEADLINE_EXTENSION = "nadisc.deadline"
+#: Request extension set by the REST client: its :class:`Budget`, kept armed
+#: through the body read (the client reads the body within it).
+BUDGET_EXTENSION = "nadisc.budget"
 #: Response extension: the :class:`~nadisc.Instance` that answered.
 INSTANCE_EXTENSION = "nadisc.instance"
 
@@ -108,11 +144,13 @@ _NOTHING: frozenset[str] = frozenset()
 _now = anyio.current_time
 
 
-class NotDiscoveryUrl(DiscoveryError, ValueError):
+class NotDiscoveryUrl(CallError, httpx.UnsupportedProtocol, ValueError):
     """A URL that is not a well-formed ``nadisc://<qualifier>/<service>/...`` URL.
 
     Raised before discovery is consulted; a plain ``http(s)://`` URL given to
-    the discovery transport is always this error, never a lookup.
+    the discovery transport is always this error, never a lookup. Also an
+    ``httpx.UnsupportedProtocol`` (what httpx raises for a scheme it has no
+    transport for).
     """
 
 
@@ -144,6 +182,251 @@ def url_host(qualifier: str) -> str:
     return "qualified"
 
 
+#: ``CallTimeout.limit`` of the connection's REST budget.
+REST_LIMIT = "rest.request_timeout"
+#: ``CallTimeout.limit`` of the client's or the request's httpx timeout.
+HTTPX_LIMIT = "httpx timeout"
+#: ``CallTimeout.limit`` of the ``nadisc.deadline`` request extension.
+DEADLINE_LIMIT = DEADLINE_EXTENSION
+_LIMIT_NAMES = {
+    REST_LIMIT: "REST budget (rest.request_timeout)",
+    HTTPX_LIMIT: "httpx timeout (client or request)",
+    DEADLINE_LIMIT: "nadisc.deadline extension",
+}
+_PHASES = ("connect", "read", "write", "pool")
+
+
+class Budget:
+    """The budget of one call: the smallest of its limits, and which one that is.
+
+    ``deadline`` is absolute (event-loop clock); ``limit`` is one of
+    :data:`REST_LIMIT`, :data:`HTTPX_LIMIT`, :data:`DEADLINE_LIMIT`;
+    ``seconds`` the limit's value (for the extension: what it left at the
+    start). The caller's cancel scope is not one of them: when it ends
+    first it cancels the call, as it cancels anything else.
+    """
+
+    __slots__ = ("deadline", "limit", "seconds", "start")
+
+    def __init__(self, deadline: float, limit: str, seconds: float, start: float) -> None:
+        self.deadline = deadline
+        self.limit = limit
+        self.seconds = seconds
+        self.start = start
+
+    def describe(self) -> str:
+        what = _LIMIT_NAMES[self.limit]
+        if self.limit == DEADLINE_LIMIT:
+            return f"the {what} (absolute {self.deadline:g}, {self.seconds:.3g} s after the start)"
+        return f"the {what} of {self.seconds:g} s"
+
+    def exceeded(self, route: Route, attempts: int) -> CallTimeout:
+        after = f" after {attempts} attempt(s)" if attempts else ""
+        return CallTimeout(
+            f"connection {route.connection!r} service {route.service!r}: "
+            f"{self.describe()} ran out{after}",
+            limit=self.limit,
+            seconds=self.seconds,
+        )
+
+    def exceeded_before_listing(self, qualifier: str, service: str) -> CallTimeout:
+        return CallTimeout(
+            f"connection {qualifier!r} service {service!r}: {self.describe()} ran out "
+            "before the first listing",
+            limit=self.limit,
+            seconds=self.seconds,
+        )
+
+    def __repr__(self) -> str:
+        return f"<Budget {self.limit} deadline={self.deadline:g}>"
+
+
+def _httpx_total(phases: object) -> float | None:
+    # httpx's timeout as one budget: the largest of its phase values, or
+    # none when a phase is unbounded (httpx.Timeout(None, connect=2)).
+    if not isinstance(phases, dict):
+        return None
+    total = 0.0
+    for key in _PHASES:
+        value = phases.get(key)
+        if value is None:
+            return None
+        if value > total:
+            total = value
+    return total
+
+
+def call_budget(request: httpx.Request, options: RestOptions, start: float) -> Budget:
+    """The budget of ``request`` starting at ``start``: see :class:`Budget`.
+
+    The smallest of ``options.request_timeout``, the request's httpx
+    timeout (``request.extensions["timeout"]``, set by httpx from the
+    client's or the request's ``timeout``; its largest phase value, none
+    when a phase is unbounded) and the ``"nadisc.deadline"`` extension. On a
+    tie the REST budget is named. Raises :class:`~nadisc.CallTimeout` for a
+    deadline extension that is not a number, or already passed (with a hint
+    when it looks like a duration).
+    """
+    seconds = options.request_timeout
+    budget = Budget(start + seconds, REST_LIMIT, seconds, start)
+    extensions = request.extensions
+    total = _httpx_total(extensions.get("timeout"))
+    if total is not None and start + total < budget.deadline:
+        budget.deadline = start + total
+        budget.limit = HTTPX_LIMIT
+        budget.seconds = total
+    deadline = extensions.get(DEADLINE_EXTENSION)
+    if deadline is not None:
+        if (
+            isinstance(deadline, bool)
+            or not isinstance(deadline, int | float)
+            or math.isnan(deadline)
+        ):
+            raise CallTimeout(
+                f"the {DEADLINE_EXTENSION} extension must be an absolute event-loop time, "
+                f"not {deadline!r}"
+            )
+        if deadline < budget.deadline:
+            budget.deadline = deadline
+            budget.limit = DEADLINE_LIMIT
+            budget.seconds = deadline - start
+    if budget.deadline <= start:
+        hint = relative_deadline_hint(budget.deadline, start)
+        raise CallTimeout(
+            f"{budget.describe()} was spent before the call started{hint}",
+            limit=budget.limit,
+            seconds=budget.seconds,
+        )
+    return budget
+
+
+class _Timeouts(dict[str, float | None]):
+    """The pool's per-operation timeouts, each capped by what is left of the budget.
+
+    httpx pools read ``request.extensions["timeout"]`` once per operation
+    (acquiring a connection, connecting, each write and read); while the
+    call is armed every read returns ``min(phase value, time left)``, so the
+    budget bounds the whole exchange without a cancel scope of ours. Once
+    the headers are in (:meth:`release`), the phase values alone apply, as
+    for plain httpx: reading the body is the caller's business.
+    """
+
+    __slots__ = ("clock", "deadline")
+
+    def __init__(
+        self,
+        request: httpx.Request,
+        options: RestOptions,
+        deadline: float,
+        clock: Callable[[], float],
+    ) -> None:
+        phases = request.extensions.get("timeout")
+        if isinstance(phases, dict):
+            super().__init__(phases)
+        else:
+            super().__init__(connect=None, read=None, write=None, pool=None)
+        connect = dict.get(self, "connect")
+        limit = options.connect_timeout
+        if connect is None or connect > limit:
+            self["connect"] = limit
+        self.deadline = deadline
+        self.clock = clock
+
+    def release(self) -> None:
+        self.deadline = math.inf
+
+    def get(self, key: str, default: float | None = None) -> float | None:  # type: ignore[override]
+        value = dict.get(self, key, default)
+        deadline = self.deadline
+        if deadline == math.inf:
+            return value
+        left = deadline - self.clock()
+        if left < 0.0:
+            left = 0.0
+        return left if value is None or value > left else value
+
+    def __getitem__(self, key: str) -> float | None:
+        if key not in self:
+            raise KeyError(key)
+        return self.get(key)
+
+
+def enforces_timeouts(pool: httpx.AsyncBaseTransport) -> bool:
+    """True for a pool known to honour ``request.extensions["timeout"]`` (httpx's own).
+
+    Other pools (``httpx.MockTransport``, custom transports) get the budget
+    as a cancel scope around the call instead.
+    """
+    known = getattr(pool, "nadisc_enforces_timeouts", None)
+    if isinstance(known, bool):
+        return known
+    return isinstance(pool, httpx.AsyncHTTPTransport)
+
+
+async def _ready(
+    streaming: StreamingDiscoveryBalance[Attempt, httpx.Response],
+    route: Route,
+    budget: Budget,
+    own: bool,
+    attempts: int,
+) -> None:
+    # Reconcile and wait for a ready endpoint, within the budget.
+    if not own:
+        await streaming.ready()  # the caller's scope ends first
+        return
+    with anyio.move_on_at(budget.deadline):
+        await streaming.ready()
+        return
+    raise budget.exceeded(route, attempts)
+
+
+def _header_list_ok() -> bool:
+    # The rebuild below fills httpx's header list directly (three-tuples of
+    # raw key, lowercased key, value); check the layout once.
+    try:
+        probe = httpx.Headers([(b"X-Probe", b"1")])
+        return probe._list == [(b"X-Probe", b"x-probe", b"1")] and hasattr(probe, "_encoding")
+    except Exception:  # pragma: no cover - another httpx layout
+        return False
+
+
+_FAST_HEADERS = _header_list_ok()
+
+
+def _rebuild(
+    request: httpx.Request,
+    url: httpx.URL,
+    host: bytes,
+    extensions: dict[str, object],
+) -> httpx.Request:
+    """The caller's request for an instance: its URL, its ``Host``, the same body."""
+    if not _FAST_HEADERS:  # pragma: no cover - another httpx layout
+        return httpx.Request(
+            request.method,
+            url,
+            headers=_with_host(request.headers.raw, host),
+            stream=request.stream,
+            extensions=extensions,
+        )
+    # Copy the already-normalised header list instead of normalising it
+    # again: a new Request costs a quarter of what the constructor costs.
+    headers = httpx.Headers.__new__(httpx.Headers)
+    items = [(b"Host", b"host", host)]
+    items.extend(item for item in request.headers._list if item[1] != b"host")
+    headers._list = items
+    headers._encoding = request.headers._encoding
+    made = httpx.Request.__new__(httpx.Request)
+    made.method = request.method
+    made.url = url
+    made.headers = headers
+    made.stream = request.stream
+    made.extensions = extensions
+    content = getattr(request, "_content", None)
+    if content is not None:
+        made._content = content
+    return made
+
+
 class _GuardedStream(httpx.AsyncByteStream):
     """A response body that ends the call's :class:`~poise.Held` guard exactly once.
 
@@ -167,7 +450,9 @@ class _GuardedStream(httpx.AsyncByteStream):
         self._iterator: AsyncIterator[bytes] | None = None
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        self._iterator = self._inner.__aiter__()
+        # One iteration per body: iterating again continues where it stopped.
+        if self._iterator is None:
+            self._iterator = self._inner.__aiter__()
         return self
 
     async def __anext__(self) -> bytes:
@@ -294,7 +579,10 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         )
         self._routes: dict[tuple[str, str], Route] = {}
         self._opening: dict[tuple[str, str], anyio.Event] = {}
-        self._urls: dict[tuple[str, str, int, bytes], httpx.URL] = {}
+        self._urls: dict[tuple[str, str, int, bytes], tuple[httpx.URL, bytes]] = {}
+        self._pool_enforces = enforces_timeouts(self._pool)
+        self._targets: dict[tuple[object, str, bytes], _Target] = {}
+        self._clock: tuple[Callable[[], float], Callable[[], float]] | None = None
         self._closed = False
 
     # -- views ---------------------------------------------------------------------------
@@ -332,8 +620,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             )
         return handle
 
-    async def _route(self, qualifier: str, service: str, deadline: float) -> Route:
+    async def _route(self, qualifier: str, service: str, budget: Budget) -> Route:
         key = (qualifier, service)
+        deadline = budget.deadline
         while True:
             route = self._routes.get(key)
             if route is not None:
@@ -343,11 +632,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 break
             with anyio.move_on_at(deadline):
                 await opening.wait()
-            if anyio.current_time() >= deadline:
-                raise DeadlineExceeded(
-                    f"connection {qualifier!r} service {service!r}: the budget ran out "
-                    "before the first listing"
-                )
+            if _now() >= deadline:
+                raise budget.exceeded_before_listing(qualifier, service)
         handle = self._connection(qualifier)
         check_service(handle, service)  # UnknownService before anything starts
         options = self._options or RestOptions.from_config(
@@ -355,10 +641,13 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         )
         event = self._opening[key] = anyio.Event()
         try:
-            observation = await handle.observe(service, deadline)
+            try:
+                observation = await handle.observe(service, deadline)
+            except DeadlineExceeded as exc:
+                raise budget.exceeded_before_listing(qualifier, service) from exc
             if self._closed:
                 raise LifecycleError("the discovery transport is closed")
-            route = self._routes[key] = Route(observation, options)
+            route = self._routes[key] = Route(observation, options, loop_clock()[0])
         finally:
             del self._opening[key]
             event.set()
@@ -367,74 +656,72 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
     # -- the transport -------------------------------------------------------------------
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self._closed:
-            raise LifecycleError("the discovery transport is closed")
-        target = _target(request)
-        start = _now()
-        route = self._routes.get((target.qualifier, target.service))
-        options = route.options if route is not None else self.options_for(target.qualifier)
-        deadline = request.extensions.get(DEADLINE_EXTENSION)
-        if deadline is None:
-            deadline = start + options.request_timeout
-        elif (
-            isinstance(deadline, bool)
-            or not isinstance(deadline, int | float)
-            or math.isnan(deadline)
-        ):
-            raise DeadlineExceeded(f"the {DEADLINE_EXTENSION} extension must be a number")
-        if deadline <= start:
-            raise DeadlineExceeded("the call's budget was spent before it started")
-        if route is None:
-            route = await self._route(target.qualifier, target.service, deadline)
-        errors: list[Exception] = []
-        with anyio.move_on_at(deadline):
-            return await self._call(route, route.options, request, target, deadline, errors)
-        raise DeadlineExceeded(
-            f"connection {route.connection!r} service {route.service!r}: the budget of "
-            f"{route.options.request_timeout:g} s ran out"
-        ) from (errors[-1] if errors else None)
+        try:
+            if self._closed:
+                raise LifecycleError("the discovery transport is closed")
+            clock = self._clock
+            if clock is None:
+                clock = self._clock = loop_clock()
+            target = self._target(request)
+            start = clock[0]()
+            route = self._routes.get((target.qualifier, target.service))
+            options = route.options if route is not None else self.options_for(target.qualifier)
+            budget = request.extensions.get(BUDGET_EXTENSION)
+            if not isinstance(budget, Budget):
+                budget = call_budget(request, options, start)
+            deadline = budget.deadline
+            # The caller's own cancel scope: when it ends first, it cancels
+            # this call (trio's rule) and no scope of ours is needed at all.
+            own = deadline < clock[1]()
+            if route is None:
+                route = await self._route(target.qualifier, target.service, budget)
+            if own and not self._pool_enforces:
+                # A pool that may ignore the timeout extension: one scope.
+                with anyio.move_on_at(deadline):
+                    return await self._call(route, request, target, budget, own)
+                raise budget.exceeded(route, 0)
+            return await self._call(route, request, target, budget, own)
+        except CallError:
+            raise
+        except DiscoveryError as exc:
+            raise for_call(exc) from exc
 
     async def _call(
         self,
         route: Route,
-        options: RestOptions,
         request: httpx.Request,
         target: _Target,
-        deadline: float,
-        errors: list[Exception],
+        budget: Budget,
+        own: bool,
     ) -> httpx.Response:
-        # Runs inside the call's cancel scope (deadline): every wait is bounded.
+        # Every wait is bounded by the budget: the pool by the timeouts handed
+        # to it (or the caller's scope), the rare waits for discovery by a
+        # scope of their own. Nothing here yields unless it must wait.
+        options = route.options
+        deadline = budget.deadline
         may_retry = request.method in _RETRYABLE_METHODS and _replayable(request)
+        errors: list[Exception] = []
         attempts = 0
         tried: set[str] = set()
         scheme = options.instance_scheme
-        connect = options.connect_timeout
         raw_path = target.raw_path
-        headers = request.headers.raw
         streaming = route.streaming
         balance = streaming.balance
+        now = route.clock
+        timeouts = _Timeouts(request, options, deadline, now)
+        extensions = dict(request.extensions)
+        extensions["timeout"] = timeouts
+        url = self._url
 
         def build(instance: Instance) -> httpx.Request:
-            remaining = max(deadline - _now(), 1e-3)
-            extensions = dict(request.extensions)
-            extensions["timeout"] = {
-                "connect": min(connect, remaining),
-                "read": remaining,
-                "write": remaining,
-                "pool": remaining,
-            }
-            return httpx.Request(
-                request.method,
-                self._url(scheme, instance, raw_path),
-                headers=_with_host(headers, instance),
-                stream=request.stream,
-                extensions=extensions,
-            )
+            target, host = url(scheme, instance, raw_path)
+            return _rebuild(request, target, host, extensions)
 
         # Fast path, taken while the balance already applied the mirrored
-        # listing: no separate evidence view and no reconcile step; the
-        # currency check in submit_if_current still guards the send, and a
-        # declined pick falls back to the full path.
+        # listing: no separate evidence view, no reconcile step and no wait
+        # when an endpoint is ready; the currency check in submit_if_current
+        # still guards the send, and a declined pick falls back to the full
+        # path.
         fast = route.reconciled
         # How many more picks of an already tried instance this call may
         # decline. Carried across declined picks (not renewed per pick), and
@@ -442,11 +729,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         # tried instance instead of declining picks until the budget ends.
         skip_budget = 0
         while True:
-            if attempts and _now() >= deadline:
-                raise DeadlineExceeded(
-                    f"connection {route.connection!r} service {route.service!r}: the budget of "
-                    f"{options.request_timeout:g} s ran out after {attempts} attempt(s)"
-                ) from (errors[-1] if errors else None)
+            if now() >= deadline:
+                raise budget.exceeded(route, attempts) from (errors[-1] if errors else None)
             if not fast:
                 route.snapshot()  # EvidenceUnavailable: no request, no retry
             attempt = Attempt(
@@ -458,13 +742,14 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             declined: CallDeclined | None = None
             failure: EndpointError | None = None
             try:
-                if not fast:
-                    await streaming.ready()
-                held = await balance.dispatch_held(attempt)
+                if not (fast and balance.ready_nowait()):
+                    await _ready(streaming, route, budget, own, attempts)
+                held = await balance.call_held(attempt)
             except CallDeclined as exc:
                 declined = exc
             except SelectionError:
-                # The pool changed between reconciling and selection: pick again.
+                # The pool changed between reconciling and selection: pick again
+                # (the evidence view above says when nothing is left).
                 fast = False
                 continue
             except EndpointError as exc:
@@ -488,6 +773,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     raise DiscoveryError("an attempt failed without a cause") from failure
                 if not isinstance(cause, httpx.TransportError):
                     raise cause
+                if isinstance(cause, httpx.TimeoutException) and now() >= deadline:
+                    # The pool's timeout was the budget's end, not a phase limit.
+                    raise budget.exceeded(route, attempts) from cause
                 errors.append(cause)
                 if (
                     may_retry
@@ -501,6 +789,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                         attempts,
                         type(cause).__name__,
                     )
+                    fast = False
                     continue
                 raise cause
             attempts += 1
@@ -513,7 +802,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 and may_retry
                 and options.retry_get_head_on_retryable_status
                 and attempts < options.max_attempts
-                and _now() < deadline
+                and now() < deadline
             ):
                 tried.add(instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))
@@ -521,22 +810,55 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     await response.aclose()
                 finally:
                     held.complete(failed=True)
+                fast = False
                 continue
+            if own and now() > deadline:
+                # A pool bounds each wait by what was left when it began; a
+                # response that trickled in past the budget is not returned.
+                try:
+                    await response.aclose()
+                finally:
+                    held.complete(failed=True)
+                raise budget.exceeded(route, attempts)
+            if extensions.get(BUDGET_EXTENSION) is not budget:
+                # The headers are in: reading the body is the caller's business,
+                # bounded per operation by the httpx timeout as with plain httpx.
+                timeouts.release()
             return _wrap(response, held, instance)
 
-    def _url(self, scheme: str, instance: Instance, raw_path: bytes) -> httpx.URL:
+    def _target(self, request: httpx.Request) -> _Target:
+        # Parsing the service and path out of a nadisc:// URL, once per
+        # distinct (qualifier, host, path): services use few distinct paths.
+        url = request.url
+        key = (request.extensions.get(QUALIFIER_EXTENSION), url.host, url.raw_path)
+        targets = self._targets
+        target = targets.get(key)
+        if target is None or url.scheme != SCHEME or url.port is not None or url.userinfo:
+            target = _target(request)
+            if len(targets) >= _URL_CACHE:
+                targets.clear()
+            targets[key] = target
+        return target
+
+    def _url(
+        self, scheme: str, instance: Instance, raw_path: bytes
+    ) -> tuple[httpx.URL, bytes]:
         # Parsing a URL is the largest cost of rewriting a request; services
-        # use few distinct paths, so a small bounded cache pays off.
+        # use few distinct paths, so a small bounded cache pays off. The
+        # instance's Host header value is kept with it.
         key = (scheme, instance.host, instance.port, raw_path)
         urls = self._urls
-        url = urls.get(key)
-        if url is None:
+        made = urls.get(key)
+        if made is None:
             if len(urls) >= _URL_CACHE:
                 urls.clear()
-            url = urls[key] = httpx.URL(
-                scheme=scheme, host=instance.host, port=instance.port, raw_path=raw_path
+            made = urls[key] = (
+                httpx.URL(
+                    scheme=scheme, host=instance.host, port=instance.port, raw_path=raw_path
+                ),
+                instance.address.encode("ascii"),
             )
-        return url
+        return made
 
     # -- closing -------------------------------------------------------------------------
 
@@ -579,10 +901,10 @@ def _skip_budget(route: Route, tried: set[str], size: int) -> int:
     return 4 * size + 16 if _untried_listed(route, tried) else 0
 
 
-def _with_host(raw: list[tuple[bytes, bytes]], instance: Instance) -> httpx.Headers:
+def _with_host(raw: list[tuple[bytes, bytes]], host: bytes) -> httpx.Headers:
     # The caller's headers with the instance's Host, built from the raw list
     # in one pass (no lookup by name).
-    headers = [(b"Host", instance.address.encode("ascii"))]
+    headers = [(b"Host", host)]
     headers.extend(item for item in raw if item[0].lower() != b"host")
     return httpx.Headers(headers)
 

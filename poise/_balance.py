@@ -892,6 +892,39 @@ class Balance(Generic[Req, Resp]):
             raise
         return Held(self, guard, response, ep._key, index)
 
+    async def call_held(self, request: Req) -> Held[Resp]:
+        """:meth:`call` with the load guard left open in the result, like :meth:`dispatch_held`.
+
+        Needs a reservation (``ready_nowait()`` returned True, or
+        :meth:`ready` returned, with no yield since): raises
+        :class:`~poise.SelectionError` otherwise. Adds no checkpoint of its
+        own beyond the service's, so a caller that found an endpoint ready
+        without waiting hands the request over without a trip through the
+        scheduler. Failures end the guard as in :meth:`dispatch_held`.
+        """
+        now = self._clock()
+        ep, guard = self._select(request, now)
+        index = ep._index
+        self._in_flight += 1
+        try:
+            response = await ep._service.call(request)
+        except CallDeclined:
+            self._in_flight -= 1
+            guard.cancel(now)  # as of the dispatch: nothing was sent, no evidence
+            raise
+        except Exception as exc:
+            self._in_flight -= 1
+            end = self._clock()
+            guard.complete(end, failed=True)
+            if self._detector is not None:
+                self._outcome(ep._key, True, end)
+            raise _endpoint_error(ep._key, index, exc) from exc
+        except BaseException:
+            self._in_flight -= 1
+            guard.cancel(self._clock())
+            raise
+        return Held(self, guard, response, ep._key, index)
+
     @asynccontextmanager
     async def open(self, request: Req) -> AsyncIterator[Resp]:
         """Dispatch and hold the load guard until the block exits (streamed bodies).

@@ -44,6 +44,11 @@ class _Observation:
 
     submit_if_current_strict = submit_if_current
 
+    def _usable_at(self, now: float, strict: bool) -> ObservationSnapshot:
+        # What the route's hand-over reads (submit_if_current, inline).
+        assert self.current is not None
+        return self.current
+
 
 def _snapshot(revision: int, *instances: Instance) -> ObservationSnapshot:
     return ObservationSnapshot(

@@ -112,10 +112,16 @@ class _SubmitObservation(_StubObservation):
     def __init__(self) -> None:
         self.current: ObservationSnapshot | None = None
 
-    def submit_if_current(self, submit: Any) -> Any:
+    def _usable_at(self, now: float, strict: bool) -> ObservationSnapshot:
+        return self._usable(strict)
+
+    def _usable(self, strict: bool) -> ObservationSnapshot:
         if self.current is None:
             raise EvidenceUnavailable("revoked for the test", reason="revoked")
-        return submit(self.current)
+        return self.current
+
+    def submit_if_current(self, submit: Any) -> Any:
+        return submit(self._usable(False))
 
     submit_if_current_strict = submit_if_current
 

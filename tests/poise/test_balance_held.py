@@ -336,3 +336,20 @@ async def test_call_declined_records_no_round_trip_time(entry: str) -> None:
     # call as of its dispatch time, which is no evidence.
     assert (ewma.rtt_estimate, ewma.updated_at) == before
     assert ewma.in_flight == 0
+
+
+async def test_call_held_needs_a_reservation_and_adds_no_checkpoint() -> None:
+    balance, (_, b) = recorded("a", "b", policy=Fixed(1))
+    with pytest.raises(SelectionError):
+        await balance.call_held("x")  # no readiness scan yet: no reservation
+    assert balance.ready_nowait()
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        # Already cancelled: a checkpoint would raise here; the hand-over has none.
+        held = await balance.call_held("x")
+    assert not scope.cancelled_caught
+    assert held.response == ("b", "x") and held.key == "b" and not held.ended
+    assert events(b) == [("start",)] and balance.statistics().in_flight == 1
+    held.complete(failed=True)
+    assert events(b) == [("start",), ("complete", "failed")]
+    assert balance.statistics().in_flight == 0

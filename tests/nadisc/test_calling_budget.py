@@ -1,0 +1,243 @@
+"""One budget per call: the smallest of every limit, and the error names which one ran out.
+
+Under trio's MockClock the pool is an ``httpx.MockTransport`` whose handler
+waits as long as the test says (a pool that ignores the timeout extension,
+so the transport bounds it with a cancel scope); the last tests use a real
+loopback server and httpx's own pool, where the budget travels in the
+timeout extension instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from nadisc import (
+    CallTimeout,
+    DeadlineExceeded,
+    DiscoveryOwner,
+    DiscoveryTransport,
+    Instance,
+    RestConfig,
+    RestDiscoveryClient,
+    RestOptions,
+)
+from nadisc.testing import MemoryProvider
+from tests.nadisc.owner_support import memory_owner, policy
+from tests.support_http import HttpBackend, serve_backends
+
+SERVICE = "orders"
+URL = f"nadisc://primary/{SERVICE}/slow"
+
+
+def provider(*instances: Instance) -> MemoryProvider:
+    memory = MemoryProvider(services={SERVICE: SERVICE})
+    memory.set(SERVICE, instances or (Instance("a", "10.0.0.1", 8080),))
+    return memory
+
+
+class SlowPool:
+    """An in-memory pool answering after ``latency`` seconds of the event-loop clock."""
+
+    def __init__(self, latency: float) -> None:
+        self.latency = latency
+        self.sent = 0
+
+    async def answer(self, request: httpx.Request) -> httpx.Response:
+        self.sent += 1
+        await anyio.sleep(self.latency)
+        return httpx.Response(200, content=b"late")
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.answer)
+
+
+@asynccontextmanager
+async def calling(
+    latency: float, *, client_timeout: Any = None, **rest: Any
+) -> AsyncIterator[tuple[DiscoveryOwner, DiscoveryTransport, httpx.AsyncClient]]:
+    async with memory_owner(
+        {"primary": provider()}, policies={"primary": policy(rest=RestConfig(**rest))}
+    ) as owner:
+        transport = DiscoveryTransport(owner, transport=SlowPool(latency).transport())
+        async with httpx.AsyncClient(
+            mounts={"nadisc://": transport}, timeout=client_timeout
+        ) as http:
+            yield owner, transport, http
+
+
+async def timed_out(call: Any) -> tuple[CallTimeout, float]:
+    started = anyio.current_time()
+    with pytest.raises(CallTimeout) as info:
+        await call
+    return info.value, round(anyio.current_time() - started, 6)
+
+
+@pytest.mark.trio_only
+async def test_the_client_timeout_is_the_budget_when_smallest(autojump_clock: object) -> None:
+    async with calling(3.0, client_timeout=0.5) as (_, _t, http):
+        error, elapsed = await timed_out(http.get(URL))
+    assert (error.limit, error.seconds, elapsed) == ("httpx timeout", 0.5, 0.5)
+    assert "httpx timeout (client or request) of 0.5 s ran out" in str(error)
+    # Caught as httpx's timeout and as nadisc's.
+    assert isinstance(error, httpx.TimeoutException) and isinstance(error, DeadlineExceeded)
+    assert error.request.url == httpx.URL(URL)
+
+
+@pytest.mark.trio_only
+async def test_a_request_timeout_is_the_budget_when_smallest(autojump_clock: object) -> None:
+    async with calling(3.0, client_timeout=5.0) as (_, _t, http):
+        error, elapsed = await timed_out(http.get(URL, timeout=0.25))
+    assert (error.limit, error.seconds, elapsed) == ("httpx timeout", 0.25, 0.25)
+
+
+@pytest.mark.trio_only
+async def test_the_deadline_extension_is_the_budget_when_smallest(autojump_clock: object) -> None:
+    async with calling(3.0, client_timeout=5.0) as (_, _t, http):
+        deadline = anyio.current_time() + 0.75
+        error, elapsed = await timed_out(
+            http.get(URL, extensions={"nadisc.deadline": deadline})
+        )
+    assert (error.limit, elapsed) == ("nadisc.deadline", 0.75)
+    assert error.seconds == pytest.approx(0.75)
+    assert "nadisc.deadline extension" in str(error)
+    assert "budget of 10 s" not in str(error)
+
+
+@pytest.mark.trio_only
+async def test_the_rest_budget_is_the_budget_when_smallest(autojump_clock: object) -> None:
+    async with calling(
+        3.0, client_timeout=5.0, request_timeout_ms=400, connect_timeout_ms=100
+    ) as (_, _t, http):
+        error, elapsed = await timed_out(http.get(URL))
+    assert (error.limit, error.seconds, elapsed) == ("rest.request_timeout", 0.4, 0.4)
+    assert "REST budget (rest.request_timeout) of 0.4 s ran out" in str(error)
+
+
+@pytest.mark.trio_only
+async def test_no_httpx_timeout_leaves_the_rest_budget(autojump_clock: object) -> None:
+    async with calling(30.0, client_timeout=None) as (_, _t, http):
+        error, elapsed = await timed_out(http.get(URL))
+    assert (error.limit, elapsed) == ("rest.request_timeout", 10.0)
+
+
+@pytest.mark.trio_only
+async def test_an_unbounded_phase_means_no_httpx_budget(autojump_clock: object) -> None:
+    # httpx.Timeout(None, connect=1): no read limit, so httpx sets no total.
+    async with calling(3.0, client_timeout=httpx.Timeout(None, connect=1.0)) as (_, _t, http):
+        response = await http.get(URL)
+    assert response.status_code == 200
+
+
+@pytest.mark.trio_only
+async def test_the_callers_cancel_scope_cancels_and_names_nothing(autojump_clock: object) -> None:
+    async with calling(3.0, client_timeout=5.0) as (_, transport, http):
+        started = anyio.current_time()
+        with anyio.move_on_after(0.2) as scope:
+            await http.get(URL)
+        assert scope.cancelled_caught
+        assert anyio.current_time() - started == 0.2
+        # fail_after raises its own TimeoutError, never one of ours.
+        with pytest.raises(TimeoutError) as info:
+            with anyio.fail_after(0.3):
+                await http.get(URL)
+        assert not isinstance(info.value, CallTimeout)
+        route = transport.route("primary", SERVICE)
+        assert route is not None
+        assert route.statistics().in_flight == {"a": 0}
+
+
+@pytest.mark.trio_only
+async def test_a_later_scope_leaves_the_smaller_limit_named(autojump_clock: object) -> None:
+    async with calling(3.0, client_timeout=0.5) as (_, _t, http):
+        with anyio.move_on_after(2.0) as scope:
+            error, elapsed = await timed_out(http.get(URL))
+    assert not scope.cancelled_caught
+    assert (error.limit, elapsed) == ("httpx timeout", 0.5)
+
+
+@pytest.mark.trio_only
+async def test_the_rest_client_follows_the_same_rule(autojump_clock: object) -> None:
+    pool = SlowPool(3.0)
+    options = RestOptions(request_timeout=2.0, connect_timeout=0.5)
+    async with (
+        memory_owner({"primary": provider()}) as owner,
+        RestDiscoveryClient(owner, options=options, transport=pool.transport()) as rest,
+    ):
+        error, elapsed = await timed_out(
+            rest.request("GET", service=SERVICE, path="/", timeout=0.5)
+        )
+        assert (error.limit, elapsed) == ("httpx timeout", 0.5)
+        error, elapsed = await timed_out(rest.get("/", service=SERVICE, timeout=0.25))
+        assert (error.limit, elapsed) == ("httpx timeout", 0.25)
+        error, elapsed = await timed_out(rest.get("/", service=SERVICE))
+        assert (error.limit, error.seconds, elapsed) == ("rest.request_timeout", 2.0, 2.0)
+        deadline = anyio.current_time() + 0.1
+        error, elapsed = await timed_out(
+            rest.get("/", service=SERVICE, extensions={"nadisc.deadline": deadline})
+        )
+        assert (error.limit, elapsed) == ("nadisc.deadline", 0.1)
+        with anyio.move_on_after(0.3) as scope:
+            await rest.get("/", service=SERVICE)
+        assert scope.cancelled_caught
+
+
+@pytest.mark.trio_only
+async def test_a_relative_deadline_gets_a_hint(autojump_clock: object) -> None:
+    async with calling(0.0) as (owner, _t, http):
+        await anyio.sleep(1000)  # the clock is far from zero, as real clocks are
+        error, _ = await timed_out(http.get(URL, extensions={"nadisc.deadline": 2}))
+        assert "deadlines are absolute: anyio.current_time() + 2" in str(error)
+        with pytest.raises(DeadlineExceeded, match=r"anyio\.current_time\(\) \+ 2"):
+            await owner.client().observe(SERVICE, 2)
+        # A deadline that passed a moment ago is just late: no hint.
+        with pytest.raises(DeadlineExceeded) as info:
+            await owner.client().observe(SERVICE, anyio.current_time() - 1)
+        assert "absolute" not in str(info.value)
+
+
+@pytest.mark.trio_only
+async def test_a_deadline_extension_that_is_no_number_is_refused(autojump_clock: object) -> None:
+    async with calling(0.0) as (_, _t, http):
+        with pytest.raises(CallTimeout, match="must be an absolute event-loop time"):
+            await http.get(URL, extensions={"nadisc.deadline": "soon"})
+
+
+# -- httpx's own pool, a real loopback server, the real clock ---------------------------
+
+
+@pytest.mark.trio_only  # the loopback backend is hypercorn on trio
+async def test_httpx_pool_carries_the_budget_in_its_timeouts() -> None:
+    async with serve_backends(HttpBackend("slow", latency=3.0)) as (slow,):
+        memory = provider(slow.instance())
+        async with (
+            memory_owner({"primary": memory}) as owner,
+            DiscoveryTransport(owner) as transport,
+            httpx.AsyncClient(mounts={"nadisc://": transport}, timeout=0.3) as http,
+        ):
+            error, elapsed = await timed_out(http.get(URL))
+            assert error.limit == "httpx timeout" and error.seconds == 0.3
+            assert 0.25 < elapsed < 1.5
+            assert isinstance(error.__cause__, httpx.ReadTimeout)
+            error, elapsed = await timed_out(http.get(URL, timeout=0.2))
+            assert error.limit == "httpx timeout" and error.seconds == 0.2
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            assert route.statistics().in_flight == {"slow": 0}
+
+
+@pytest.mark.trio_only  # the loopback backend is hypercorn on trio
+async def test_rest_client_budget_covers_the_body_over_httpx_pool() -> None:
+    backend = HttpBackend("s", chunks=6, chunk_delay=0.1)
+    async with (
+        serve_backends(backend) as (s,),
+        memory_owner({"primary": provider(s.instance())}) as owner,
+        RestDiscoveryClient(owner) as rest,
+    ):
+        error, elapsed = await timed_out(rest.get("/", service=SERVICE, timeout=0.3))
+        assert error.limit == "httpx timeout" and 0.25 < elapsed < 1.0
