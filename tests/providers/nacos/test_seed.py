@@ -22,58 +22,11 @@ from nadisc._cli import expand_variables
 from tests.fakes.nacos import Fault, NacosFake
 from tests.support_http import HttpBackend, serve_backends
 
+from ...seed_yaml import SEED_EXAMPLE
 from .owner_support import identities, providers_for
 
 pytestmark = pytest.mark.trio_only
 
-# Verbatim from the runtime seed ("napp 自动接管与多 Nacos").
-SEED_YAML = """\
-application:
-  name: order-api
-server:
-  host: 0.0.0.0
-  port: 8080
-  health: true
-discovery:
-  enabled: true
-  eligibility_probe: true
-  connections:
-    primary:
-      provider: nacos
-      nacos:
-        server_addr: http://nacos-business:8848/nacos/
-        namespace: public
-        group: BUSINESS
-        username: ${BUSINESS_NACOS_USERNAME}
-        password: ${BUSINESS_NACOS_PASSWORD}
-        services:
-          self: {name: order-api}
-          orders: {name: order-worker}
-      rest:
-        request_timeout_ms: 5000
-        connect_timeout_ms: 1000
-        lb_strategy: weighted
-    infrastructure:
-      provider: nacos
-      nacos:
-        server_addr: http://nacos-infra:8848/nacos/
-        namespace: public
-        group: INFRASTRUCTURE
-        username: ${INFRA_NACOS_USERNAME}
-        password: ${INFRA_NACOS_PASSWORD}
-        services:
-          coordinator: {name: saga-server}
-  registrations:
-    business-http:
-      qualifier: primary
-      service_name: self
-      listener_ref: web
-      eligibility_ref: web
-      ip: ${BUSINESS_REGISTER_IP}
-      port: 18080
-      startup_required: true
-      readiness_critical: true
-"""
 
 ENVIRON = {
     "BUSINESS_NACOS_USERNAME": "order-api",
@@ -91,7 +44,7 @@ def clusters() -> tuple[NacosFake, NacosFake]:
 
 
 async def test_the_seed_two_cluster_yaml_runs_end_to_end() -> None:
-    cfg = parse_config(expand_variables(load_document(SEED_YAML), ENVIRON))
+    cfg = parse_config(expand_variables(load_document(SEED_EXAMPLE), ENVIRON))
     assert "business-secret" not in repr(cfg)
     async with serve_backends(
         HttpBackend("w1", weight=3), HttpBackend("w2", weight=1), HttpBackend("infra-worker")
