@@ -43,7 +43,7 @@ typecheck: venv
 	$(BIN)/mypy
 
 unit: venv servers
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=25
 
 # Everything is written against anyio and claimed to work on asyncio: run the
 # loop-dependent (async) tests of the core, the runtime, the providers, the

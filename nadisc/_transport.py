@@ -682,8 +682,13 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 raise budget.exceeded(route, 0)
             return await self._call(route, request, target, budget, own)
         except CallError:
+            # A failure that waited for nothing still yields once, so a
+            # caller's retry loop cannot starve the tasks that would mend it
+            # (the mirror publishing a listing, a shutdown). Error path only.
+            await anyio.lowlevel.cancel_shielded_checkpoint()
             raise
         except DiscoveryError as exc:
+            await anyio.lowlevel.cancel_shielded_checkpoint()
             raise for_call(exc) from exc
 
     async def _call(

@@ -446,9 +446,9 @@ async def run_rolling(*, concurrency: int = 4, say: Callable[[str], None] = prin
 
     config = rolling_config()
     registry = MemoryRegistry()
-    caller_config = DiscoveryConfig.model_validate(
-        {**config.model_dump(mode="json"), "registrations": {}}
-    )
+    # The same connections without the registrations (a copy: a dump would
+    # mask the memory provider's block, whose provider is not installed).
+    caller_config = config.model_copy(update={"registrations": {}})
     listing = MemoryProvider(evidence=EvidenceKind.STATIC_FACT, watch=True)
     listing.set(SERVICE, [])
     apps: list[_Instance] = []

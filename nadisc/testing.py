@@ -252,6 +252,12 @@ class MemoryProvider:
         self._watches.setdefault(service, []).append(watch)
         try:
             task_status.started()
+            # A real watch starts from a listing (etcd's range, Kubernetes'
+            # list): report the one of now, so a set() made between the
+            # owner's first query and this start is not lost.
+            current = self._listings.get(service)
+            if current is not None:
+                sink.publish(current)
             while not watch.end:
                 await watch.wake.wait()
                 watch.wake = anyio.Event()

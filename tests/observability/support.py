@@ -39,6 +39,9 @@ def consul_config(url: str, **connection: Any) -> DiscoveryConfig:
             "wait": 20,
             "watch_rate": 200,
             "watch_burst": 50,
+            # The fake's instance ids are unique across its nodes, and the
+            # page and assertions name instances by them.
+            "identity_scope": "service",
             "services": {"orders": {"name": "orders"}},
         },
     }

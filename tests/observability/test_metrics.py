@@ -310,6 +310,7 @@ async def test_hostile_names_metadata_and_secrets_never_reach_the_exposition(
                         "consul": {
                             "url": "http://consul.invalid:8500",
                             "token": f"tok-{secret}",
+                            "identity_scope": "service",
                             "services": {alias: {"name": remote}},
                         },
                     }
