@@ -43,7 +43,7 @@ typecheck: venv
 	$(BIN)/mypy
 
 unit: venv servers
-	$(BIN)/pytest --durations=25
+	$(BIN)/pytest --durations=25 --reruns 1
 
 # Everything is written against anyio and claimed to work on asyncio: run the
 # loop-dependent (async) tests of the core, the runtime, the providers, the
@@ -54,7 +54,7 @@ ASYNCIO_PATHS := tests/poise tests/nadisc tests/providers tests/fakes tests/docs
 	tests/observability/test_asyncio.py
 asyncio-pass: venv servers
 	TEST_BACKEND=asyncio $(BIN)/pytest $(ASYNCIO_PATHS) -o trio_mode=false \
-		-m "not trio_only" -q
+		-m "not trio_only" -q --reruns 1
 
 test: lint typecheck unit asyncio-pass
 
