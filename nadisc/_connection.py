@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 import anyio.lowlevel
 
-from ._capacity import SnapshotLedger, TaskBudget, WatchStreams
+from ._capacity import SnapshotLedger, StreamTicket, TaskBudget, WatchStreams
 from ._errors import CapacityExceeded, DeadlineExceeded, UnknownService
 from ._observation import Observation, Slot, check_deadline, loop_clock
 
@@ -110,6 +110,32 @@ class Connection:
         self.prepare_error: str | None = None
         # The event loop's clock, resolved on the first observe().
         self._clock: Callable[[], float] | None = None
+        #: The one stream ticket of a provider whose watches share their
+        #: streams (``Capabilities.shared_watch``), and how many slots hold it.
+        self._shared_ticket: StreamTicket | None = None
+        self._shared_holders = 0
+
+    def request_watch_streams(self, streams: int, *, shared: bool) -> StreamTicket:
+        """A slot's stream ticket. Shared watches (one stream for every watched
+        service of the connection) take one ticket for the whole connection,
+        requested by the first watching slot and given back by the last, so
+        ``max_watch_streams`` counts the streams the provider really holds."""
+        if not shared:
+            return self.runtime.streams.request(streams)
+        if self._shared_ticket is None:
+            self._shared_ticket = self.runtime.streams.request(streams)
+        self._shared_holders += 1
+        return self._shared_ticket
+
+    def release_watch_streams(self, ticket: StreamTicket) -> None:
+        """Give a slot's ticket back (a shared one once its last holder leaves)."""
+        if ticket is not self._shared_ticket:
+            self.runtime.streams.release(ticket)
+            return
+        self._shared_holders -= 1
+        if self._shared_holders == 0:
+            self._shared_ticket = None
+            self.runtime.streams.release(ticket)
 
     @property
     def request_timeout(self) -> float:

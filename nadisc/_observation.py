@@ -496,7 +496,8 @@ class Slot:
 
     async def _run_watching(self) -> None:
         streams = self.connection.runtime.streams
-        ticket = streams.request(self.watch_streams)
+        shared = self.connection.provider.capabilities.shared_watch
+        ticket = self.connection.request_watch_streams(self.watch_streams, shared=shared)
         if ticket.oversized:
             logger.warning(
                 "connection %r service %r: a watch needs %d streams, more than "
@@ -517,7 +518,7 @@ class Slot:
                 if await self._sleep_until(anyio.current_time() + delay, None) == "reclaim":
                     return
         finally:
-            self.connection.runtime.streams.release(ticket)
+            self.connection.release_watch_streams(ticket)
 
     async def _watch_once(self, backoff: Backoff) -> str | None:
         """One watch session: a query, the watch, confirmation queries."""

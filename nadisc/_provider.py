@@ -57,6 +57,11 @@ class Capabilities:
     #: Long watch streams one ``watch()`` holds (0: no watch, poll only;
     #: Kubernetes holds two: Service and EndpointSlice).
     watch_streams: int = 0
+    #: Every watch of the connection rides on the same ``watch_streams``
+    #: streams (etcd's one watch over the common prefix): the owner counts
+    #: them once per connection while any observation watches, not once per
+    #: observation.
+    shared_watch: bool = False
     #: Repeating a renewal with the same identity and payload is harmless.
     idempotent_renewal: bool = False
     #: Seconds within which a registration must be renewed again to stay

@@ -483,7 +483,10 @@ class EtcdClient:
         count_only: bool = False,
         limit: int = 0,
         revision: int = 0,
+        newest_first: bool = False,
     ) -> RangeResponse:
+        """One range. ``newest_first`` sorts by ``mod_revision``, newest first
+        (with ``limit=1``: the newest change under the range)."""
         body: dict[str, object] = {"key": b64(key)}
         if revision:
             body["revision"] = str(revision)
@@ -495,6 +498,9 @@ class EtcdClient:
             body["count_only"] = True
         if limit:
             body["limit"] = str(limit)
+        if newest_first:
+            body["sort_order"] = "DESCEND"
+            body["sort_target"] = "MOD"
         return await self._call("/v3/kv/range", body, RangeResponse, kind="read", deadline=deadline)
 
     async def put(self, key: bytes, value: bytes, *, lease: int, deadline: float) -> PutResponse:

@@ -65,6 +65,10 @@ class Layout:
         head = f"{self.prefix}/{service}/" if self.prefix else f"{service}/"
         return head.encode("utf-8")
 
+    def watch_prefix(self) -> bytes:
+        """``<prefix>/`` as bytes: every service's keys start with it."""
+        return f"{self.prefix}/".encode() if self.prefix else b""
+
     def instance_key(self, service: str, instance_id: str) -> bytes:
         return self.service_prefix(service) + instance_id.encode("utf-8")
 

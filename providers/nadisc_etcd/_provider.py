@@ -91,6 +91,7 @@ from nadisc import (
 )
 
 from ._client import EtcdClient, WatchStream
+from ._fanout import Fanout, Member
 from ._layout import Layout, check_record, encode_record
 from ._settings import EtcdSettings
 from ._state import Backoff, ProbeVerdict, ServiceState
@@ -105,6 +106,13 @@ logger = logging.getLogger(__name__)
 RENEW_FRACTION = 1 / 3
 #: Keys per page of a complete range (each page is one bounded response).
 RANGE_PAGE = 1000
+#: Services the shared watch publishes between two turns of the event loop.
+PUBLISH_STEP = 64
+
+
+def shares_watch(settings: EtcdSettings) -> bool:
+    """True when the connection's watches ride on one stream over the prefix."""
+    return settings.watch == "shared" and bool(settings.prefix)
 
 
 def capabilities_for(settings: EtcdSettings) -> Capabilities:
@@ -113,6 +121,7 @@ def capabilities_for(settings: EtcdSettings) -> Capabilities:
         evidence=EvidenceKind.LEASE,
         registration=True,
         watch_streams=1,
+        shared_watch=shares_watch(settings),
         idempotent_renewal=True,
         renew_within=settings.ttl_seconds * RENEW_FRACTION,
     )
@@ -196,6 +205,11 @@ class EtcdProvider:
         #: service -> the state of a running watch of it: a query reuses the
         #: records that watch already decoded.
         self._live: dict[str, ServiceState] = {}
+        #: The members of the shared watch over ``<prefix>/`` (None: one
+        #: stream per watched service).
+        self._fanout: Fanout[_Run] | None = (
+            Fanout(self._layout.watch_prefix()) if shares_watch(settings) else None
+        )
 
     def __repr__(self) -> str:
         return (
@@ -341,7 +355,10 @@ class EtcdProvider:
         run = _Run(self._new_state(service), sink, backoff)
         self._live.setdefault(service, run.state)
         try:
-            await self._watch(run, service, sink, task_status, backoff)
+            if self._fanout is not None:
+                await self._watch_shared(self._fanout, run, service, task_status)
+            else:
+                await self._watch(run, service, sink, task_status, backoff)
         finally:
             if self._live.get(service) is run.state:
                 del self._live[service]
@@ -501,6 +518,209 @@ class EtcdProvider:
                     f"{answer.header.revision}"
                 )
             await anyio.sleep(interval)
+
+    # --------------------------------------------------------- shared watch
+
+    async def _watch_shared(
+        self, fanout: Fanout[_Run], run: _Run, service: str, task_status: TaskStatus[None]
+    ) -> None:
+        """:meth:`watch` as a member of the shared stream over the prefix."""
+        member = fanout.join(run.state, run)
+        started = False
+        need_range = True
+        try:
+            while True:
+                try:
+                    if need_range:
+                        self._counts.watch_ranges += 1
+                        fanout.begin_range(member)
+                        while True:
+                            await self._range_into(run.state, self._deadline())
+                            if fanout.accept(member, run.state.revision):
+                                break
+                        need_range = False
+                        self._publish(run)
+                        if not started:
+                            started = True
+                            task_status.started()
+                    await self._follow_shared(fanout, run, member)
+                except _Compacted:
+                    self._counts.compaction_resyncs += 1
+                    need_range = True
+                    continue
+                except ProviderFailure as exc:
+                    self._report(run, service, exc)
+                if not started:
+                    started = True
+                    task_status.started()
+                await anyio.sleep(run.backoff.next_delay())
+                self._check_open()
+                if not need_range:
+                    self._counts.watch_resumes += 1
+        finally:
+            fanout.leave(member)
+
+    def _report(self, run: _Run, service: str, failure: ProviderFailure) -> None:
+        self._counts.watch_failures += 1
+        logger.info(
+            "etcd watch of %r on connection %r failed: %s", service, self._context.name, failure
+        )
+        run.failed = True
+        run.sink.fail(failure)
+
+    async def _follow_shared(self, fanout: Fanout[_Run], run: _Run, member: Member[_Run]) -> None:
+        """Wait for what the stream tells this member; read the stream (and
+        probe the server) while nobody else does. Raises the stream's failure
+        or ``_Compacted``."""
+        await self._serve_member(fanout, member)
+
+    async def _serve_member(self, fanout: Fanout[_Run], member: Member[_Run]) -> None:
+        """Wait for what the stream tells this member; read the stream while
+        nobody else does. Raises the stream's failure or ``_Compacted``."""
+        while True:
+            member.woken = False
+            if member.compacted:
+                raise _Compacted
+            failure = member.failure
+            if failure is not None:
+                member.failure = None
+                if isinstance(failure, ProviderFailure):
+                    raise failure
+                raise IncompleteSnapshot(f"the shared etcd watch failed: {failure}")
+            if fanout.host is None:
+                await self._host(fanout, member)
+                continue
+            woken = anyio.Event()
+            member.waker = woken.set
+            try:
+                if not member.woken:
+                    await woken.wait()
+            finally:
+                member.waker = None
+
+    async def _host(self, fanout: Fanout[_Run], member: Member[_Run]) -> None:
+        """Read the shared stream in this member's task until it ends; the
+        fan-out records how (every member is woken to look)."""
+        start = fanout.take_host(member)
+        head = fanout.head
+        outcome: ProviderFailure | _Compacted | None = None
+        try:
+            async with self._client.watch(
+                head,
+                prefix_range_end(head),
+                start_revision=start,
+                open_deadline=self._deadline(),
+            ) as stream:
+                self._counts.watch_streams_opened += 1
+                async with anyio.create_task_group() as group:
+
+                    async def pump() -> None:
+                        nonlocal outcome
+                        try:
+                            await self._pump(fanout, stream)
+                        except (ProviderFailure, _Compacted) as exc:
+                            outcome = exc
+                        group.cancel_scope.cancel()
+
+                    async def probe() -> None:
+                        nonlocal outcome
+                        try:
+                            await self._probe_shared(fanout)
+                        except ProviderFailure as exc:
+                            outcome = exc
+                        group.cancel_scope.cancel()
+
+                    group.start_soon(pump)
+                    group.start_soon(probe)
+        except ProviderFailure as exc:
+            outcome = exc
+        finally:
+            fanout.release_host(member)
+        if isinstance(outcome, _Compacted):
+            fanout.compacted()
+        elif outcome is not None:
+            fanout.broke(outcome)
+
+    async def _probe_shared(self, fanout: Fanout[_Run]) -> None:
+        """The shared stream's probe: the newest change under the prefix (one
+        keys-only range, limit 1), every ``probe_interval_ms``. It checks that
+        the server answers in time, that read permission on the prefix holds
+        and that the stream is not stalled; when the stream has delivered what
+        it saw, every live member's listing is confirmed (a member that
+        reported a failure publishes its complete listing instead)."""
+        interval = self._settings.probe_interval_ms / 1000
+        head = fanout.head
+        prefix = head.decode("utf-8", "replace")
+        while True:
+            self._counts.probes += 1
+            answer = await self._client.range(
+                head,
+                prefix_range_end(head),
+                keys_only=True,
+                limit=1,
+                newest_first=True,
+                deadline=self._deadline(),
+            )
+            newest = max((kv.mod_revision for kv in answer.kvs), default=0)
+            verdict = fanout.judge_probe(newest)
+            if verdict is ProbeVerdict.CONFIRMED:
+                for count, member in enumerate(fanout.live(), 1):
+                    if member.live:  # not left since
+                        self._confirm(member.run)
+                    if count % PUBLISH_STEP == 0:
+                        await anyio.lowlevel.checkpoint()
+            elif verdict is ProbeVerdict.STALLED:
+                raise IncompleteSnapshot(
+                    f"etcd shared watch of {prefix!r} stalled below revision {newest}"
+                )
+            await anyio.sleep(interval)
+
+    async def _pump(self, fanout: Fanout[_Run], stream: WatchStream) -> None:
+        prefix = fanout.head.decode("utf-8", "replace")
+        while True:
+            batch = await stream.next_batch()
+            changed: dict[int, Member[_Run]] = {}
+            progressed = 0
+            for message in batch:
+                if message.canceled:
+                    if message.compact_revision:
+                        logger.info(
+                            "etcd shared watch of %r: revision %s compacted (now %d), "
+                            "ranging every watched service again",
+                            prefix,
+                            fanout.opened_from,
+                            message.compact_revision,
+                        )
+                        raise _Compacted
+                    status = GatewayStatus.from_cancel_reason(message.cancel_reason)
+                    if status.permission_denied or status.credentials_missing:
+                        raise IdentityRevoked(
+                            f"etcd shared watch of prefix {prefix!r}: {status} (the shared "
+                            "watch needs read permission on the whole prefix; "
+                            "watch: per_service needs it per service)"
+                        )
+                    raise IncompleteSnapshot(f"etcd shared watch of {prefix!r} canceled: {status}")
+                if message.created:
+                    continue
+                if message.events:
+                    for changed_member in fanout.dispatch(message):
+                        changed[id(changed_member)] = changed_member
+                elif message.is_progress:
+                    progressed = max(progressed, message.header.revision)
+            # Latest-only: everything this read delivered is applied first,
+            # then each changed service is published once.
+            for count, changed_member in enumerate(changed.values(), 1):
+                if changed_member.live:
+                    self._publish(changed_member.run)
+                if count % PUBLISH_STEP == 0:
+                    await anyio.lowlevel.checkpoint()
+            if progressed:
+                for count, confirmed in enumerate(fanout.progress(progressed), 1):
+                    if id(confirmed) not in changed:
+                        self._confirm(confirmed.run)
+                    if count % PUBLISH_STEP == 0:
+                        await anyio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
 
     # --------------------------------------------------------- registration
 

@@ -22,6 +22,7 @@ messages, and it is only unwrapped at the moment the provider authenticates.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -98,10 +99,16 @@ class EtcdSettings(BaseModel):
     max_record_bytes: int = Field(default=65_536, ge=64, le=16 * 1024 * 1024)
     #: Unary requests (ranges, puts, leases, probes) in flight at once on
     #: this connection, over as many pooled HTTP connections; more wait
-    #: their turn in arrival order. Watches never use this pool: each holds
-    #: a dedicated connection of its own (bounded by the owner's
-    #: ``max_watch_streams``).
+    #: their turn in arrival order. Watches never use this pool: each
+    #: stream holds a dedicated connection of its own (bounded by the
+    #: owner's ``max_watch_streams``).
     max_request_connections: int = Field(default=16, ge=1, le=1024)
+    #: ``shared``: one watch stream over ``<prefix>/`` feeds every watched
+    #: service of the connection (one socket however many services are
+    #: observed; needs read permission on the whole prefix). ``per_service``:
+    #: one stream per watched service (permissions per service suffice). An
+    #: empty ``prefix`` always watches per service.
+    watch: Literal["shared", "per_service"] = "shared"
 
     @field_validator("endpoints")
     @classmethod

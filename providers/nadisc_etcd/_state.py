@@ -39,7 +39,7 @@ from types import MappingProxyType
 from nadisc import CapacityRejected, EvidenceKind, IncrementalListing, Instance, ProviderSnapshot
 
 from ._layout import Layout, RecordError, decode_record
-from ._wire import KeyValue, WatchResponse
+from ._wire import Event, KeyValue, WatchResponse
 
 __all__ = ["Backoff", "ProbeVerdict", "ServiceState"]
 
@@ -157,10 +157,14 @@ class ServiceState:
         revision (one transaction), so the guard uses the revision from
         before the response. O(events x log n).
         """
+        return self.apply_events(response.events)
+
+    def apply_events(self, events: Iterable[Event]) -> bool:
+        """:meth:`apply` for events of one or several responses, in order."""
         floor = self.revision
         newest = floor
         changed = False
-        for event in response.events:
+        for event in events:
             kv = event.kv
             if kv.mod_revision and kv.mod_revision <= floor:
                 continue

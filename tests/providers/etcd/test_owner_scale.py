@@ -126,18 +126,22 @@ def watch_config(url: str, prefix: str, watched: int, **etcd: Any) -> Any:
     )
 
 
+@pytest.mark.parametrize("mode", ["per_service", "shared"])
 async def test_100_watches_hold_dedicated_connections_and_the_loop_stays_live(
-    etcd_server: EtcdServer, raw: RawEtcd
+    etcd_server: EtcdServer, raw: RawEtcd, mode: str
 ) -> None:
     services = 100
+    # Per service: one dedicated connection per watch; shared: one for all.
+    sockets = services if mode == "per_service" else 1
     prefix = unique_prefix()
-    config = watch_config(etcd_server.url, prefix, services)
+    config = watch_config(etcd_server.url, prefix, services, watch=mode)
     provider = injected_provider(
         EtcdProvider,
         etcd_server.url,
         prefix,
         services={f"s{n:03d}": {"name": f"s{n:03d}"} for n in range(services)},
         probe_interval_ms=2000,
+        watch=mode,
     )
     before = all_tasks()
     async with (
@@ -146,8 +150,10 @@ async def test_100_watches_hold_dedicated_connections_and_the_loop_stays_live(
     ):
         client = owner.client()
         observations = [await client.observe(f"s{n:03d}", soon(10)) for n in range(services)]
-        await until(lambda: provider.statistics().watch_connections == services, 20)
-        # Each watch holds a connection of its own; the request pool is
+        await until(lambda: provider.statistics().watch_connections == sockets, 20)
+        # max_watch_streams counts exactly the streams held.
+        assert owner.observer().snapshot().capacity.watch_streams == sockets
+        # Each stream holds a connection of its own; the request pool is
         # never asked for more than its size.
         in_flight, size = provider._client.request_pool
         assert size == 16 and in_flight <= size
@@ -164,7 +170,7 @@ async def test_100_watches_hold_dedicated_connections_and_the_loop_stays_live(
         assert max(seen) < 1.0, seen
         # Loose bound for a shared machine; the benchmark holds the 50 ms p99.
         assert lag.longest < 0.5, lag.longest
-        assert provider.statistics().watch_connections == services
+        assert provider.statistics().watch_connections == sockets
     assert provider.statistics().watch_connections == 0
     assert all_tasks() == before
 
