@@ -184,6 +184,14 @@ class Fanout(Generic[_R]):
         self._lagging_since = newest
         return ProbeVerdict.LAGGING
 
+    def delivered(self, state: ServiceState) -> int:
+        """The revision up to which every event of ``state``'s service was
+        applied to it (-1 when ``state`` is not a live member's)."""
+        for member in self._members.get(state.layout.service_prefix(state.service), ()):
+            if member.state is state and member.live:
+                return max(state.revision, self.revision or 0)
+        return -1
+
     def live(self) -> list[Member[_R]]:
         """The members whose listing the stream keeps current."""
         return [member for member in self.members() if member.live]

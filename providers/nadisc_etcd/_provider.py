@@ -254,9 +254,24 @@ class EtcdProvider:
 
     async def prepare(self, deadline: float) -> None:
         """Reach the cluster, authenticate, and check read permission on every
-        bound service (``IdentityRevoked`` names the service that is refused)."""
+        bound service (``IdentityRevoked`` names the service that is refused).
+
+        With the shared watch, one count-only range of the whole prefix covers
+        every service (the watch needs that permission anyway); only when it
+        is refused are the services checked one by one, to name the refused one.
+        """
         self._check_open()
         await self._client.status(deadline=deadline)
+        if self._fanout is not None and self._settings.services:
+            head = self._fanout.head
+            try:
+                await self._client.range(
+                    head, prefix_range_end(head), count_only=True, deadline=deadline
+                )
+            except IdentityRevoked:
+                pass
+            else:
+                return
         # One count-only range per bound service, all at once (the request
         # limiter paces them): a thousand bound services fit in one request
         # timeout. A refusal is reported for the first alias by name.
@@ -326,11 +341,26 @@ class EtcdProvider:
             await anyio.lowlevel.checkpoint()
 
     async def query(self, service: str, deadline: float) -> ProviderSnapshot:
-        """One range of the service prefix as a complete listing."""
+        """One range of the service prefix as a complete listing.
+
+        When a running watch of the service already stands at or past the
+        range's revision, its listing is returned instead: a range answered
+        before a watch event was applied must not put the older listing back.
+        """
         self._check_open()
         state = self._new_state(service)
         await self._range_into(state, deadline)
+        live = self._live.get(service)
+        if live is not None and self._watched_revision(live) >= state.revision:
+            return live.snapshot()
         return state.snapshot()
+
+    def _watched_revision(self, state: ServiceState) -> int:
+        """The revision up to which a running watch has applied every event
+        of ``state``'s service (-1 while it has no complete listing)."""
+        if self._fanout is not None:
+            return self._fanout.delivered(state)
+        return state.revision if state.revision else -1
 
     async def watch(
         self,
@@ -651,6 +681,10 @@ class EtcdProvider:
         interval = self._settings.probe_interval_ms / 1000
         head = fanout.head
         prefix = head.decode("utf-8", "replace")
+        # Reopened after a failure: confirm at once, the stream may have
+        # nothing to say.
+        if not any(member.run.failed for member in fanout.live()):
+            await anyio.sleep(interval)
         while True:
             self._counts.probes += 1
             answer = await self._client.range(

@@ -135,7 +135,7 @@ async def test_a_compacted_shared_stream_ranges_every_service_again(
         own_etcd.url,
         prefix,
         count,
-        etcd={"retry_initial_backoff_ms": 2500, "retry_max_backoff_ms": 2500},
+        etcd={"retry_initial_backoff_ms": 5000, "retry_max_backoff_ms": 5000},
     )
     before = all_tasks()
     async with open_discovery(
@@ -144,9 +144,11 @@ async def test_a_compacted_shared_stream_ranges_every_service_again(
         observations = await observe_all(owner, count)
         await until(lambda: provider.statistics().watch_streams_opened == 1, 10)
         first = observations["s000"]
-        own_etcd.pause()  # the probes time out, the stream is abandoned
+        own_etcd.pause()  # the probe times out, the stream is abandoned
         try:
             await wait_for(first, lambda a: isinstance(a, ObservationSnapshot) and a.degraded)
+            # Every member was told, and backs off (2.5-5 s).
+            await until(lambda: provider.statistics().watch_failures >= count, 5)
         finally:
             own_etcd.resume()
         # While the members back off: change two services, compact the history.
