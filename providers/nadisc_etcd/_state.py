@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -65,6 +65,8 @@ class ServiceState:
 
     #: Records a cooperative reset decodes between two yields.
     RESET_STEP = 256
+    #: Keys a cooperative probe comparison looks at between two yields.
+    PROBE_STEP = 1024
 
     def __init__(
         self, service: str, layout: Layout, *, max_record_bytes: int, max_instances: int
@@ -79,6 +81,8 @@ class ServiceState:
         self._invalid: dict[bytes, str] = {}
         self._invalid_view: Mapping[str, str] | None = None
         self._lagging_since: int | None = None
+        #: Counts changes of the listing (a cooperative probe checks it).
+        self._version = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -124,6 +128,7 @@ class ServiceState:
             if count % step == 0:
                 yield
         self._entries = entries
+        self._version += 1
         self._listing = listing
         self._invalid = invalid
         self._invalid_view = None
@@ -131,6 +136,7 @@ class ServiceState:
         self._lagging_since = None
 
     def _store(self, key: bytes, entry: _Entry) -> None:
+        self._version += 1
         self._entries[key] = entry
         if entry.instance is not None:
             self._listing.put(key, entry.instance)
@@ -144,6 +150,7 @@ class ServiceState:
     def _remove(self, key: bytes) -> bool:
         if self._entries.pop(key, None) is None:
             return False
+        self._version += 1
         self._listing.discard(key)
         if self._invalid.pop(key, None) is not None:
             self._invalid_view = None
@@ -181,7 +188,7 @@ class ServiceState:
         """A progress notification: everything up to ``revision`` was delivered."""
         self.revision = max(self.revision, revision)
 
-    def judge_probe(self, revision: int, kvs: Iterable[KeyValue]) -> ProbeVerdict:
+    def judge_probe(self, revision: int, kvs: Sequence[KeyValue]) -> ProbeVerdict:
         """Compare a keys-only range taken at ``revision`` with our listing.
 
         Equal (key, mod_revision) sets mean the same listing, so the registry
@@ -189,9 +196,38 @@ class ServiceState:
         becomes a stall when a later probe still differs and we have not even
         reached the revision the earlier probe saw.
         """
-        seen = {kv.key: kv.mod_revision for kv in kvs}
-        ours = {key: entry.mod_revision for key, entry in self._entries.items()}
-        if seen == ours:
+        steps = self.judge_probe_steps(revision, kvs)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                verdict: ProbeVerdict = done.value
+                return verdict
+
+    def judge_probe_steps(
+        self, revision: int, kvs: Sequence[KeyValue]
+    ) -> Generator[None, None, ProbeVerdict]:
+        """:meth:`judge_probe`, yielding after every :attr:`PROBE_STEP` keys so
+        the caller can give the event loop back (O(n) in all, no copy of
+        either side). A listing that changes in between is judged LAGGING
+        (the comparison saw two different listings) without a stall mark."""
+        version = self._version
+        present = 0
+        target = 0
+        differs = False
+        for count, kv in enumerate(kvs, 1):
+            entry = self._entries.get(kv.key)
+            if entry is not None:
+                present += 1
+            if entry is None or entry.mod_revision != kv.mod_revision:
+                differs = True
+                target = max(target, kv.mod_revision)
+            if count % self.PROBE_STEP == 0:
+                yield
+        if self._version != version:
+            return ProbeVerdict.LAGGING
+        missing = len(self._entries) > present
+        if not differs and not missing:
             self._lagging_since = None
             return ProbeVerdict.CONFIRMED
         if self._lagging_since is not None and self.revision < self._lagging_since:
@@ -199,8 +235,7 @@ class ServiceState:
         # The revision we must reach to have applied what this probe saw: the
         # newest differing record, or (for a deletion, whose revision a range
         # cannot show) anything past where we stand now.
-        target = max((rev for key, rev in seen.items() if ours.get(key) != rev), default=0)
-        if any(key not in seen for key in ours):
+        if missing:
             target = max(target, self.revision + 1)
         self._lagging_since = min(target, revision) if revision else target
         return ProbeVerdict.LAGGING
