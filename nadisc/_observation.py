@@ -31,7 +31,10 @@ task notices the last handle going away at its next check, at most
 ``poll_interval_ms``; a failed query is retried after an exponential backoff
 with jitter. Providers with watch streams get a watch (when the owner's
 ``max_watch_streams`` allow; queued requests keep polling) plus one
-confirmation query every ``poll_interval_ms``. A static listing is queried
+confirmation query every ``poll_interval_ms``. A provider declaring
+``Capabilities.shared_watch`` rides every watch of the connection on the
+same streams: its slots share one stream ticket, requested by the first
+watching slot and given back by the last. A static listing is queried
 once: it does not age.
 
 *Provider-paced polling.* A provider may pace its own polls by offering a

@@ -3,12 +3,13 @@ watch streams."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import anyio
 import pytest
 
-from nadisc import EvidenceUnavailable, Instance, LimitsConfig
+from nadisc import Capabilities, EvidenceUnavailable, Instance, LimitsConfig
 from nadisc.testing import MemoryProvider
 
 from .owner_support import inst, memory_owner, policy
@@ -111,3 +112,42 @@ async def test_a_watch_larger_than_the_limit_polls_and_blocks_no_other(
         assert orders.snapshot(strict=True).identities() == ("b",)
         assert users.snapshot(strict=True).identities() == ("u",)
     assert owner.close_report is not None and owner.close_report.tasks_left == 0
+
+
+class SharedWatchProvider(MemoryProvider):
+    """Declares that all its watches ride on the same stream (as etcd's
+    prefix watch does)."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities, shared_watch=True)
+
+
+async def test_shared_watches_hold_their_streams_once_per_connection(
+    autojump_clock: object,
+) -> None:
+    names = ("one", "two", "three")
+    provider = SharedWatchProvider(services={n: n for n in names}, watch=True)
+    for n in names:
+        provider.set(n, [inst(n)])
+    policies = {"primary": policy(idle_timeout_ms=1000)}
+    async with memory_owner(
+        {"primary": provider}, policies=policies, limits=LimitsConfig(max_watch_streams=1)
+    ) as owner:
+        observations = [await owner.client().observe(n, anyio.current_time() + 5) for n in names]
+        await anyio.sleep(0.1)
+        capacity = owner.observer().snapshot().capacity
+        # Three watches, one stream counted, none queued behind the limit of 1.
+        assert (capacity.watch_streams, capacity.watch_streams_queued) == (1, 0)
+        assert [provider.watch_counts[n] for n in names] == [1, 1, 1]
+        # The first watcher leaving keeps the stream for the others...
+        del observations[0]
+        gc.collect()
+        await anyio.sleep(3)
+        assert provider.active_watches("one") == 0
+        assert owner.observer().snapshot().capacity.watch_streams == 1
+        # ...the last one gives it back.
+        observations.clear()
+        gc.collect()
+        await anyio.sleep(3)
+        assert owner.observer().snapshot().capacity.watch_streams == 0
