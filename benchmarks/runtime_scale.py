@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -124,26 +125,54 @@ class LoopLag:
                 self.peak_rss = max(self.peak_rss, rss_mb())
 
 
+class GcClock:
+    """CPU time spent in the cyclic garbage collector (a ``gc.callbacks`` hook)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.thread_time()
+        else:
+            self.total += time.thread_time() - self._start
+
+
 class StepClock(trio.abc.Instrument):
     """The longest single task step, in CPU time of this thread: what our own
     code held the loop for, without the time the OS gave other processes
-    (the wall-clock lag above includes both on a shared machine)."""
+    (the wall-clock lag above includes both on a shared machine). Also the
+    longest step net of the cyclic GC's collections that ran inside it (the
+    interpreter's cost of the heap, not our code's)."""
 
     def __init__(self) -> None:
         self.longest = 0.0
+        self.longest_net = 0.0
         self.task = ""
         #: Steps over 25 ms CPU, by task name.
         self.over: dict[str, int] = {}
-        self._started: tuple[trio.lowlevel.Task, float] | None = None
+        self._gc = GcClock()
+        self._started: tuple[trio.lowlevel.Task, float, float] | None = None
 
     def reset(self) -> None:
         self.longest = 0.0
+        self.longest_net = 0.0
         self.task = ""
         self.over = {}
         self._started = None
 
+    def attach(self) -> None:
+        """Add as a trio instrument (and hook the GC clock)."""
+        gc.callbacks.append(self._gc)
+        trio.lowlevel.add_instrument(self)
+
+    def detach(self) -> None:
+        trio.lowlevel.remove_instrument(self)
+        gc.callbacks.remove(self._gc)
+
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self._started = (task, time.thread_time())
+        self._started = (task, time.thread_time(), self._gc.total)
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         started = self._started
@@ -151,21 +180,23 @@ class StepClock(trio.abc.Instrument):
         if started is None or started[0] is not task:
             return  # added or reset in the middle of this step
         took = time.thread_time() - started[1]
+        net = took - (self._gc.total - started[2])
         if took > 0.025:
             self.over[task.name] = self.over.get(task.name, 0) + 1
         if took > self.longest:
             self.longest = took
             self.task = task.name
+        self.longest_net = max(self.longest_net, net)
 
 
 @contextmanager
 def step_clock() -> Iterator[StepClock]:
     clock = StepClock()
-    trio.lowlevel.add_instrument(clock)
+    clock.attach()
     try:
         yield clock
     finally:
-        trio.lowlevel.remove_instrument(clock)
+        clock.detach()
 
 
 def config(url: str, services: Sequence[str], **extra: Any) -> DiscoveryConfig:
@@ -288,7 +319,12 @@ class GcPauses:
             self.longest = max(self.longest, time.perf_counter() - self._start)
 
 
-async def watches(url: str, count: int, seconds: float, poll_ms: int = 5000) -> Row:
+async def watches(
+    url: str, count: int, seconds: float, poll_ms: int = 5000, *, freeze: bool = True
+) -> Row:
+    """``freeze``: ``gc.freeze()`` after warm-up, what a host holding
+    thousands of long-lived tasks does so that the cyclic GC's full
+    collections stop rescanning them (the unfrozen variant shows why)."""
     services = [f"w{n:04d}" for n in range(count)]
     async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
 
@@ -326,9 +362,12 @@ async def watches(url: str, count: int, seconds: float, poll_ms: int = 5000) -> 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(lag.run)
                 await trio.sleep(min(5.0, seconds / 4))  # warm-up
+                if freeze:
+                    gc.collect()
+                    gc.freeze()
                 lag.reset()
                 steps.reset()
-                trio.lowlevel.add_instrument(steps)
+                steps.attach()
                 rss_start = rss_mb()
                 cpu_start, wall_start = time.process_time(), time.perf_counter()
                 pauses = GcPauses()
@@ -350,7 +389,9 @@ async def watches(url: str, count: int, seconds: float, poll_ms: int = 5000) -> 
                 rss_end = rss_mb()
                 cpu_share = (time.process_time() - cpu_start) / (time.perf_counter() - wall_start)
                 gc.callbacks.remove(pauses)
-                trio.lowlevel.remove_instrument(steps)
+                if freeze:
+                    gc.unfreeze()
+                steps.detach()
                 stream_count = owner.observer().snapshot().capacity.watch_streams
                 nursery.cancel_scope.cancel()
     lag_p99 = nearest_rank(lag.samples, 0.99) * 1e3
@@ -358,10 +399,12 @@ async def watches(url: str, count: int, seconds: float, poll_ms: int = 5000) -> 
     growth = rss_end - rss_start
     over = sum(steps.over.values())
     return Row(
-        f"{count:,} watched services (poll {poll_ms / 1000:g} s)",
+        f"{count:,} watched services (poll {poll_ms / 1000:g} s"
+        + (", gc.freeze)" if freeze else ", no gc.freeze)"),
         f"{stream_count} watch stream(s); loop lag p99 {lag_p99:.1f} ms (max "
         f"{lag.longest * 1e3:.1f}) wall; longest task step {steps.longest * 1e3:.1f} ms CPU "
-        f"({over} over 25 ms), longest GC pause {pauses.longest * 1e3:.1f} ms; process CPU "
+        f"({over} over 25 ms; {steps.longest_net * 1e3:.1f} ms net of GC), longest GC pause "
+        f"{pauses.longest * 1e3:.1f} ms wall; process CPU "
         f"{cpu_share:.0%} of a core over {seconds:g} s; put seen p50 "
         f"{nearest_rank(seen_ms, 0.5):.1f} / p99 {seen_p99:.1f} ms ({len(seen_ms)} puts); "
         f"RSS {rss_start:.0f} -> {rss_end:.0f} MB",
@@ -411,6 +454,12 @@ class Followed:
     rss_before: float
     #: Longest task step in CPU time (ms).
     step_ms: float
+    #: Task steps over 25 ms CPU.
+    steps_over: int = 0
+    #: Longest task step net of GC collections inside it (ms CPU).
+    step_net_ms: float = 0.0
+    #: Longest cyclic-GC pause (ms, wall).
+    gc_ms: float = 0.0
 
 
 async def _follow_writer(
@@ -433,6 +482,8 @@ async def _follow_writer(
                 lag.reset()
                 steps.reset()
                 rss_before = rss_mb()
+                pauses = GcPauses()
+                gc.callbacks.append(pauses)
                 command = [
                     sys.executable,
                     "-c",
@@ -472,8 +523,18 @@ async def _follow_writer(
                             inner.cancel_scope.cancel()
                     await process.wait()
                 last_ack = float(output.decode().strip())
+                gc.callbacks.remove(pauses)
                 nursery.cancel_scope.cancel()
-    return Followed(seen - last_ack, lag, rss_before, steps.longest * 1e3)
+    over = sum(steps.over.values())
+    return Followed(
+        seen - last_ack,
+        lag,
+        rss_before,
+        steps.longest * 1e3,
+        over,
+        steps.longest_net * 1e3,
+        pauses.longest * 1e3,
+    )
 
 
 async def burst(url: str, keys: int) -> Row:
@@ -489,7 +550,9 @@ async def burst(url: str, keys: int) -> Row:
         f"{keys:,}-distinct-key burst",
         f"final state {max(run.after, 0.0):.2f} s after the last ack; longest stall "
         f"{stall:.1f} ms wall (lag p99 {nearest_rank(run.lag.samples, 0.99) * 1e3:.1f} ms), "
-        f"longest task step {run.step_ms:.1f} ms CPU; RSS {run.rss_before:.0f} -> "
+        f"longest task step {run.step_ms:.1f} ms CPU ({run.steps_over} over 25 ms; "
+        f"{run.step_net_ms:.1f} ms net of GC; longest GC pause {run.gc_ms:.1f} ms wall); "
+        f"RSS {run.rss_before:.0f} -> "
         f"peak {run.lag.peak_rss:.0f} MB",
         "final <= 5 s, stall <= 25 ms, memory bounded",
         run.after <= 5 and stall <= 25,
@@ -518,7 +581,15 @@ async def rewrites(url: str, keys: int, rounds: int) -> Row:
 
 # ----------------------------------------------------------------------------- main
 
-SCENARIOS = ("registrations", "raised", "watches", "watches-slow-poll", "burst", "rewrites")
+SCENARIOS = (
+    "registrations",
+    "raised",
+    "watches",
+    "watches-no-freeze",
+    "watches-slow-poll",
+    "burst",
+    "rewrites",
+)
 
 
 def run_scenario(url: str, name: str, sizes: Sizes) -> Row:
@@ -528,6 +599,8 @@ def run_scenario(url: str, name: str, sizes: Sizes) -> Row:
         return trio.run(lambda: registrations(url, sizes.raised_registrations, raised=True))
     if name == "watches":
         return trio.run(watches, url, sizes.watches, sizes.watch_seconds)
+    if name == "watches-no-freeze":
+        return trio.run(partial(watches, url, sizes.watches, sizes.watch_seconds, freeze=False))
     if name == "watches-slow-poll":
         # The same with the owner's confirmation query every 20 s per service
         # (1,000 ranges per 20 s instead of per 5 s): what a host watching
