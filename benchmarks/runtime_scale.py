@@ -410,7 +410,12 @@ async def watches(
         f"RSS {rss_start:.0f} -> {rss_end:.0f} MB",
         "lag p99 <= 50 ms, seen p99 <= 100 ms, RSS flat",
         lag_p99 <= 50 and seen_p99 <= 100 and growth < 0.1 * rss_start + 10,
-        {"lag_p99_ms": lag_p99, "seen_p99_ms": seen_p99, "rss_growth_mb": growth},
+        {
+            "lag_p99_ms": lag_p99,
+            "seen_p99_ms": seen_p99,
+            "rss_growth_mb": growth,
+            "streams": stream_count,
+        },
     )
 
 

@@ -21,18 +21,23 @@ def test_smoke_run_prints_every_scenario(capsys: pytest.CaptureFixture[str]) -> 
     assert [r.scenario for r in rows] == [
         f"{sizes.registrations} registrations",
         f"{sizes.raised_registrations} registrations (raised limits)",
-        f"{sizes.watches} watched services",
+        f"{sizes.watches} watched services (poll 5 s, gc.freeze)",
+        f"{sizes.watches} watched services (poll 5 s, no gc.freeze)",
+        f"{sizes.watches} watched services (poll 20 s, gc.freeze)",
         f"{sizes.burst}-distinct-key burst",
         f"{sizes.rewrite_keys}-key burst rewritten {sizes.rewrite_rounds} times",
     ]
     for row in rows:
         assert row.scenario in out and row.measured in out
-    registered, raised, watched, burst, rewrites = rows
+    registered, raised, watched, unfrozen, slow_poll, burst, rewrites = rows
     # Correctness holds at any size; timings are only bounded loosely here.
     for row in (registered, raised):
         assert row.ok, row.measured
         assert row.values["keys"] == 0 and row.values["leases"] == 0
-    assert watched.values["seen_p99_ms"] < 2000
+    for row in (watched, unfrozen, slow_poll):
+        assert row.values["seen_p99_ms"] < 2000
+        # One stream for every watched service, counted once.
+        assert row.values["streams"] == 1
     assert burst.values["final_s"] < 30
     assert rewrites.values["final_ms"] < 5000
 
