@@ -162,7 +162,7 @@ class _Counts:
 class _Run:
     """Mutable bookkeeping of one ``watch`` call."""
 
-    __slots__ = ("backoff", "failed", "failure", "sink", "state")
+    __slots__ = ("backoff", "failed", "failure", "sink", "state", "unpublished")
 
     def __init__(self, state: ServiceState, sink: ObservationSink, backoff: Backoff) -> None:
         self.state = state
@@ -174,6 +174,10 @@ class _Run:
         self.failed = False
         #: Why the current stream must be abandoned (set by the reader or the probe).
         self.failure: ProviderFailure | None = None
+        #: The listing changed and was not published yet (the shared stream
+        #: publishes its changed members in steps; a confirmation publishes
+        #: rather than refreshes an older listing).
+        self.unpublished = False
 
 
 class _Compacted(Exception):
@@ -444,12 +448,13 @@ class EtcdProvider:
             run.sink.fail(exc)
             return
         run.failed = False
+        run.unpublished = False
         run.backoff.reset()
         self._counts.publishes += 1
         run.sink.publish(snapshot)
 
     def _confirm(self, run: _Run) -> None:
-        if run.failed:
+        if run.failed or run.unpublished:
             self._publish(run)
         else:
             run.backoff.reset()
@@ -739,6 +744,12 @@ class EtcdProvider:
 
     async def _pump(self, fanout: Fanout[_Run], stream: WatchStream) -> None:
         prefix = fanout.head.decode("utf-8", "replace")
+        # What a previous host applied but could not publish before it left.
+        for count, member in enumerate(fanout.live(), 1):
+            if member.live and member.run.unpublished:
+                self._publish(member.run)
+            if count % PUBLISH_STEP == 0:
+                await anyio.lowlevel.checkpoint()
         while True:
             batch = await stream.next_batch()
             changed: dict[int, Member[_Run]] = {}
@@ -766,13 +777,14 @@ class EtcdProvider:
                     continue
                 if message.events:
                     for changed_member in fanout.dispatch(message):
+                        changed_member.run.unpublished = True
                         changed[id(changed_member)] = changed_member
                 elif message.is_progress:
                     progressed = max(progressed, message.header.revision)
             # Latest-only: everything this read delivered is applied first,
             # then each changed service is published once.
             for count, changed_member in enumerate(changed.values(), 1):
-                if changed_member.live:
+                if changed_member.live and changed_member.run.unpublished:
                     self._publish(changed_member.run)
                 if count % PUBLISH_STEP == 0:
                     await anyio.lowlevel.checkpoint()
