@@ -381,4 +381,4 @@ class SharedWatch(RuleBasedStateMachine):
 
 
 TestSharedWatch = SharedWatch.TestCase
-TestSharedWatch.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestSharedWatch.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
