@@ -23,6 +23,10 @@ invisible in the rendered page.
     in the ``ETCD_ENDPOINT`` environment variable (what the example's
     config reads through ``${ETCD_ENDPOINT}``).
 
+* ``<!-- runnable: output -->`` before a ``text`` block: what the closest
+  python example above it (in the same document) prints, exactly, on every
+  loop it runs on.
+
 A marked block that fails fails the suite; nothing is skipped.
 
 EVERY OTHER ``python``/``yaml``/``toml``/``json`` BLOCK must be listed in
@@ -201,6 +205,17 @@ RUNNABLE = [
 ]
 
 
+def _output_of(block: Block) -> str | None:
+    """The ``output`` block that follows ``block`` before the next example."""
+    later = [b for b in ALL if b.document == block.document and b.line > block.line]
+    for other in later:
+        if other in RUNNABLE:
+            return None
+        if other.mode == "output":
+            return other.body
+    return None
+
+
 def _backends(block: Block) -> tuple[str | None, ...]:
     if "sync" in block.words:
         return (None,)
@@ -221,6 +236,7 @@ def test_python_examples_run_as_written(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert block.words <= PYTHON_WORDS, f"unknown runnable words {sorted(block.words)}"
     _files_for(block.document, tmp_path)
@@ -238,7 +254,11 @@ def test_python_examples_run_as_written(
 
     monkeypatch.setattr(anyio, "run", run)
     code = compile(block.body, f"docs/{block.document}:{block.line}", "exec")
+    capsys.readouterr()
     exec(code, {"__name__": "__main__"})
+    expected = _output_of(block)
+    if expected is not None:
+        assert capsys.readouterr().out.rstrip("\n") == expected
     if backend == "asyncio" or (backend == "trio" and "trio" not in block.words):
         assert runs == [backend], "the example must end with anyio.run(main)"
 
@@ -273,6 +293,12 @@ def test_every_marker_is_understood() -> None:
             continue
         if block.mode == "config":
             assert block.lang == "yaml", block.label
+            continue
+        if block.mode == "output":
+            assert block.lang == "text", block.label
+            assert any(_output_of(b) == block.body for b in RUNNABLE), (
+                f"{block.label}: no example above it in the document"
+            )
             continue
         assert block.lang == "python", f"{block.label}: runnable blocks are python"
         assert block.words <= PYTHON_WORDS, f"{block.label}: unknown words {block.mode!r}"
