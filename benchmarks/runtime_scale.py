@@ -250,10 +250,9 @@ async def registrations(url: str, count: int, *, raised: bool) -> Row:
         # time-to-live + range) and, while Active, a keepalive per
         # ttl_seconds / 3 plus a 2-request check per monitor interval. With a
         # 180 s TTL and a 60 s monitor interval that is 500 requests/s for
-        # 10,000 registrations, more than one client process's CPU serves
-        # (the table shows the CPU per registration: several ms per request
-        # through httpx/httpcore), so the queue never drains and early
-        # leases lapse behind it. A 30 min TTL
+        # 10,000 registrations: at 3-4 ms of CPU per request (the table shows
+        # the CPU per registration) that is 1.5-2 cores, more than one event
+        # loop can give, so the queue never drains. A 30 min TTL
         # and a 10 min monitor interval bring the steady state to 50/s.
         limits["max_parallel_operations"] = 16
         connection.update(

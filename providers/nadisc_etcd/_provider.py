@@ -13,6 +13,16 @@ because its registrant keeps a lease alive)::
                        └── re-range ◄───────┤   fail(IncompleteSnapshot), backoff,
                                             └── resume from revision+1 (no loss, no repeat)
 
+That diagram is one service on a stream of its own (``watch: per_service``).
+With ``watch: shared`` (the default) every watched service of the connection
+is a member of one stream over ``<prefix>/`` (see :mod:`._fanout`): a member
+joins, ranges (its events buffered meanwhile) and is then fed its own
+service's events; the stream is read in one member's task (the host) and
+reopened from its newest delivered revision + 1 when it breaks or its host
+leaves; a compaction makes every member range again. One probe per stream
+(the newest change under the prefix, a keys-only range with limit 1) does
+what the per-service probe below does for all members at once.
+
 While the stream is up a probe (a keys-only range, every ``probe_interval_ms``)
 checks that the server still answers within the request timeout, that our
 permission still holds (etcd 3.4 keeps streaming to a watcher whose
@@ -47,12 +57,16 @@ as a retryable ``IncompleteSnapshot`` (as is any write that was never sent).
 
 The provider never starts tasks of its own; ``watch`` runs in the caller's
 task group and holds one stream (on a dedicated connection, outside the
-request pool) plus one probe task inside it.
+request pool) plus one probe task inside it; with the shared watch, the
+host member's task holds the stream and its probe, the others wait for
+what the stream tells them.
 
 Costs: a watch batch of k events costs O(k log n) plus the decoding of
 those k records, and its snapshot is one tuple copy (see :mod:`._state`);
 the watch yields between batches. Per watched service and interval: one
-probe range per ``probe_interval_ms``; one socket for the stream.
+probe range per ``probe_interval_ms``; one socket for the stream. Shared:
+per connection one socket and one probe per interval; per event the routing
+(one dictionary look-up per ``/`` in its key) plus its member's O(log n).
 """
 
 from __future__ import annotations
