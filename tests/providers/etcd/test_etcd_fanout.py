@@ -182,11 +182,13 @@ def test_a_stepped_probe_comparison_yields_and_sees_a_change_in_between() -> Non
     steps = service.judge_probe_steps(3000, keys)
     next(steps)
     service.apply_events(response(("DELETE", kv("p/a/00000", 3001))).events)
+    verdicts = []
     try:
         while True:
             next(steps)
     except StopIteration as done:
-        assert done.value is ProbeVerdict.LAGGING
+        verdicts.append(done.value)
+    assert verdicts == [ProbeVerdict.LAGGING]
 
 
 # ------------------------------------------------------------------ state machine

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import random
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -28,7 +29,16 @@ from nadisc import (
 from tests.nadisc.owner_support import all_tasks
 
 from .conftest import EtcdServer, RawEtcd
-from .owner_helpers import etcd_block, etcd_config, ids, look, soon, unique_prefix, wait_for
+from .owner_helpers import (
+    Look,
+    etcd_block,
+    etcd_config,
+    ids,
+    look,
+    soon,
+    unique_prefix,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.real_server]
 
@@ -73,6 +83,16 @@ def streams_held(owner: DiscoveryOwner) -> int:
     return owner.observer().snapshot().capacity.watch_streams
 
 
+def _lists(identity: str, answer: Look) -> bool:
+    return identity in (ids(answer) or ())
+
+
+def _settled_on(expected: set[str], answer: Look) -> bool:
+    return (
+        isinstance(answer, ObservationSnapshot) and not answer.degraded and ids(answer) == expected
+    )
+
+
 async def observe_all(owner: DiscoveryOwner, count: int) -> dict[str, Observation]:
     client = owner.client()
     return {name: await client.observe(name, soon(10)) for name in names(count)}
@@ -108,7 +128,7 @@ async def test_200_services_share_one_stream_and_each_sees_only_its_own_keys(
         await raw.put_record(f"{prefix}/{targets[0]}x/y", "10.0.2.2:80")
         await raw.put_record(f"{prefix}0/{targets[0]}/z", "10.0.2.3:80")
         for n, name in enumerate(targets):
-            await wait_for(observations[name], lambda a, n=n: f"p{n}" in (ids(a) or ()), 5.0)
+            await wait_for(observations[name], partial(_lists, f"p{n}"), 5.0)
         # A last write to one service, then every observation: only its own keys.
         await raw.delete(f"{prefix}/{targets[1]}/i0")
         expected[targets[1]].discard("i0")
@@ -161,15 +181,7 @@ async def test_a_compacted_shared_stream_ranges_every_service_again(
         expected["s001"] = {"a", "b"}
         expected["s002"] = {"c"}
         for name, observation in observations.items():
-            await wait_for(
-                observation,
-                lambda a, name=name: (
-                    isinstance(a, ObservationSnapshot)
-                    and not a.degraded
-                    and ids(a) == expected[name]
-                ),
-                15.0,
-            )
+            await wait_for(observation, partial(_settled_on, expected[name]), 15.0)
         stats = provider.statistics()
         # Every member was told once to range again (a range that failed on
         # the just-resumed server is retried), and the stream started afresh.
