@@ -276,7 +276,12 @@ class NacosHttp:
                     ) as response,
                 ):
                     body = await self._read_bounded(response, what)
-                    return NacosResponse(response.status_code, body)
+                # httpx binds a response's stream back to the response (a
+                # reference cycle: request, headers, URL and streams then
+                # wait for the cyclic collector, about 20 objects a request).
+                # It is closed now: unbind it, and they go when we let go.
+                response.stream = _CLOSED
+                return NacosResponse(response.status_code, body)
         except TimeoutError as exc:
             raise IncompleteSnapshot(
                 f"{what}: no complete answer from {host} within {budget:.1f}s"
@@ -320,6 +325,10 @@ class NacosHttp:
         self._closed = True
         with anyio.move_on_after(5, shield=True):
             await self._client.aclose()
+
+
+#: What a finished response's stream is replaced with (nothing more to read).
+_CLOSED = httpx.ByteStream(b"")
 
 
 def _left(deadline: float, what: str) -> float:

@@ -47,12 +47,12 @@ from __future__ import annotations
 import gc
 import hashlib
 import math
-import operator
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import chain
 from types import MappingProxyType
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -227,7 +227,7 @@ def decode_instance_list(
 #
 # The typed decode checks every host's fields in C (``_FastHost``'s
 # constraints are exactly the checks ``_careful_snapshot`` makes in Python);
-# identities are checked for repeats in one set construction; metadata
+# identities are checked for repeats with one set; metadata
 # objects are decoded once per distinct JSON text and shared. Anything the
 # fast path does not accept (a malformed or hostile host, a repeated id,
 # non-string metadata) sends the whole body to the careful path, which names
@@ -243,8 +243,10 @@ class _FastHost(msgspec.Struct, rename="camel", kw_only=True, gc=False):
     weight: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
     healthy: bool = True
     enabled: bool = True
-    cluster_name: str = "DEFAULT"
-    #: The metadata's JSON text: decoded once per distinct text (``_Metadata``).
+    # No ``clusterName``: only a host without an ``instanceId`` needs it (for
+    # the default id), and such a listing goes the careful way. Nacos fills
+    # ``instanceId`` in every list answer; one string less per host here.
+    #: The metadata's JSON text: one decode per distinct text.
     metadata: msgspec.Raw = msgspec.Raw(b"{}")
 
 
@@ -270,20 +272,30 @@ class _Bail(Exception):
     """The fast path met something only the careful path reports well."""
 
 
-def _read_metadata(raw: bytes | msgspec.Raw) -> tuple[MappingProxyType[str, str], int]:
+def _read_metadata(text: bytes) -> tuple[MappingProxyType[str, str], int]:
     """A read-only view of one metadata JSON text, and the bytes it adds to
     ``Instance.approximate_bytes``."""
     try:
-        values = _metadata.decode(raw)
+        values = _metadata.decode(text)
     except (msgspec.ValidationError, msgspec.DecodeError):
         raise _Bail from None
     return MappingProxyType(values), sum(map(len, values)) + sum(map(len, values.values()))
 
 
+def _read_all_metadata(texts: list[msgspec.Raw]) -> list[dict[str, str]]:
+    """Many metadata JSON texts decoded in one pass (as one JSON array)."""
+    try:
+        return _all_metadata.decode(b"[" + b",".join(texts) + b"]")
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        raise _Bail from None
+
+
+_all_metadata = msgspec.json.Decoder(list[dict[str, str]])
+
 #: Sharing metadata views pays while hosts repeat each other's metadata; once
 #: more than this many distinct texts outnumber half the eligible hosts seen,
-#: the rest of the listing is decoded host by host (no copies kept for look-up).
-#: Only the cost changes, never the result.
+#: the rest of the hosts' metadata is decoded in one pass after the loop
+#: (nothing to share, no copies kept for look-up). Only the cost changes.
 _SHARING_GIVES_UP_AFTER = 64
 
 
@@ -322,16 +334,21 @@ def _fast_list(
     )
     # Hosts of one service mostly carry a handful of distinct metadata
     # objects: each distinct JSON text is decoded once and its view shared.
-    # When they stop repeating (per-host metadata such as timestamps), the
-    # rest of the hosts are decoded one by one, at about the cost of
-    # decoding the metadata objects with the rest of the body.
     known: dict[bytes, tuple[MappingProxyType[str, str], int]] = {}
     look_up, join = known.get, b"".join
     sharing, distinct = True, 0
-    instances: list[Instance] = []
+    # Once sharing is given up: shells still without metadata, where they
+    # stand in ``instances``, their metadata texts, and the ineligible
+    # hosts' texts (checked, as the careful path checks every host's).
+    pending: list[_InstanceShell] = []
+    positions: list[int] = []
+    texts: list[msgspec.Raw] = []
+    unchecked: list[msgspec.Raw] = []
+    instances: list[Any] = []  # Instance, or a pending _InstanceShell
     append = instances.append
-    identities: list[str] = []
-    add_identity = identities.append
+    seen: set[str] = set()
+    see = seen.add
+    #: Per eligible host, what it adds to ``approximate_bytes`` beyond 64.
     extras: list[int] = []
     add_extra = extras.append
     # Instances are built as ``nadisc._instance._trusted_instances`` builds
@@ -340,27 +357,41 @@ def _fast_list(
     shell, cls, new = _InstanceShell, Instance, object.__new__
     try:
         for host in hosts:
-            # Checked for every host, eligible or not, as the careful path does.
             if sharing:
-                text = join((host.metadata,))  # hashable copy of the raw text
+                # Checked for every host, eligible or not, as the careful path does.
+                text = join((host.metadata,))  # a hashable copy of the raw text
                 entry = look_up(text)
                 if entry is None:
                     entry = known[text] = _read_metadata(text)
                     distinct += 1
-                    if distinct > _SHARING_GIVES_UP_AFTER and 2 * distinct > len(identities):
+                    if distinct > _SHARING_GIVES_UP_AFTER and 2 * distinct > len(instances):
                         sharing = False
                 view, extra = entry
-            else:
-                view, extra = _read_metadata(host.metadata)
             weight = host.weight
             if not (host.enabled and host.healthy) or weight == 0:
+                if not sharing:
+                    unchecked.append(host.metadata)
                 continue  # not eligible: disabled, unhealthy, or weight 0
+            identity = host.instance_id
+            if not identity:
+                raise _Bail  # the default id needs the cluster name
+            see(identity)
             ip, port = host.ip, host.port
-            identity = host.instance_id or default_instance_id(
-                ip, port, host.cluster_name, group, service
-            )
-            add_identity(identity)
-            add_extra(extra)
+            if not sharing:
+                add_extra(len(identity) + len(ip))
+                instance = new(shell)
+                instance.identity = identity
+                instance.host = ip
+                instance.port = port
+                instance.weight = weight
+                instance.tags = ()
+                instance.draining = False
+                positions.append(len(instances))
+                pending.append(instance)
+                texts.append(host.metadata)
+                append(instance)
+                continue
+            add_extra(len(identity) + len(ip) + extra)
             if before:
                 old = before.get(identity)
                 if (
@@ -381,19 +412,40 @@ def _fast_list(
             instance.tags = ()
             instance.draining = False
             instance.__class__ = cls  # type: ignore[assignment]
-            append(instance)  # type: ignore[arg-type]
+            append(instance)
+        if unchecked:
+            _read_all_metadata(unchecked)
+        if pending:
+            values = _read_all_metadata(texts)
+            add_extra(sum(map(len, chain.from_iterable(values))))
+            add_extra(sum(map(len, chain.from_iterable(map(dict.values, values)))))
+            for position, instance, view in zip(
+                positions, pending, map(MappingProxyType, values), strict=True
+            ):
+                if before:
+                    old = before.get(instance.identity)
+                    if (
+                        old is not None
+                        and old.host == instance.host
+                        and old.port == instance.port
+                        and old.weight == instance.weight
+                        and old.metadata == view
+                    ):
+                        instances[position] = old
+                        continue
+                instance.metadata = view
+                instance.__class__ = cls  # type: ignore[assignment]
     except _Bail:
         return None
-    count = len(identities)
-    if len(set(identities)) != count:
+    count = len(instances)
+    if len(seen) != count:
         return None  # a repeated id: the careful path keeps the first, names the rest
     if count > max_instances:
         raise CapacityRejected(
             f"service {service!r} lists more than max_instances_per_service={max_instances}"
         )
     # ``ProviderSnapshot.approximate_bytes``, summed from what the loop kept.
-    size = 64 * (count + 1) + sum(map(len, identities)) + sum(extras)
-    size += sum(map(len, map(_host_of, instances)))
+    size = 64 * (count + 1) + sum(extras)
     kind = EvidenceKind.WEAK_HEALTH if protected else EvidenceKind.REGISTRY_HEALTH
     # Identities are unique (checked above) and the size is known: no re-check.
     snapshot = ProviderSnapshot._checked(service, tuple(instances), kind, _NO_INVALID, size)
@@ -401,7 +453,6 @@ def _fast_list(
 
 
 _NO_INVALID: Mapping[str, str] = MappingProxyType({})
-_host_of = operator.attrgetter("host")
 
 
 # -- the careful path: some host is malformed or hostile -------------------------------------

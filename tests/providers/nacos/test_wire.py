@@ -241,11 +241,27 @@ def _careful(body: bytes, api: str, previous: Any = None) -> Any:
     return _wire._careful_list(body, api, "svc", "G", 1000, previous, "instance list of G@@svc")
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(_hosts(), max_size=8), st.sampled_from(["v1", "v3"]), st.booleans())
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(_hosts(), max_size=8),
+    st.sampled_from(["v1", "v3"]),
+    st.booleans(),
+    st.sampled_from([64, 1, 0]),
+)
 def test_the_fast_path_equals_the_careful_path(
-    hosts: list[dict[str, Any]], api: str, reuse: bool
+    hosts: list[dict[str, Any]], api: str, reuse: bool, give_up_after: int
 ) -> None:
+    """Also with metadata sharing given up after 0 or 1 distinct texts (the
+    bulk metadata pass that per-host metadata takes)."""
+    saved = _wire._SHARING_GIVES_UP_AFTER
+    _wire._SHARING_GIVES_UP_AFTER = give_up_after
+    try:
+        _fast_equals_careful(hosts, api, reuse)
+    finally:
+        _wire._SHARING_GIVES_UP_AFTER = saved
+
+
+def _fast_equals_careful(hosts: list[dict[str, Any]], api: str, reuse: bool) -> None:
     document: dict[str, Any] = {"hosts": hosts, "cacheMillis": 3000, "checksum": "x"}
     if api == "v3":
         document = {"code": 0, "message": "success", "data": hosts}
