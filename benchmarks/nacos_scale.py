@@ -22,9 +22,10 @@
    offered rate: beats per second sustained, the client's CPU per beat
    (process CPU time / acknowledged beats), beat latency p50/p99, the worst
    lateness of a 5 ms ticker on the same loop (target: loop stall <= 25 ms),
-   the longest single task step with and without the cyclic collections that
-   ran inside it, the longest collection pause, and how many full
-   (generation-2) collections ran in the window. A full collection walks
+   the longest single task step (wall clock, and CPU time with and without
+   the cyclic collections inside it), the longest collection pause (CPU
+   time), and how many full (generation-2) collections ran in the window;
+   CPU times leave out what a loaded machine's scheduler adds. A full collection walks
    the whole heap and stalls every task of the process; each rate is run
    twice: as the process starts (default collector) and with ``gc.freeze()``
    after start-up (the usual tuning for long-running services).
@@ -199,52 +200,63 @@ def serve() -> None:
 
 
 class _Collections:
-    """Every cyclic collection in the window, timed (``gc.callbacks``)."""
+    """Every cyclic collection in the window, timed in wall-clock and in this
+    thread's CPU time (``gc.callbacks``; CPU time leaves out the time the OS
+    gave to other processes, which a loaded machine adds to the wall clock)."""
 
     def __init__(self) -> None:
-        self.started = 0.0
-        #: Seconds spent collecting so far (``_Steps`` reads it around each step).
-        self.total = 0.0
-        #: (generation, seconds) of each collection.
-        self.pauses: list[tuple[int, float]] = []
+        self.started = (0.0, 0.0)
+        #: CPU seconds spent collecting so far (``_Steps`` reads it around each step).
+        self.cpu_total = 0.0
+        #: (generation, wall seconds, CPU seconds) of each collection.
+        self.pauses: list[tuple[int, float, float]] = []
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
-        now = time.perf_counter()
+        now = (time.perf_counter(), time.thread_time())
         if phase == "start":
             self.started = now
         else:
-            self.total += now - self.started
-            self.pauses.append((info["generation"], now - self.started))
+            cpu = now[1] - self.started[1]
+            self.cpu_total += cpu
+            self.pauses.append((info["generation"], now[0] - self.started[0], cpu))
 
-    def longest(self) -> float:
-        return max((pause for _, pause in self.pauses), default=0.0)
+    def longest(self) -> tuple[float, float]:
+        """The longest pause: (wall, CPU) seconds."""
+        return (
+            max((wall for _, wall, _ in self.pauses), default=0.0),
+            max((cpu for _, _, cpu in self.pauses), default=0.0),
+        )
 
     def full(self) -> int:
-        return sum(1 for generation, _ in self.pauses if generation == 2)
+        return sum(1 for generation, _, _ in self.pauses if generation == 2)
 
 
 class _Steps(trio.abc.Instrument):
     """The longest single task step: how long our own code held the loop at
     a stretch (the ticker's lateness also counts time the OS gave to others),
-    with and without the collections that ran inside it."""
+    in wall-clock and CPU time, and in CPU time without the collections that
+    ran inside it."""
 
     def __init__(self, collections: _Collections) -> None:
         self.collections = collections
-        self.started: float | None = None
+        self.started: tuple[float, float] | None = None
         self.collected_before = 0.0
         self.longest = 0.0
-        self.longest_without_gc = 0.0
+        self.longest_cpu = 0.0
+        self.longest_cpu_without_gc = 0.0
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self.collected_before = self.collections.total
-        self.started = time.perf_counter()
+        self.collected_before = self.collections.cpu_total
+        self.started = (time.perf_counter(), time.thread_time())
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         if self.started is not None:  # the step that added us had no "before"
-            step = time.perf_counter() - self.started
-            collecting = self.collections.total - self.collected_before
-            self.longest = max(self.longest, step)
-            self.longest_without_gc = max(self.longest_without_gc, step - collecting)
+            wall = time.perf_counter() - self.started[0]
+            cpu = time.thread_time() - self.started[1]
+            collecting = self.collections.cpu_total - self.collected_before
+            self.longest = max(self.longest, wall)
+            self.longest_cpu = max(self.longest_cpu, cpu)
+            self.longest_cpu_without_gc = max(self.longest_cpu_without_gc, cpu - collecting)
         self.started = None
 
 
@@ -377,8 +389,10 @@ async def beat_round(
         "p99_ms": latencies[min(beats - 1, int(beats * 0.99))] * 1000 if beats else float("nan"),
         "stall_ms": worst_stall[0] * 1000,
         "step_ms": steps.longest * 1000,
-        "step_without_gc_ms": steps.longest_without_gc * 1000,
-        "gc_pause_ms": collections.longest() * 1000,
+        "step_cpu_ms": steps.longest_cpu * 1000,
+        "step_cpu_without_gc_ms": steps.longest_cpu_without_gc * 1000,
+        "gc_pause_ms": collections.longest()[0] * 1000,
+        "gc_pause_cpu_ms": collections.longest()[1] * 1000,
         "full_collections": collections.full(),
         "collections": len(collections.pauses),
         "failures": failures[0],
@@ -423,14 +437,22 @@ def beat_rounds(
         server.stdout.close()
 
 
-def full_collection() -> tuple[int, float]:
-    """Objects the collector tracks now, and one full collection's time (best of 3)."""
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        gc.collect()
-        best = min(best, time.perf_counter() - started)
-    return len(gc.get_objects()), best
+def full_collection(*, frozen: bool = False) -> tuple[int, float]:
+    """Objects a full collection walks now, and its CPU time (best of 3);
+    ``frozen``: after ``gc.freeze()`` (undone before returning)."""
+    gc.collect()
+    if frozen:
+        gc.freeze()
+    try:
+        best = float("inf")
+        for _ in range(3):
+            started = time.thread_time()
+            gc.collect()
+            best = min(best, time.thread_time() - started)
+        return len(gc.get_objects()), best
+    finally:
+        if frozen:
+            gc.unfreeze()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -450,6 +472,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     variants = [(interval, freeze) for interval in intervals for freeze in (False, True)]
     duration = 1.0 if args.smoke else 20.0
     heap, collect_s = full_collection()
+    frozen_heap, frozen_collect_s = full_collection(frozen=True)
     beats = beat_rounds(registrations, variants, duration=duration)
     memory = memory_rounds(registrations, variants, duration=duration)
 
@@ -472,7 +495,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"{'server':>9} {'gc':>7} {'every s':>7} {'offered/s':>9} {'beats/s':>8}"
         f" {'CPU/beat us':>11} {'p50 ms':>7} {'p99 ms':>7} {'stall ms':>8}"
-        f" {'step ms':>7} {'w/o gc':>7} {'gc ms':>6} {'full gc':>7} {'failed':>6}"
+        f" {'step ms':>7} {'step cpu':>8} {'w/o gc':>6} {'gc cpu':>6} {'full gc':>7}"
+        f" {'failed':>6}"
     )
     table = [("loopback", v, r) for v, r in zip(variants, beats, strict=True)]
     table += [("in-memory", v, r) for v, r in zip(variants, memory, strict=True)]
@@ -481,17 +505,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{where:>9} {'frozen' if freeze else 'default':>7} {interval:>7.1f}"
             f" {row['offered']:>9.1f} {row['beats_per_s']:>8.1f}"
             f" {row['cpu_per_beat_us']:>11.0f} {row['p50_ms']:>7.2f} {row['p99_ms']:>7.2f}"
-            f" {row['stall_ms']:>8.2f} {row['step_ms']:>7.2f} {row['step_without_gc_ms']:>7.2f}"
-            f" {row['gc_pause_ms']:>6.2f} {int(row['full_collections']):>7}"
-            f" {int(row['failures']):>6}"
+            f" {row['stall_ms']:>8.2f} {row['step_ms']:>7.2f} {row['step_cpu_ms']:>8.2f}"
+            f" {row['step_cpu_without_gc_ms']:>6.2f} {row['gc_pause_cpu_ms']:>6.2f}"
+            f" {int(row['full_collections']):>7} {int(row['failures']):>6}"
         )
     print("target: loop stall <= 25 ms")
+    print("stall: worst lateness of a 5 ms ticker (wall clock); step: longest task step")
+    print("(wall clock); step cpu: the same in CPU time; w/o gc: less the collections")
+    print("inside it; gc cpu: longest collection (CPU time); full gc: generation-2")
+    print(f"collections in the {duration:.0f} s window. One full collection of this process")
     print(
-        f"stall: worst lateness of a 5 ms ticker; step: longest task step, w/o gc: the same"
-        f" less the collections inside it; gc ms: longest collection pause; full gc:"
-        f" generation-2 collections in the {duration:.0f} s window. One full collection of"
-        f" this process at start: {collect_s * 1000:.1f} ms over {heap} objects."
+        f"after start-up: {collect_s * 1000:.1f} ms CPU over {heap} objects; right after"
+        f" gc.freeze(): {frozen_collect_s * 1000:.2f} ms ({frozen_heap} objects not frozen;"
     )
+    print("later, what was created since: the frozen rows' gc cpu column)")
     load = os.getloadavg()[0]
     print(f"machine load average (1 min) at the end: {load:.1f} on {os.cpu_count()} CPUs")
     print("loopback: the fake served by hypercorn in another process (pure Python, the")
@@ -505,6 +532,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "memory": memory,
         "heap": heap,
         "full_collection_s": collect_s,
+        "frozen_collection_s": frozen_collect_s,
     }
 
 
