@@ -12,6 +12,7 @@ statistics and the observer's route view must all say the same.
 
 from __future__ import annotations
 
+import json
 import socket
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -34,7 +35,7 @@ from nadisc import (
     open_discovery,
 )
 from nadisc._observer import route_metrics
-from nadisc.observability import metrics_app, serve
+from nadisc.observability import console_app, metrics_app, serve
 from nadisc.testing import MemoryProvider
 
 KINDS = [kind.value for kind in CallFailureKind]
@@ -193,6 +194,20 @@ async def test_failures_by_kind_equal_what_the_callers_saw() -> None:
                 view = route_metrics(route)
                 assert dict(view.failures) == stats.failures
                 assert {e.identity: e.failed for e in view.endpoints} == {
+                    "ok": 0,
+                    "bad": seen["status"],
+                    "refused": seen["transport"],
+                }
+
+                # The console's route card carries the same numbers.
+                console = console_app(owner, transports=[plain])
+                async with httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=console), base_url="http://console"
+                ) as reader:
+                    state = json.loads((await reader.get("/state")).text)
+                (card,) = [r for r in state["overview"]["routes"] if r["service"] == "orders"]
+                assert card["failures"] == stats.failures
+                assert {e["identity"]: e["failed"] for e in card["endpoints"]} == {
                     "ok": 0,
                     "bad": seen["status"],
                     "refused": seen["transport"],
