@@ -365,8 +365,8 @@ async def test_hostile_names_metadata_and_secrets_never_reach_the_exposition(
                     text = (await client.get("/metrics")).text
     assert 'nadisc_discovery_instances_served{connection="primary"} 1.0' in text
     for kind, count in (("status", 1), ("transport", 1), ("timeout", 0)):
-        sample = f'nadisc_discovery_balancer_failures_total{{connection="primary",kind="{kind}"}}'
-        assert f"{sample} {count:.1f}" in text
+        line = f'nadisc_discovery_balancer_failures_total{{connection="primary",kind="{kind}"}}'
+        assert f"{line} {count:.1f}" in text
     assert 'nadisc_discovery_balancer_calls_total{connection="primary"} 2.0' in text
     # (The port is not searched as a bare number: sample values are numbers.)
     for leaked in (alias, remote, name, f"id-{name}", meta, secret, "10.9.9.9"):
