@@ -4,14 +4,15 @@ The loopback scenario (a refusing port, a 503 server, a slow server, an
 empty listing) is in ``tests/observability/test_balancer_failures.py``;
 these are the branches a real server cannot be made to take on demand: a
 body that breaks off while it is read, a pool raising something that is not
-an httpx error, a pool ignoring the timeout extension, headers that arrive
-after the budget, an instance declaring another scheme, and a call its
-caller cancels (which counts as nothing).
+an httpx error or answering with a body that is not async, a pool ignoring
+the timeout extension, headers that arrive after the budget, an instance
+declaring another scheme, and a call its caller cancels (which counts as
+nothing).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import anyio
@@ -110,6 +111,23 @@ async def test_a_pool_raising_a_non_httpx_error_counts_other() -> None:
         with pytest.raises(RuntimeError, match="a broken pool"):
             await http.get(URL)
         assert route_of(discovery).statistics().failures == {**NONE, "other": 1}
+
+
+class SyncOnlyBody(httpx.SyncByteStream):
+    def __iter__(self) -> Iterator[bytes]:
+        yield b"sync"
+
+
+async def test_a_pool_answering_with_a_sync_body_counts_other() -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=SyncOnlyBody())
+
+    async with transport(Pool(handler)) as (http, discovery):
+        with pytest.raises(TypeError, match="not an async one"):
+            await http.get(URL)
+        stats = route_of(discovery).statistics()
+        assert stats.failures == {**NONE, "other": 1}
+        assert stats.in_flight == {"a": 0}
 
 
 async def test_the_budget_ending_in_a_pool_that_ignores_timeouts_counts_timeout() -> None:
