@@ -103,6 +103,7 @@ SCHEME_METADATA = "scheme"
 SECURE_METADATA = "secure"
 _SECURE_VALUES = {"true": "https", "false": "http"}
 
+
 class CallFailureKind(enum.Enum):
     """The closed set of failures a calling route counts (:attr:`RouteStatistics.failures`).
 

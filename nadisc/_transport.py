@@ -806,9 +806,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             if failure is not None:
                 cause = failure.__cause__
                 attempts += 1
-                route.count_failure(
-                    OTHER if cause is None else failure_kind(cause), failure.key
-                )
+                route.count_failure(OTHER if cause is None else failure_kind(cause), failure.key)
                 if attempt.instance is not None:
                     tried.add(attempt.instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))
