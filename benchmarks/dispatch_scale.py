@@ -17,8 +17,10 @@ Every endpoint is a ``ConcurrencyLimit(service_fn(no-op), 1)`` with a
     and only the re-check every ``pending_recheck`` seconds (1 s) polls them
     again.
 
-Cost is CPU time per dispatch (``time.process_time``, best of the rounds, so
-other processes on the machine disturb it less). The target: the drained and
+Cost is CPU time per dispatch (``time.process_time``, so other processes on
+the machine disturb it less). All twelve pools are built first and measured
+in interleaved rounds, each pool's figure its best round: the base and the
+rows compared with it see the same machine. The target: the drained and
 busy rows cost at most 1.5x the 10-endpoint all-ready row, whatever the size.
 
 Run: ``python -m benchmarks.dispatch_scale [--smoke] [--ops N] [--rounds R]``
@@ -63,21 +65,19 @@ def build(n: int, shape: str, seed: int) -> Balance[int, int]:
     return Balance(PowerOfTwoChoices(random.Random(seed)), endpoints)
 
 
-async def run_one(n: int, shape: str, ops: int, rounds: int) -> float:
-    """Best CPU nanoseconds per dispatch."""
-    balance = build(n, shape, seed=n)
+async def _warm(balance: Balance[int, int], ops: int) -> None:
+    """The first scan parks the busy half; a few hundred dispatches settle it."""
+    for i in range(min(ops, 1000)):
+        await balance.dispatch(i)
+
+
+async def _round(balance: Balance[int, int], ops: int) -> float:
+    """CPU seconds for ``ops`` dispatches."""
     dispatch = balance.dispatch
-    for i in range(min(ops, 1000)):  # warm up: the first scan parks the busy half
+    start = time.process_time()
+    for i in range(ops):
         await dispatch(i)
-    best = math.inf
-    for _ in range(rounds):
-        start = time.process_time()
-        for i in range(ops):
-            await dispatch(i)
-        best = min(best, time.process_time() - start)
-    stats = balance.statistics()
-    assert stats.in_flight == 0
-    return best / ops * 1e9
+    return time.process_time() - start
 
 
 @dataclass(frozen=True)
@@ -99,15 +99,26 @@ class Result:
 
 
 async def measure(ops: int, rounds: int, sizes: tuple[int, ...]) -> Result:
-    ns: dict[tuple[str, int], float] = {}
-    for shape in SHAPES:
-        for n in sizes:
-            ns[(shape, n)] = await run_one(n, shape, ops, rounds)
-    # The base row again at the end, the better of the two: the machine may
-    # have been busier at the start.
-    ns[("all ready", sizes[0])] = min(
-        ns[("all ready", sizes[0])], await run_one(sizes[0], "all ready", ops, rounds)
-    )
+    """Every pool is built first, then measured in interleaved rounds.
+
+    Each round runs every (shape, size) once, in a shuffled order, and a
+    pool's figure is its best round: the base and the rows it is compared
+    with see the same machine, which on a shared or virtual machine varies
+    by as much as 2x from one second to the next.
+    """
+    pools = {(shape, n): build(n, shape, seed=n) for shape in SHAPES for n in sizes}
+    for balance in pools.values():
+        await _warm(balance, ops)
+    best = dict.fromkeys(pools, math.inf)
+    order = list(pools)
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(order)
+        for key in order:
+            best[key] = min(best[key], await _round(pools[key], ops))
+    for balance in pools.values():
+        assert balance.statistics().in_flight == 0
+    ns = {key: seconds / ops * 1e9 for key, seconds in best.items()}
     return Result(ops=ops, sizes=sizes, ns=ns)
 
 
@@ -138,8 +149,8 @@ def format_table(result: Result, sizes: tuple[int, ...]) -> str:
 def main(argv: list[str] | None = None) -> Result:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--smoke", action="store_true", help="small pools, few dispatches")
-    parser.add_argument("--ops", type=int, default=20_000, help="dispatches per round")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per row")
+    parser.add_argument("--ops", type=int, default=10_000, help="dispatches per round")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds")
     args = parser.parse_args(argv)
     sizes: tuple[int, ...]
     if args.smoke:

@@ -111,8 +111,17 @@ class ProviderNotFound(ConfigError):
     """No provider is installed under the requested name."""
 
 
-class QualifierError(DiscoveryError, LookupError):
-    """The requested connection (qualifier) cannot be selected."""
+class QualifierError(DiscoveryError, KeyError):
+    """The requested connection (qualifier) cannot be selected.
+
+    A :class:`KeyError` (and so a :class:`LookupError`), so mappings of
+    connections such as :class:`~nadisc.RestClients` keep the mapping
+    protocol: ``name in clients`` is False and ``clients.get(name)`` is None
+    for a name that is not configured. Its message is the plain text
+    (KeyError would quote it).
+    """
+
+    __str__ = BaseException.__str__
 
 
 class UnknownService(DiscoveryError, LookupError):

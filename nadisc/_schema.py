@@ -82,13 +82,24 @@ def _describe(
 def _fill(schema: dict[str, Any], model: type[BaseModel]) -> None:
     described = field_descriptions(model)
     for name, prop in schema.get("properties", {}).items():
-        if not isinstance(prop, dict) or prop.get("description"):
+        if not isinstance(prop, dict):
+            continue
+        if _is_secret(prop) and prop.get("default") is not None:
+            prop.pop("default")
+        if prop.get("description"):
             continue
         text = described.get(name)
         if text:
             prop["description"] = text
-        if prop.get("format") == "password" or prop.get("writeOnly"):
-            prop.pop("default", None)
+
+
+def _is_secret(prop: dict[str, Any]) -> bool:
+    """A ``SecretStr`` property, alone or in a union (``SecretStr | None``)."""
+    branches = [prop, *prop.get("anyOf", ())]
+    return any(
+        isinstance(b, dict) and (b.get("format") == "password" or b.get("writeOnly"))
+        for b in branches
+    )
 
 
 def _models(root: type[BaseModel]) -> list[type[BaseModel]]:

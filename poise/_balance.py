@@ -28,8 +28,9 @@ Readiness (``await ready()``, or the synchronous ``ready_nowait()``)
     chained from the service's error). FAILED endpoints return only through
     :meth:`Balance.reset` / :meth:`Balance.reset_all`.
 
-    Cost: O(endpoints consumed, woken or due for a re-check) per scan, flat
-    in the number of drained, ejected and busy endpoints; no allocation
+    Cost: O(endpoints consumed or woken, plus at most 64 due for a re-check
+    while any endpoint is READY) per scan, flat in the number of drained,
+    ejected and busy endpoints; no allocation
     when nothing fails or parks, no task; waiting costs one event per wait,
     shared by every waiter.
 
@@ -125,6 +126,9 @@ _INDEX = repeat("_index")
 _consume = deque[object](maxlen=0).extend
 # Up to this many deletions edit a list in place; more copy it once.
 _FEW = 16
+# At most this many parked endpoints due for a re-check return per scan
+# while something is READY (see Balance._recheck_parked).
+_RECHECK_BATCH = 64
 _checkpoint = anyio.lowlevel.checkpoint
 
 
@@ -523,10 +527,20 @@ class Balance(Generic[Req, Resp]):
             self._idle.append(ep)
 
     def _recheck_parked(self, now: float) -> None:
-        """Return the endpoints parked for ``pending_recheck`` seconds to the scan."""
+        """Return the endpoints parked for ``pending_recheck`` seconds to the scan.
+
+        While some endpoint is READY, one scan returns at most
+        ``_RECHECK_BATCH`` of them: endpoints parked together come due
+        together, and re-polling thousands in one dispatch would be a
+        latency spike (the rest follow in the next scans). With nothing
+        READY every due endpoint returns at once, so a scan never reports
+        "not yet" while a due endpoint was left unpolled.
+        """
         parked = self._parked
         limit = now - self._recheck
-        while parked and parked[0][0] <= limit:
+        budget = _RECHECK_BATCH if self._ready else -1
+        while parked and parked[0][0] <= limit and budget:
+            budget -= 1
             _, seq, ep = parked.popleft()
             if ep._parked == seq:
                 self._unpark(ep)

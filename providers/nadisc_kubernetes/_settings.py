@@ -53,8 +53,19 @@ class ServiceBinding(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    name: StrictStr = Field(min_length=1, max_length=63)
-    port: StrictStr | Annotated[StrictInt, Field(ge=1, le=65535)] | None = None
+    name: StrictStr = Field(
+        min_length=1,
+        max_length=63,
+        description="the Service's name in the connection's namespace; defaults to the alias",
+    )
+    port: StrictStr | Annotated[StrictInt, Field(ge=1, le=65535)] | None = Field(
+        default=None,
+        description=(
+            "which Service port to call: a port name (matched to the EndpointSlice port "
+            "of that name) or a port number (its name is looked up on the Service); "
+            "omit for a Service with one port"
+        ),
+    )
 
     @field_validator("name")
     @classmethod
@@ -81,29 +92,94 @@ class KubernetesSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, hide_input_in_errors=True)
 
-    #: ``auto``: in-cluster when ``KUBERNETES_SERVICE_HOST`` is set, else kubeconfig.
-    credentials: Literal["auto", "in_cluster", "kubeconfig"] = "auto"
-    kubeconfig: StrictStr | None = Field(default=None, min_length=1)
-    context: StrictStr | None = Field(default=None, min_length=1)
-    namespace: StrictStr | None = Field(default=None, min_length=1, max_length=63)
-    #: Where the service-account files live (in-cluster mode).
-    in_cluster_root: StrictStr = Field(default=IN_CLUSTER_ROOT, min_length=1)
-    #: PEM bundle to trust instead of the credentials' CA.
-    ca_file: StrictStr | None = Field(default=None, min_length=1)
-    #: Name to check the server certificate against (default: the URL's host).
-    tls_server_name: StrictStr | None = Field(default=None, min_length=1)
-    services: dict[StrictStr, ServiceBinding] = Field(default_factory=dict)
-    #: ``timeoutSeconds`` sent with every watch: the server ends it then and
-    #: the provider re-watches from the last version it saw.
-    watch_timeout: Annotated[float, Field(gt=0, le=3600)] = 290.0
-    #: Slack after ``watch_timeout`` before a silent stream counts as broken.
-    watch_grace: Annotated[float, Field(gt=0, le=600)] = 30.0
-    #: ``limit`` of one list page.
-    page_size: Annotated[StrictInt, Field(ge=1, le=10_000)] = 500
-    #: Pages one list may take before it is reported incomplete.
-    max_pages: Annotated[StrictInt, Field(ge=1, le=100_000)] = 1000
-    initial_backoff: Annotated[float, Field(gt=0, le=3600)] = 1.0
-    max_backoff: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    credentials: Literal["auto", "in_cluster", "kubeconfig"] = Field(
+        default="auto",
+        description=(
+            "where the API server and identity come from: in_cluster (the pod's "
+            "service-account files), kubeconfig, or auto: in_cluster when "
+            "KUBERNETES_SERVICE_HOST is set, else kubeconfig"
+        ),
+    )
+    kubeconfig: StrictStr | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "kubeconfig mode: path of the kubeconfig file (~ expanded); default: the "
+            "first entry of $KUBECONFIG, else ~/.kube/config"
+        ),
+    )
+    context: StrictStr | None = Field(
+        default=None,
+        min_length=1,
+        description="kubeconfig mode: the context to use (default: the file's current-context)",
+    )
+    namespace: StrictStr | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description=(
+            "namespace of the Services; default: the kubeconfig context's namespace or, "
+            "in-cluster, the service account's namespace file; else 'default'"
+        ),
+    )
+    in_cluster_root: StrictStr = Field(
+        default=IN_CLUSTER_ROOT,
+        min_length=1,
+        description=(
+            "in-cluster mode: the directory holding the service account's token, "
+            "ca.crt and namespace files"
+        ),
+    )
+    ca_file: StrictStr | None = Field(
+        default=None,
+        min_length=1,
+        description="PEM bundle to trust for the API server instead of the credentials' CA",
+    )
+    tls_server_name: StrictStr | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "name to check the API server's certificate against (default: the server URL's host)"
+        ),
+    )
+    services: dict[StrictStr, ServiceBinding] = Field(
+        default_factory=dict,
+        description="service aliases: alias -> {name: Service name, port: name or number}",
+    )
+    watch_timeout: Annotated[float, Field(gt=0, le=3600)] = Field(
+        default=290.0,
+        description=(
+            "seconds sent as timeoutSeconds with every watch: the server ends the watch "
+            "then and the provider watches again from the last resourceVersion it saw"
+        ),
+    )
+    watch_grace: Annotated[float, Field(gt=0, le=600)] = Field(
+        default=30.0,
+        description=(
+            "seconds of silence allowed past watch_timeout before a stream counts as "
+            "broken and is reopened"
+        ),
+    )
+    page_size: Annotated[StrictInt, Field(ge=1, le=10_000)] = Field(
+        default=500,
+        description="objects per list page (the list's limit parameter)",
+    )
+    max_pages: Annotated[StrictInt, Field(ge=1, le=100_000)] = Field(
+        default=1000,
+        description="pages one list may take; a longer list is reported incomplete",
+    )
+    initial_backoff: Annotated[float, Field(gt=0, le=3600)] = Field(
+        default=1.0,
+        description=(
+            "seconds before the first retry of a failed list or watch; each further "
+            "failure doubles it up to max_backoff (each wait jittered to 50-100 %), "
+            "and a watch that stays open resets it"
+        ),
+    )
+    max_backoff: Annotated[float, Field(gt=0, le=3600)] = Field(
+        default=30.0,
+        description="the longest wait between retries of a failed list or watch, in seconds",
+    )
 
     @field_validator("namespace")
     @classmethod

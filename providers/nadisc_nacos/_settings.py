@@ -38,7 +38,14 @@ class NacosServiceBinding(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(min_length=1, max_length=512)
+    name: str = Field(
+        min_length=1,
+        max_length=512,
+        description=(
+            "the Nacos service name the alias stands for, without the group (the group "
+            "is the connection's 'group'); defaults to the alias"
+        ),
+    )
 
     @field_validator("name")
     @classmethod
@@ -64,33 +71,110 @@ class NacosSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     server_addr: tuple[AnyHttpUrl, ...] = Field(
-        default=(AnyHttpUrl("http://127.0.0.1:8848/nacos"),), min_length=1, max_length=32
+        default=(AnyHttpUrl("http://127.0.0.1:8848/nacos"),),
+        min_length=1,
+        max_length=32,
+        description=(
+            "the Nacos servers, each with its context path (http://host:8848/nacos/); "
+            "one URL, a list, or a comma-separated string; a bare host:port means "
+            "http://host:port/nacos. On a transport failure the next server is tried, "
+            "and later requests start at the one that answered. No credentials in a URL"
+        ),
     )
-    #: Namespace id; ``public`` is Nacos's default namespace.
-    namespace: str = Field(default="public", min_length=1, max_length=128)
-    group: str = Field(default="DEFAULT_GROUP", min_length=1, max_length=128)
-    cluster: str = Field(default="DEFAULT", min_length=1, max_length=64)
-    #: Only list instances of ``cluster`` (default: every cluster).
-    cluster_filter: bool = False
-    username: str | None = Field(default=None, min_length=1, max_length=256)
-    password: SecretStr | None = None
-    #: PEM bundle of the CA that signed the servers' certificates (https only).
-    ca_file: str | None = Field(default=None, min_length=1)
-    #: ``auto``: probe at prepare, prefer the v3 client API, fall back to v1.
-    api: Literal["auto", "v1", "v3"] = "auto"
-    services: dict[str, NacosServiceBinding] = Field(default_factory=dict)
-    #: Register ephemeral instances (heartbeats) or persistent ones (no beat;
-    #: deregistration removes the record).
-    ephemeral: bool = True
-    #: Seconds between heartbeats until the server's ``clientBeatInterval``
-    #: answers; Nacos's default is 5 s.
-    beat_interval: float = Field(default=5.0, gt=0, le=60)
-    #: Refresh the login token this many seconds before ``tokenTtl`` ends
-    #: (at most half the TTL).
-    token_refresh_margin: float = Field(default=60.0, ge=0, le=86400)
-    #: Extra instance metadata on every registration of this connection
-    #: (the registration's own metadata wins on a shared key).
-    metadata: dict[str, str] = Field(default_factory=dict)
+    namespace: str = Field(
+        default="public",
+        min_length=1,
+        max_length=128,
+        description="namespace id of every listing and registration; public is Nacos's default",
+    )
+    group: str = Field(
+        default="DEFAULT_GROUP",
+        min_length=1,
+        max_length=128,
+        description=(
+            "the group every service of this connection is listed and registered in "
+            "(sent as groupName and as the <group>@@<service> prefix on v1)"
+        ),
+    )
+    cluster: str = Field(
+        default="DEFAULT",
+        min_length=1,
+        max_length=64,
+        description=(
+            "the cluster registrations are written to (clusterName) and checked in; "
+            "with cluster_filter, also the only cluster listings include"
+        ),
+    )
+    cluster_filter: bool = Field(
+        default=False,
+        description="list only instances of 'cluster' (default: instances of every cluster)",
+    )
+    username: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description=(
+            "login user of Nacos auth, together with 'password' (both or neither); "
+            "without them no login is made"
+        ),
+    )
+    password: SecretStr | None = Field(
+        default=None,
+        description=(
+            "login password, together with 'username'; sent only in the login form body "
+            "and never shown in a repr, a log line or an error"
+        ),
+    )
+    ca_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "PEM bundle of the CA that signed the servers' certificates "
+            "(only with an https server_addr)"
+        ),
+    )
+    api: Literal["auto", "v1", "v3"] = Field(
+        default="auto",
+        description=(
+            "which HTTP API to speak: auto probes once at prepare and prefers the v3 "
+            "client API, falling back to v1"
+        ),
+    )
+    services: dict[str, NacosServiceBinding] = Field(
+        default_factory=dict,
+        description="service aliases of this connection: alias -> {name: remote service name}",
+    )
+    ephemeral: bool = Field(
+        default=True,
+        description=(
+            "register ephemeral instances (kept alive by heartbeats) or, when false, "
+            "persistent ones (no heartbeat; removed only by deregistration)"
+        ),
+    )
+    beat_interval: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description=(
+            "seconds between heartbeats of an ephemeral registration until the server "
+            "answers with its clientBeatInterval; Nacos's default is 5 s"
+        ),
+    )
+    token_refresh_margin: float = Field(
+        default=60.0,
+        ge=0,
+        le=86400,
+        description=(
+            "log in again this many seconds before the token's tokenTtl ends (at most half the TTL)"
+        ),
+    )
+    metadata: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "extra instance metadata on every registration of this connection "
+            "(a registration's own metadata wins on a shared key); at most 64 pairs"
+        ),
+    )
 
     @field_validator("server_addr", mode="before")
     @classmethod

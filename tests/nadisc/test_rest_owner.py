@@ -68,7 +68,12 @@ async def test_rest_clients_is_the_named_collection() -> None:
             assert not clients.external_only
             assert clients["infra"] is owner.rest("infra")
             assert clients.default is owner.rest()
-            with pytest.raises(QualifierError):
+            with pytest.raises(QualifierError, match=r"^unknown connection 'elsewhere' \("):
+                clients["elsewhere"]
+            # still a mapping: a missing name is a KeyError to its protocol
+            assert "elsewhere" not in clients and "infra" in clients
+            assert clients.get("elsewhere") is None
+            with pytest.raises(KeyError):
                 clients["elsewhere"]
             assert (await clients["infra"].request("GET", service=SERVICE, path="/")).text == "b"
             assert (await clients.default.request("GET", service=SERVICE, path="/")).text == "a"

@@ -218,3 +218,39 @@ def test_endpoint_support_helpers_still_park_through_mode_changes() -> None:
     assert balance.ready_nowait() is False
     ctl(ep).mode = "ready"  # fires the remembered wake, as a real service would
     assert balance.ready_nowait() is True
+
+
+def test_due_rechecks_are_spread_over_scans_while_something_is_ready() -> None:
+    clock = Clock()
+    ready = Counting()
+    silent = [Counting(ready=False) for _ in range(1000)]
+    balance: Balance[object, object] = Balance(
+        First(),
+        [Endpoint("r", ready), *(Endpoint(i, svc) for i, svc in enumerate(silent))],
+        clock=clock,
+    )
+    assert balance.ready_nowait()
+    assert all(svc.polls == 1 for svc in silent)  # the first scan parked them all
+    clock.now = 1.0  # every one is due at once
+    scans = 0
+    while sum(svc.polls for svc in silent) < 2000:
+        before = sum(svc.polls for svc in silent)
+        assert balance.ready_nowait()
+        scans += 1
+        assert sum(svc.polls for svc in silent) - before <= 64  # no latency spike
+    assert scans == 16  # 1000 / 64, rounded up: each one re-polled once
+    assert all(svc.polls == 2 for svc in silent)
+    assert balance.statistics().pending == 1000
+
+
+def test_with_nothing_ready_every_due_recheck_runs_in_one_scan() -> None:
+    clock = Clock()
+    silent = [Counting(ready=False) for _ in range(200)]
+    balance: Balance[object, object] = Balance(
+        First(), [Endpoint(i, svc) for i, svc in enumerate(silent)], clock=clock
+    )
+    assert balance.ready_nowait() is False
+    clock.now = 1.0
+    silent[-1].ready = True
+    assert balance.ready_nowait()  # found in this scan, not after 4 more
+    assert all(svc.polls == 2 for svc in silent)
