@@ -128,6 +128,7 @@ from ._rest import RestClients as RestClients
 from ._rest import RestDiscoveryClient as RestDiscoveryClient
 from ._rest import rest_client as rest_client
 from ._rest import rest_clients as rest_clients
+from ._route import CallFailureKind as CallFailureKind
 from ._route import InstanceSchemeMismatch as InstanceSchemeMismatch
 from ._route import RestOptions as RestOptions
 from ._route import RouteStatistics as RouteStatistics
@@ -145,6 +146,7 @@ __all__ = [
     "CallCapacityExceeded",
     "CallError",
     "CallEvidenceUnavailable",
+    "CallFailureKind",
     "CallLifecycleError",
     "CallQualifierError",
     "CallTimeout",
