@@ -48,6 +48,7 @@ from nadisc import (
     OutcomeUnknown,
     ProviderFailure,
     RegistrationRejected,
+    default_tls_context,
     redacted_excerpt,
 )
 
@@ -107,7 +108,7 @@ def tls_context(settings: ConsulSettings) -> ssl.SSLContext:
     try:
         if settings.ca_file is not None:
             return ssl.create_default_context(cafile=settings.ca_file)
-        return httpx.create_ssl_context()
+        return default_tls_context()
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError("consul.ca_file", f"cannot load CA bundle: {exc}") from exc
 

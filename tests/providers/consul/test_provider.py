@@ -23,6 +23,7 @@ from nadisc import (
     RegistrationError,
     RegistrationRecord,
     RegistrationRejected,
+    default_tls_context,
 )
 from tests.fakes.consul import ConsulFake, Fault, run_consul_fake
 from tests.providers.consul.conftest import RecordingSink, context, in_process, over_loopback
@@ -478,8 +479,12 @@ async def test_a_plain_http_agent_loads_no_ca_bundle(
         pass
     await secure.aclose()
     assert loads == ["load_verify_locations"]
-    defaults = factory.create(
-        context(), ConsulSettings.model_validate({"url": "https://127.0.0.1:8501"})
-    )
-    await defaults.aclose()
+    # The default store is the process's one shared context: loaded by the
+    # first pool that needs it (in this test or before it), never again.
+    default_tls_context.cache_clear()
+    for _ in range(2):
+        defaults = factory.create(
+            context(), ConsulSettings.model_validate({"url": "https://127.0.0.1:8501"})
+        )
+        await defaults.aclose()
     assert len(loads) == 2
