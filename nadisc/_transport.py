@@ -110,6 +110,7 @@ from ._route import (
     Route,
     failure_kind,
 )
+from ._tls import default_tls_context
 
 if TYPE_CHECKING:
     from poise import StreamingDiscoveryBalance
@@ -599,7 +600,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             transport
             if transport is not None
             else httpx.AsyncHTTPTransport(
-                limits=limits if limits is not None else httpx.Limits(), verify=verify
+                limits=limits if limits is not None else httpx.Limits(),
+                verify=default_tls_context() if verify else False,
             )
         )
         self._routes: dict[tuple[str, str], Route] = {}
