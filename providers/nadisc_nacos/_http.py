@@ -31,7 +31,13 @@ from dataclasses import dataclass
 import anyio
 import httpx
 
-from nadisc import CapacityRejected, ConfigError, IdentityRevoked, IncompleteSnapshot
+from nadisc import (
+    CapacityRejected,
+    ConfigError,
+    IdentityRevoked,
+    IncompleteSnapshot,
+    default_tls_context,
+)
 
 from ._settings import NacosSettings
 from ._wire import decode_login
@@ -88,12 +94,20 @@ class NacosHttp:
         self._hosts = tuple(f"{u.host}:{u.port}" for u in settings.server_addr)
         self._current = 0
         self._max_bytes = max_response_bytes
-        verify: ssl.SSLContext | bool = True
+        # Loading a CA bundle is synchronous and slow (it holds the event
+        # loop): the configured bundle is loaded once here, the default store
+        # is the process's shared context, and plain-http servers get a
+        # context that trusts nothing and loads nothing.
+        verify: ssl.SSLContext
         if settings.ca_file is not None:
             try:
                 verify = ssl.create_default_context(cafile=settings.ca_file)
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError("nacos.ca_file", f"cannot load CA bundle: {exc}") from exc
+        elif any(url.scheme == "https" for url in settings.server_addr):
+            verify = default_tls_context()
+        else:
+            verify = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         self._client = httpx.AsyncClient(
             headers={"User-Agent": "nadisc-nacos", "Accept": "application/json"},
             verify=verify,
