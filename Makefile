@@ -51,7 +51,7 @@ unit: venv servers
 # are trio-only by construction (see tests/conftest.py); plain tests already
 # ran on the trio pass.
 ASYNCIO_PATHS := tests/poise tests/nadisc tests/providers tests/fakes tests/docs \
-	tests/observability/test_asyncio.py
+	tests/observability/test_asyncio.py tests/observability/test_balancer_failures.py
 asyncio-pass: venv servers
 	TEST_BACKEND=asyncio $(BIN)/pytest $(ASYNCIO_PATHS) -o trio_mode=false \
 		-m "not trio_only" -q --reruns 1

@@ -128,23 +128,24 @@ from ._rest import RestClients as RestClients
 from ._rest import RestDiscoveryClient as RestDiscoveryClient
 from ._rest import rest_client as rest_client
 from ._rest import rest_clients as rest_clients
+from ._route import CallFailureKind as CallFailureKind
 from ._route import InstanceSchemeMismatch as InstanceSchemeMismatch
 from ._route import RestOptions as RestOptions
 from ._route import RouteStatistics as RouteStatistics
 from ._route import declared_scheme as declared_scheme
+from ._tls import default_tls_context as default_tls_context
 from ._transport import Budget as Budget
 from ._transport import DiscoveryTransport as DiscoveryTransport
 from ._transport import NotDiscoveryUrl as NotDiscoveryUrl
 from ._transport import call_budget as call_budget
 from .providers._static import StaticProvider as StaticProvider
 
-# (helpers: add your re-exports above this line, one `from ._x import Y as Y` each)
-
 __all__ = [
     "Budget",
     "CallCapacityExceeded",
     "CallError",
     "CallEvidenceUnavailable",
+    "CallFailureKind",
     "CallLifecycleError",
     "CallQualifierError",
     "CallTimeout",
@@ -255,6 +256,7 @@ __all__ = [
     "config_json_schema",
     "declared_scheme",
     "default_qualifier",
+    "default_tls_context",
     "eligibility_probe_app",
     "expand_variables",
     "first_serving",

@@ -17,6 +17,8 @@ revision, evidence kind and age against ``max_age``; the snapshot's
 ``routes`` give each calling route's balancer view (per endpoint in-flight,
 requests sent, PeakEWMA estimate, readiness, draining). Registrations carry
 renewal counts and their recent state changes (:mod:`nadisc._journal`).
+A route also counts its failures by closed kind (``RouteMetrics.failures``,
+see :class:`~nadisc.CallFailureKind`) and per endpoint (``EndpointMetrics.failed``).
 
 Costs: ``snapshot()`` is O(connections + services + registrations + route
 endpoints); ``listings()`` is O(services) while nothing changed (the
@@ -157,6 +159,8 @@ class EndpointMetrics:
     eligible: bool
     #: Removed from the listing; finishing its calls in flight.
     draining: bool
+    #: Failed attempts of this identity (all generations; any kind but ``no_endpoint``).
+    failed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +177,8 @@ class RouteMetrics:
     #: Endpoints quarantined after a readiness failure.
     failed_endpoints: int
     endpoints: tuple[EndpointMetrics, ...]
+    #: (failure kind, count) for every :class:`~nadisc.CallFailureKind` value, in declaration order.
+    failures: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,6 +424,7 @@ def route_metrics(route: Route) -> RouteMetrics:
                 readiness=readiness.value,
                 eligible=endpoint.eligible,
                 draining=draining,
+                failed=stats.failed.get(identity, 0),
             )
         )
     return RouteMetrics(
@@ -428,6 +435,7 @@ def route_metrics(route: Route) -> RouteMetrics:
         in_flight=sum(stats.in_flight.values()),
         failed_endpoints=failed,
         endpoints=tuple(endpoints),
+        failures=tuple(stats.failures.items()),
     )
 
 

@@ -1,10 +1,12 @@
 """Finding provider factories through the ``nadisc.providers`` entry points.
 
 ``provider: consul`` in a config loads the entry point named ``consul`` of
-the group ``nadisc.providers`` lazily, the first time an owner is built. A
-third party adds a backend the same way: publish a distribution whose entry
-point names a :class:`~nadisc.ProviderFactory`. An unknown name is a
-:class:`~nadisc.ProviderNotFound` that says what to install.
+the group ``nadisc.providers`` lazily, the first time an owner is built.
+The group is scanned once per process (:func:`forget_settings_models`
+rescans it). A third party adds a backend the same way: publish a
+distribution whose entry point names a :class:`~nadisc.ProviderFactory`.
+An unknown name is a :class:`~nadisc.ProviderNotFound` that says what to
+install.
 """
 
 from __future__ import annotations
@@ -40,9 +42,17 @@ _KNOWN_SOURCES: dict[str, str] = {
 }
 
 
+@functools.lru_cache(maxsize=1)
+def _entry_points() -> tuple[importlib.metadata.EntryPoint, ...]:
+    """The group's entry points, read once per process (a scan of every
+    installed distribution's metadata: tens of milliseconds, synchronous).
+    :func:`forget_settings_models` drops it with the models."""
+    return tuple(importlib.metadata.entry_points(group=GROUP))
+
+
 def available_providers() -> tuple[str, ...]:
     """Names registered in the ``nadisc.providers`` group, sorted."""
-    return tuple(sorted({ep.name for ep in importlib.metadata.entry_points(group=GROUP)}))
+    return tuple(sorted({ep.name for ep in _entry_points()}))
 
 
 def _install_hint(name: str) -> str:
@@ -57,7 +67,7 @@ def _install_hint(name: str) -> str:
 
 def load_factory(name: str, *, path: str = "provider") -> ProviderFactory:
     """The factory registered as ``name``; ``ProviderNotFound`` naming ``path`` otherwise."""
-    matches = [ep for ep in importlib.metadata.entry_points(group=GROUP) if ep.name == name]
+    matches = [ep for ep in _entry_points() if ep.name == name]
     if not matches:
         names = available_providers()
         installed = ", ".join(names) or "none"
@@ -110,5 +120,7 @@ def installed_settings_model(name: str) -> type[BaseModel] | None:
 
 
 def forget_settings_models() -> None:
-    """Forget the cached settings models of :func:`installed_settings_model`."""
+    """Forget the cached entry points and the settings models of
+    :func:`installed_settings_model` (after installing a provider at run time)."""
+    _entry_points.cache_clear()
     installed_settings_model.cache_clear()

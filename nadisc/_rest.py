@@ -90,6 +90,7 @@ from ._errors import (
     for_call,
 )
 from ._route import RestOptions
+from ._tls import default_tls_context
 from ._transport import (
     BUDGET_EXTENSION,
     QUALIFIER_EXTENSION,
@@ -343,7 +344,10 @@ class RestDiscoveryClient:
         pool: httpx.AsyncBaseTransport = (
             _Borrowed(transport)
             if transport is not None
-            else httpx.AsyncHTTPTransport(limits=limits if limits is not None else httpx.Limits())
+            else httpx.AsyncHTTPTransport(
+                limits=limits if limits is not None else httpx.Limits(),
+                verify=default_tls_context(),
+            )
         )
         self._discovery: DiscoveryTransport | None = None
         mounts: dict[str, httpx.AsyncBaseTransport] = {}

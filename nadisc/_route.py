@@ -33,13 +33,19 @@ readiness scan (O(endpoints)), one policy pick and one evidence view in
 ``submit_if_current``; after a change, one more evidence view
 (``snapshot()``) and the reconcile step. No allocation proportional to the
 listing.
+
+Counting: every request handed to the pool adds one to its identity's
+``sent`` count; failures (:data:`CALL_FAILURE_KINDS`) add one to an int of
+:attr:`Route.failures` (and to the instance's count), on the failure paths
+only: a call that succeeds pays one status comparison for them.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Awaitable, Callable, Hashable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
 import anyio
@@ -67,16 +73,19 @@ from ._instance import Instance
 from ._observation import Observation, ObservationSnapshot
 
 __all__ = [
+    "CALL_FAILURE_KINDS",
     "LB_STRATEGIES",
     "SCHEME_METADATA",
     "SECURE_METADATA",
     "Attempt",
+    "CallFailureKind",
     "InstanceSchemeMismatch",
     "InstanceService",
     "RestOptions",
     "Route",
     "RouteStatistics",
     "declared_scheme",
+    "failure_kind",
 ]
 
 LbStrategy = Literal["round_robin", "weighted", "p2c_peak_ewma"]
@@ -93,6 +102,47 @@ SCHEME_METADATA = "scheme"
 #: Instance metadata key read when ``scheme`` is absent: ``true`` (https) or ``false`` (http).
 SECURE_METADATA = "secure"
 _SECURE_VALUES = {"true": "https", "false": "http"}
+
+
+class CallFailureKind(enum.Enum):
+    """The closed set of failures a calling route counts (:attr:`RouteStatistics.failures`).
+
+    ``TRANSPORT``, ``TIMEOUT``, ``STATUS`` and ``OTHER`` are attempts that were
+    handed to the HTTP pool (each is also one of the route's ``sent``
+    requests); ``NO_ENDPOINT`` is a call that reached no instance at all.
+    A call its caller cancelled, and a pick declined before anything was
+    sent (the call picks again), count as no failure.
+    """
+
+    #: The pool raised a transport error: connect refused, reset, protocol
+    #: error; while sending, or while the body was read.
+    TRANSPORT = "transport"
+    #: A phase limit of the httpx timeout, or the call's budget, ran out while
+    #: the attempt was with the pool; or its headers came after the budget.
+    TIMEOUT = "timeout"
+    #: The instance answered with a 5xx status (what the load guard counts as
+    #: failed), counted when the headers arrive.
+    STATUS = "status"
+    #: The call ended before any instance was tried: evidence unusable, no
+    #: ready endpoint within the budget, every instance declares another scheme.
+    NO_ENDPOINT = "no_endpoint"
+    #: The pool raised something that is not an httpx error.
+    OTHER = "other"
+
+
+#: The kinds' values, in declaration order (the order of ``Route.failures``).
+CALL_FAILURE_KINDS: tuple[str, ...] = tuple(kind.value for kind in CallFailureKind)
+# Indexes into Route.failures (a list: a failure path adds one to an int).
+TRANSPORT, TIMEOUT, STATUS, NO_ENDPOINT, OTHER = range(len(CALL_FAILURE_KINDS))
+
+
+def failure_kind(error: BaseException) -> int:
+    """The failure kind (an index into :data:`CALL_FAILURE_KINDS`) of an attempt's error."""
+    if isinstance(error, httpx.TimeoutException):
+        return TIMEOUT
+    if isinstance(error, httpx.TransportError):
+        return TRANSPORT
+    return OTHER
 
 
 class InstanceSchemeMismatch(CallError, ValueError):
@@ -257,6 +307,10 @@ class RouteStatistics:
     in_flight: Mapping[str, int]
     #: Identity -> requests handed to the pool for that instance (all generations).
     sent: Mapping[str, int]
+    #: Failure kind (every one of :data:`CALL_FAILURE_KINDS`) -> count since the route opened.
+    failures: Mapping[str, int] = field(default_factory=dict)
+    #: Identity -> failed attempts of that instance (kinds other than ``no_endpoint``).
+    failed: Mapping[str, int] = field(default_factory=dict)
 
 
 class InstanceService:
@@ -356,6 +410,7 @@ class Route:
         "_closed",
         "_directory",
         "_discovery",
+        "_failed",
         "_instances",
         "_sent",
         "_streaming",
@@ -364,6 +419,7 @@ class Route:
         "_synced",
         "_tracker",
         "clock",
+        "failures",
         "observation",
         "options",
     )
@@ -388,6 +444,9 @@ class Route:
         self._directory = Directory()
         self._instances: dict[str, Instance] = {}
         self._sent: dict[str, int] = {}
+        #: Failures by kind, indexed as :data:`CALL_FAILURE_KINDS` (touched on failure paths only).
+        self.failures = [0] * len(CALL_FAILURE_KINDS)
+        self._failed: dict[str, int] = {}
         self._synced = -1
         self._closed = False
         self._discovery: DiscoveryBalance[Attempt, httpx.Response] = DiscoveryBalance(
@@ -442,6 +501,8 @@ class Route:
             revision=self._synced,
             in_flight=in_flight,
             sent=dict(self._sent),
+            failures=dict(zip(CALL_FAILURE_KINDS, self.failures, strict=True)),
+            failed=dict(self._failed),
         )
 
     def __repr__(self) -> str:
@@ -529,6 +590,17 @@ class Route:
 
     def count_sent(self, identity: str) -> None:
         self._sent[identity] = self._sent.get(identity, 0) + 1
+
+    def count_failure(self, kind: int, identity: object = None) -> None:
+        """Count one failure of ``kind`` (an index into :data:`CALL_FAILURE_KINDS`).
+
+        ``identity`` names the instance of a failed attempt (``None`` for a
+        call that reached none). Called on failure paths only.
+        """
+        self.failures[kind] += 1
+        if identity is not None:
+            key = str(identity)
+            self._failed[key] = self._failed.get(key, 0) + 1
 
     def _factory(self, key: Hashable, backend: Backend) -> tuple[InstanceService, LoadTracker]:
         instance = self._instances[str(key)]

@@ -64,6 +64,11 @@ guard cancelled, nothing sent, another pick is made). Body read to the end -> th
 instance); closed before the end, or cancelled -> the guard is cancelled
 (no latency observation); reading raised -> completes as failed. A response
 that is never closed keeps its instance's load counted: close it.
+
+Failure counts: each failed attempt adds one to its route's counter of its
+:class:`~nadisc.CallFailureKind` (transport error, timeout, 5xx status when
+the headers arrive, other) and a call that reached no instance adds one
+``no_endpoint``; an int increment on the failure path, nothing on success.
 """
 
 from __future__ import annotations
@@ -94,7 +99,18 @@ from ._errors import (
 )
 from ._instance import Instance
 from ._observation import loop_clock
-from ._route import Attempt, InstanceSchemeMismatch, RestOptions, Route
+from ._route import (
+    NO_ENDPOINT,
+    OTHER,
+    STATUS,
+    TIMEOUT,
+    Attempt,
+    InstanceSchemeMismatch,
+    RestOptions,
+    Route,
+    failure_kind,
+)
+from ._tls import default_tls_context
 
 if TYPE_CHECKING:
     from poise import StreamingDiscoveryBalance
@@ -377,6 +393,8 @@ async def _ready(
     with anyio.move_on_at(budget.deadline):
         await streaming.ready()
         return
+    if not attempts:
+        route.count_failure(NO_ENDPOINT)
     raise budget.exceeded(route, attempts)
 
 
@@ -437,14 +455,19 @@ class _GuardedStream(httpx.AsyncByteStream):
     cancelled.
     """
 
-    __slots__ = ("_closed", "_done", "_failed", "_held", "_inner", "_iterator")
+    __slots__ = ("_closed", "_done", "_failed", "_held", "_inner", "_iterator", "_route")
 
     def __init__(
-        self, inner: httpx.AsyncByteStream, held: Held[httpx.Response], failed: bool
+        self,
+        inner: httpx.AsyncByteStream,
+        held: Held[httpx.Response],
+        failed: bool,
+        route: Route | None = None,
     ) -> None:
         self._inner = inner
         self._held = held
         self._failed = failed
+        self._route = route
         self._done = False
         self._closed = False
         self._iterator: AsyncIterator[bytes] | None = None
@@ -464,7 +487,10 @@ class _GuardedStream(httpx.AsyncByteStream):
         except StopAsyncIteration:
             self._done = True
             raise
-        except Exception:
+        except Exception as exc:
+            route = self._route
+            if route is not None and not self._failed:  # a 5xx was counted at its headers
+                route.count_failure(failure_kind(exc), self._held.key)
             self._failed = True
             self._done = True
             raise
@@ -574,7 +600,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             transport
             if transport is not None
             else httpx.AsyncHTTPTransport(
-                limits=limits if limits is not None else httpx.Limits(), verify=verify
+                limits=limits if limits is not None else httpx.Limits(),
+                verify=default_tls_context() if verify else False,
             )
         )
         self._routes: dict[tuple[str, str], Route] = {}
@@ -679,6 +706,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 # A pool that may ignore the timeout extension: one scope.
                 with anyio.move_on_at(deadline):
                     return await self._call(route, request, target, budget, own)
+                route.count_failure(TIMEOUT)
                 raise budget.exceeded(route, 0)
             return await self._call(route, request, target, budget, own)
         except CallError:
@@ -735,9 +763,16 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         skip_budget = 0
         while True:
             if now() >= deadline:
+                if not attempts:
+                    route.count_failure(NO_ENDPOINT)
                 raise budget.exceeded(route, attempts) from (errors[-1] if errors else None)
             if not fast:
-                route.snapshot()  # EvidenceUnavailable: no request, no retry
+                try:
+                    route.snapshot()  # EvidenceUnavailable: no request, no retry
+                except EvidenceUnavailable:
+                    if not attempts:
+                        route.count_failure(NO_ENDPOINT)
+                    raise
             attempt = Attempt(
                 build=build,
                 pool=self._pool,
@@ -763,6 +798,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             if declined is not None:
                 cause = declined.__cause__
                 if isinstance(cause, EvidenceUnavailable | InstanceSchemeMismatch):
+                    if not attempts:
+                        route.count_failure(NO_ENDPOINT)
                     raise cause
                 # Skipped, or withdrawn since it was selected: nothing was sent.
                 skip_budget = attempt.skips if _untried_listed(route, tried) else 0
@@ -771,6 +808,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             if failure is not None:
                 cause = failure.__cause__
                 attempts += 1
+                route.count_failure(OTHER if cause is None else failure_kind(cause), failure.key)
                 if attempt.instance is not None:
                     tried.add(attempt.instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))
@@ -811,6 +849,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             ):
                 tried.add(instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))
+                route.count_failure(STATUS, instance.identity)
                 try:
                     await response.aclose()
                 finally:
@@ -820,6 +859,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             if own and now() > deadline:
                 # A pool bounds each wait by what was left when it began; a
                 # response that trickled in past the budget is not returned.
+                route.count_failure(TIMEOUT, instance.identity)
                 try:
                     await response.aclose()
                 finally:
@@ -829,7 +869,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 # The headers are in: reading the body is the caller's business,
                 # bounded per operation by the httpx timeout as with plain httpx.
                 timeouts.release()
-            return _wrap(response, held, instance)
+            if status >= 500:
+                route.count_failure(STATUS, instance.identity)
+            return _wrap(response, held, instance, route)
 
     def _target(self, request: httpx.Request) -> _Target:
         # Parsing the service and path out of a nadisc:// URL, once per
@@ -915,7 +957,7 @@ def _with_host(raw: list[tuple[bytes, bytes]], host: bytes) -> httpx.Headers:
 
 
 def _wrap(
-    response: httpx.Response, held: Held[httpx.Response], instance: Instance
+    response: httpx.Response, held: Held[httpx.Response], instance: Instance, route: Route
 ) -> httpx.Response:
     response.extensions[INSTANCE_EXTENSION] = instance
     failed = response.status_code >= 500
@@ -926,8 +968,10 @@ def _wrap(
     stream = response.stream
     if not isinstance(stream, httpx.AsyncByteStream):
         held.complete(failed=True)
+        if not failed:
+            route.count_failure(OTHER, instance.identity)
         raise TypeError(f"the pool returned a {type(stream).__name__} body, not an async one")
     # The pool's response is ours until returned: swap its body for the
     # guarded one rather than building a second response.
-    response.stream = _GuardedStream(stream, held, failed=failed)
+    response.stream = _GuardedStream(stream, held, failed, route)
     return response

@@ -76,8 +76,6 @@ from ._streaming import StreamEndPolicy as StreamEndPolicy
 from ._streaming import StreamingConfig as StreamingConfig
 from ._streaming import StreamingDiscoveryBalance as StreamingDiscoveryBalance
 
-# (helpers: add your re-exports above this line, one `from ._x import Y as Y` each)
-
 __all__ = [
     "Allocation",
     "AsyncEndpointFactory",

@@ -5,7 +5,10 @@ once :meth:`Gate.close` was called (the host does so when the deregistration
 is acknowledged), answers every *new* HTTP request with ``503`` and
 ``Connection: close`` without calling the app, and refuses new websocket
 handshakes. Requests already inside the app run to completion. Lifespan
-messages always pass through::
+messages always pass through; an app that returns from the lifespan scope
+without finishing it (the ASGI way to say "no lifespan support", which
+hypercorn 0.18 on trio turns into a failed startup) has the rest of the
+protocol answered for it: startup and shutdown complete at once::
 
     OPEN ──close()──► CLOSED        (in_flight counts down to 0 as requests finish)
 
@@ -64,6 +67,32 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
+async def _lifespan_of(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run ``app``'s lifespan; finish the protocol for it if it returns early."""
+    seen: set[str] = set()
+
+    async def watched_receive() -> Message:
+        message = await receive()
+        seen.add(message["type"])
+        return message
+
+    async def watched_send(message: Message) -> None:
+        seen.add(message["type"])
+        await send(message)
+
+    await app(scope, watched_receive, watched_send)
+    if seen & {"lifespan.startup.failed", "lifespan.shutdown.complete", "lifespan.shutdown.failed"}:
+        return  # the app took part and ended it (or failed it): nothing to add
+    if "lifespan.startup.complete" not in seen:
+        if "lifespan.startup" not in seen:
+            await receive()
+        await send({"type": "lifespan.startup.complete"})
+    if "lifespan.shutdown" not in seen:
+        while (await receive())["type"] != "lifespan.shutdown":
+            pass
+    await send({"type": "lifespan.shutdown.complete"})
+
+
 class Gate:
     """Counts in-flight HTTP requests; refuses new ones once closed (see module docs)."""
 
@@ -92,7 +121,7 @@ class Gate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await self._app(scope, receive, send)
+            await _lifespan_of(self._app, scope, receive, send)
             return
         if self._closed:
             self.refused += 1

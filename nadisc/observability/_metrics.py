@@ -20,9 +20,14 @@ A scrape must run on the owner's event loop (the ASGI app does): the
 observer reads the loop's clock. Costs per scrape: O(connections + observed
 services + registrations + route endpoints), one exposition string.
 
-Counters built from live routes (``nadisc_discovery_balancer_calls_total``)
-restart when a route is closed and re-created; Prometheus' ``rate()``
-treats that as a counter reset.
+Counters built from live routes (``nadisc_discovery_balancer_calls_total``,
+``nadisc_discovery_balancer_failures_total``) restart when a route is
+closed and re-created; Prometheus' ``rate()`` treats that as a counter
+reset. ``balancer_failures_total{kind}`` uses the closed set
+:class:`nadisc.CallFailureKind`: ``transport``, ``timeout``, ``status`` and
+``other`` count attempts that were sent (so they are part of
+``balancer_calls_total``), ``no_endpoint`` counts calls that reached no
+instance (not part of it).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from .._evidence import FailureKind, Reason
 from .._observer import ObserverSnapshot, RouteMetrics, RuntimeObserver, route_metrics
 from .._registration import CloseOutcome
 from .._registration_state import RegistrationState
+from .._route import CALL_FAILURE_KINDS
 from ._asgi import Receive, Scope, Send, bearer_ok, lifespan, local_path, send_text
 
 if TYPE_CHECKING:
@@ -253,6 +259,12 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
 
     routes = g(_name("balancer_routes"), "Calling routes (one per service called).", labels=conn)
     calls = c(_name("balancer_calls"), "Requests sent through the routes.", labels=conn)
+    failures = c(
+        _name("balancer_failures"),
+        "Failed attempts (transport, timeout, status, other) and calls that reached "
+        "no instance (no_endpoint), by closed kind.",
+        labels=[*conn, "kind"],
+    )
     in_flight = g(_name("balancer_in_flight"), "Calls in flight.", labels=conn)
     endpoints = g(
         _name("balancer_endpoints"), "Balance endpoints by readiness.", labels=[*conn, "readiness"]
@@ -265,6 +277,12 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
         for name, items in sorted(per.items()):
             routes.add_metric([name], float(len(items)))
             calls.add_metric([name], float(sum(r.calls for r in items)))
+            failed = dict.fromkeys(CALL_FAILURE_KINDS, 0)
+            for route in items:
+                for failure, count in route.failures:
+                    failed[failure] += count
+            for failure in CALL_FAILURE_KINDS:
+                failures.add_metric([name, failure], float(failed[failure]))
             in_flight.add_metric([name], float(sum(r.in_flight for r in items)))
             counts = dict.fromkeys(_READINESS, 0)
             drained = 0
@@ -275,7 +293,7 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
             for readiness in _READINESS:
                 endpoints.add_metric([name, readiness], float(counts[readiness]))
             draining.add_metric([name], float(drained))
-    yield from (routes, calls, in_flight, endpoints, draining)
+    yield from (routes, calls, failures, in_flight, endpoints, draining)
 
 
 def register_metrics(

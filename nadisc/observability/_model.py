@@ -89,11 +89,13 @@ def _route_part(route: RouteMetrics) -> dict[str, Any]:
         "calls": route.calls,
         "in_flight": route.in_flight,
         "failed_endpoints": route.failed_endpoints,
+        "failures": dict(route.failures),
         "endpoints": [
             {
                 "identity": e.identity,
                 "in_flight": e.in_flight,
                 "sent": e.sent,
+                "failed": e.failed,
                 "rtt": _num(e.rtt_estimate),
                 "readiness": e.readiness,
                 "eligible": e.eligible,

@@ -24,7 +24,9 @@ hold a connection for up to ``wait``, do not: :meth:`ConsulHttp.channel`
 opens a channel with one connection of its own for each watch (closed with
 it), so a thousand watches are a thousand sockets the pool never scans, and
 a short request never queues behind a long poll. The TLS context is built
-once per connection and shared by its channels.
+once per connection and shared by its channels; a CA bundle is loaded only
+for an ``https`` agent (:func:`tls_context`), since loading one holds the
+event loop for tens to hundreds of milliseconds.
 """
 
 from __future__ import annotations
@@ -46,12 +48,13 @@ from nadisc import (
     OutcomeUnknown,
     ProviderFailure,
     RegistrationRejected,
+    default_tls_context,
     redacted_excerpt,
 )
 
 from ._settings import ConsulSettings
 
-__all__ = ["FILTERED_HEADER", "AclFiltered", "ConsulHttp", "ConsulResponse"]
+__all__ = ["FILTERED_HEADER", "AclFiltered", "ConsulHttp", "ConsulResponse", "tls_context"]
 
 #: Consul sets this header (value ``true``) on a read whose results it trimmed
 #: because the token may not read all of them; the status stays 200.
@@ -88,6 +91,28 @@ class ConsulResponse:
         return self.headers.get(FILTERED_HEADER, "").strip().lower() == "true"
 
 
+def tls_context(settings: ConsulSettings) -> ssl.SSLContext:
+    """The TLS context of a connection to the agent at ``settings.url``.
+
+    ``https``: the CA bundle of ``ca_file``, else httpx's default trust store.
+    Loading a bundle is synchronous and parses every certificate in it (tens
+    of milliseconds idle, hundreds on a loaded machine): the event loop
+    stands still meanwhile, long enough to time out a health probe the same
+    process answers. A plain ``http`` agent URL never starts a handshake
+    (redirects are not followed), so it gets a client context that trusts
+    nothing and loads nothing: should TLS ever be attempted through it,
+    verification fails closed.
+    """
+    if settings.url.scheme != "https":
+        return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        if settings.ca_file is not None:
+            return ssl.create_default_context(cafile=settings.ca_file)
+        return default_tls_context()
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError("consul.ca_file", f"cannot load CA bundle: {exc}") from exc
+
+
 class ConsulHttp:
     """Moves bytes to and from one Consul agent. No decisions beyond status mapping."""
 
@@ -113,14 +138,7 @@ class ConsulHttp:
             self._secrets = (token,)
         dedicated = _verify is not None
         if _verify is None:
-            try:
-                _verify = (
-                    ssl.create_default_context(cafile=settings.ca_file)
-                    if settings.ca_file is not None
-                    else httpx.create_ssl_context()
-                )
-            except (OSError, ssl.SSLError) as exc:
-                raise ConfigError("consul.ca_file", f"cannot load CA bundle: {exc}") from exc
+            _verify = tls_context(settings)
         self._verify = _verify
         if dedicated:
             # A channel: exactly one connection, kept for the channel's life.

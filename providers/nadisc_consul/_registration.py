@@ -18,9 +18,12 @@ Health check, by precedence::
 
     RegistrationRecord.check  >  settings.health_check_path  >  host health endpoint  >  none
 
-HTTP and TCP checks carry ``Interval`` and ``DeregisterCriticalServiceAfter``;
-TTL checks are passed on every renewal. ``CheckID`` is always ours:
-``service:<instance id>``.
+HTTP and TCP checks carry ``Interval``, ``Timeout`` (the interval, at most
+10 s: what the agent itself uses when none is given) and
+``FailuresBeforeCritical`` (``health_check_failures_before_critical``: one
+slow probe does not mark the instance critical), and every check
+``DeregisterCriticalServiceAfter``; TTL checks are passed on every renewal.
+``CheckID`` is always ours: ``service:<instance id>``.
 
 Tags and meta merge with ``automatic -> contributors -> user`` precedence
 (later wins for a meta key); tags are unioned, keeping the first occurrence.
@@ -264,10 +267,12 @@ def build_registration(
         definition["HTTP"] = f"{scheme}://{host_part}:{record.port}{path}"
         definition["Interval"] = format_duration(check.interval)
         definition["Timeout"] = format_duration(min(check.interval, 10.0))
+        definition["FailuresBeforeCritical"] = settings.health_check_failures_before_critical
     elif check.kind == "tcp":
         definition["TCP"] = f"{host_part}:{record.port}"
         definition["Interval"] = format_duration(check.interval)
         definition["Timeout"] = format_duration(min(check.interval, 10.0))
+        definition["FailuresBeforeCritical"] = settings.health_check_failures_before_critical
     elif check.kind == "ttl":
         ttl = check.ttl if check.ttl is not None else check.interval
         if not (math.isfinite(ttl) and ttl > 0):

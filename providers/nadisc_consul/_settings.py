@@ -50,6 +50,7 @@ class ConsulSettings(BaseModel):
     Registration (the write half): ``enabled``, ``advertised_host``,
     ``allow_loopback``, ``cluster_id``, ``tags``, ``meta``,
     ``reregister_interval``, ``health_check_path``, ``health_check_interval``,
+    ``health_check_failures_before_critical``,
     ``deregister_critical_service_after``. Catalog: ``catalog_wait``.
     """
 
@@ -105,6 +106,13 @@ class ConsulSettings(BaseModel):
     health_check_path: str | None = None
     #: Interval of the health check (seconds).
     health_check_interval: float = Field(default=10.0, gt=0, le=86400)
+    #: Consecutive failed HTTP/TCP probes before the agent marks the check
+    #: critical (Consul's ``FailuresBeforeCritical``); until then the status
+    #: stays what it was. 1 = critical on the first failure (Consul's own
+    #: default). The default of 3 keeps one slow answer (a garbage-collection
+    #: pause, CPU throttling, a loaded event loop) from taking the instance
+    #: out of every caller's listing for a whole interval.
+    health_check_failures_before_critical: int = Field(default=3, ge=1, le=100)
     #: Consul reaps an instance critical for this long (seconds, >= 60).
     deregister_critical_service_after: float = Field(
         default=MIN_DEREGISTER_AFTER, ge=MIN_DEREGISTER_AFTER, le=86400 * 7

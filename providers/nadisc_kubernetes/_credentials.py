@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from nadisc import ConfigError
+from nadisc import ConfigError, default_tls_context
 
 from ._settings import KubernetesSettings
 
@@ -121,21 +121,35 @@ class ClusterAccess:
     #: Where it came from, for messages: "in-cluster" or "kubeconfig <path> context <name>".
     origin: str = ""
 
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """The TLS context for an https server (None for http)."""
+    def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context of this cluster's server.
+
+        A configured CA (file or data) is the only one trusted, as kubectl
+        does; without one, the default trust store (the process's shared
+        context, unless a client certificate or ``insecure`` needs a context
+        of its own). A plain-http server gets a context that trusts nothing
+        and loads nothing (loading a bundle holds the event loop).
+        """
         if not self.server.startswith("https://"):
-            return None
-        context = ssl.create_default_context()
+            return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        if self.ca_file is None and self.ca_data is None:
+            if self.client_cert is None and not self.insecure:
+                return default_tls_context()
+            context = ssl.create_default_context()
+        else:
+            try:
+                if self.ca_file is not None:
+                    context = ssl.create_default_context(cafile=self.ca_file)
+                else:
+                    assert self.ca_data is not None
+                    context = ssl.create_default_context(cadata=self.ca_data.decode("ascii"))
+            except (OSError, ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+                raise _problem(
+                    "ca_file", f"cannot load the CA bundle ({type(exc).__name__})"
+                ) from None
         if self.insecure:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-        try:
-            if self.ca_file is not None:
-                context.load_verify_locations(cafile=self.ca_file)
-            elif self.ca_data is not None:
-                context.load_verify_locations(cadata=self.ca_data.decode("ascii"))
-        except (OSError, ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
-            raise _problem("ca_file", f"cannot load the CA bundle ({type(exc).__name__})") from None
         if self.client_cert is not None:
             _load_client_cert(context, *self.client_cert)
         return context

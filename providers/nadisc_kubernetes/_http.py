@@ -165,10 +165,9 @@ class KubeHttp:
         self._access = access
         self._base = access.server
         self._max_bytes = max_response_bytes
-        verify = access.ssl_context()
         self._client = httpx.AsyncClient(
             headers={"User-Agent": "nadisc-kubernetes", "Accept": "application/json"},
-            verify=verify if verify is not None else True,
+            verify=access.ssl_context(),
             transport=transport,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=16),
             follow_redirects=False,

@@ -31,7 +31,13 @@ from dataclasses import dataclass
 import anyio
 import httpx
 
-from nadisc import CapacityRejected, ConfigError, IdentityRevoked, IncompleteSnapshot
+from nadisc import (
+    CapacityRejected,
+    ConfigError,
+    IdentityRevoked,
+    IncompleteSnapshot,
+    default_tls_context,
+)
 
 from ._settings import NacosSettings
 from ._wire import decode_login
@@ -88,12 +94,20 @@ class NacosHttp:
         self._hosts = tuple(f"{u.host}:{u.port}" for u in settings.server_addr)
         self._current = 0
         self._max_bytes = max_response_bytes
-        verify: ssl.SSLContext | bool = True
+        # Loading a CA bundle is synchronous and slow (it holds the event
+        # loop): the configured bundle is loaded once here, the default store
+        # is the process's shared context, and plain-http servers get a
+        # context that trusts nothing and loads nothing.
+        verify: ssl.SSLContext
         if settings.ca_file is not None:
             try:
                 verify = ssl.create_default_context(cafile=settings.ca_file)
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError("nacos.ca_file", f"cannot load CA bundle: {exc}") from exc
+        elif any(url.scheme == "https" for url in settings.server_addr):
+            verify = default_tls_context()
+        else:
+            verify = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         self._client = httpx.AsyncClient(
             headers={"User-Agent": "nadisc-nacos", "Accept": "application/json"},
             verify=verify,
@@ -276,7 +290,12 @@ class NacosHttp:
                     ) as response,
                 ):
                     body = await self._read_bounded(response, what)
-                    return NacosResponse(response.status_code, body)
+                # httpx binds a response's stream back to the response (a
+                # reference cycle: request, headers, URL and streams then
+                # wait for the cyclic collector, about 20 objects a request).
+                # It is closed now: unbind it, and they go when we let go.
+                response.stream = _CLOSED
+                return NacosResponse(response.status_code, body)
         except TimeoutError as exc:
             raise IncompleteSnapshot(
                 f"{what}: no complete answer from {host} within {budget:.1f}s"
@@ -320,6 +339,10 @@ class NacosHttp:
         self._closed = True
         with anyio.move_on_after(5, shield=True):
             await self._client.aclose()
+
+
+#: What a finished response's stream is replaced with (nothing more to read).
+_CLOSED = httpx.ByteStream(b"")
 
 
 def _left(deadline: float, what: str) -> float:

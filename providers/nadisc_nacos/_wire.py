@@ -10,17 +10,27 @@ malformed *instance* inside a well-formed list is counted in
 
     body --(len > budget)--> CapacityRejected
          --typed decode---> ServiceInfo (v1) | Envelope{code, data} (v3)
-              fails -------> per-host decode: bad hosts -> invalid, rest kept
+              (fast path: hosts' checks as constraints, ids unique, metadata shared)
+              anything refused -> careful path: the same decode without constraints,
+                             then per-host decode: bad hosts -> invalid, rest kept
                              (the outer shape itself bad -> IncompleteSnapshot)
          --eligibility----> enabled and healthy and weight > 0 -> Instance
          --protect mark---> reachProtectionThreshold -> EvidenceKind.WEAK_HEALTH
 
-Costs: one msgspec pass over the body (O(bytes)), then one tight loop per
-host that builds ``Instance`` objects from the values it has just checked
-(without re-running the constructor's checks) while the cyclic garbage
-collector is paused (the new objects hold no cycles); instances equal to the
-previous listing's are reused. :func:`listing_digest` lets a poll whose
-content did not change skip decoding entirely.
+Costs: a listing with nothing wrong in it takes the fast path: one msgspec
+pass over the body (O(bytes)) whose typed structs carry the per-host checks
+as constraints (address, port range, weight >= 0: checked in C), then one
+tight loop per host that builds ``Instance`` objects without re-running the
+constructor's checks (``nadisc._instance._trusted_instances``), sharing one
+read-only metadata view per distinct metadata text, with repeated ids
+checked once in bulk and the snapshot's byte size summed on the way; the
+cyclic garbage collector is paused meanwhile (the new objects hold no
+cycles). About 0.5-0.66x the CPU time of ``json.loads`` of the same body.
+Anything the fast path does not accept sends the body to the careful path
+(host-by-host decode, each bad host named in ``invalid``): the same result,
+about 1x. Instances
+equal to the previous listing's are reused. :func:`listing_digest` lets a
+poll whose content did not change skip decoding entirely.
 
 Facts (Nacos source, ``InstanceController`` / ``InstanceOpenApiController``
 and ``ServiceUtil.selectInstancesWithHealthyProtection``): v1 ``/v1/ns/instance/list``
@@ -35,14 +45,15 @@ v3 ``/v3/client/ns/instance/list`` answers ``{"code":0,"message":"success",
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import hashlib
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import chain
 from types import MappingProxyType
+from typing import Annotated, Any
 
 import msgspec
 
@@ -53,6 +64,7 @@ from nadisc import (
     Instance,
     ProviderSnapshot,
 )
+from nadisc._instance import _InstanceShell, _trusted_instances
 
 __all__ = [
     "INSTANCE_NOT_FOUND_V1",
@@ -203,13 +215,251 @@ def decode_instance_list(
     if paused:
         gc.disable()
     try:
-        return _decode_list(body, api, service, group, max_instances, previous, what)
+        listing = _fast_list(body, api, service, group, max_instances, previous, what)
+        if listing is None:
+            listing = _careful_list(body, api, service, group, max_instances, previous, what)
+        return listing
     finally:
         if paused:
             gc.enable()
 
 
-def _decode_list(
+# -- the fast path: a listing with nothing wrong in it --------------------------------------
+#
+# The typed decode checks every host's fields in C (``_FastHost``'s
+# constraints are exactly the checks ``_careful_snapshot`` makes in Python);
+# identities are checked for repeats with one set; metadata
+# objects are decoded once per distinct JSON text and shared. Anything the
+# fast path does not accept (a malformed or hostile host, a repeated id,
+# non-string metadata) sends the whole body to the careful path, which names
+# each bad host: the outcome is the same, only slower.
+
+
+class _FastHost(msgspec.Struct, rename="camel", kw_only=True, gc=False):
+    ip: Annotated[str, msgspec.Meta(min_length=1)]
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)]
+    instance_id: str | None = None
+    # msgspec never yields inf/nan from JSON (out of range is refused), so
+    # ``ge=0`` leaves exactly "finite and >= 0"; 0 means not eligible.
+    weight: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
+    healthy: bool = True
+    enabled: bool = True
+    # No ``clusterName``: only a host without an ``instanceId`` needs it (for
+    # the default id), and such a listing goes the careful way. Nacos fills
+    # ``instanceId`` in every list answer; one string less per host here.
+    #: The metadata's JSON text: one decode per distinct text.
+    metadata: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class _FastServiceInfo(msgspec.Struct, rename="camel", kw_only=True):
+    hosts: list[_FastHost] | None = None
+    cache_millis: int = 0
+    checksum: str = ""
+    reach_protection_threshold: bool = False
+
+
+class _FastEnvelope(msgspec.Struct, kw_only=True):
+    code: int
+    message: str | None = None
+    data: list[_FastHost] | _FastServiceInfo | None = None
+
+
+_fast_v1 = msgspec.json.Decoder(_FastServiceInfo)
+_fast_v3 = msgspec.json.Decoder(_FastEnvelope)
+_metadata = msgspec.json.Decoder(dict[str, str])
+
+
+class _Bail(Exception):
+    """The fast path met something only the careful path reports well."""
+
+
+def _read_metadata(text: bytes) -> tuple[MappingProxyType[str, str], int]:
+    """A read-only view of one metadata JSON text, and the bytes it adds to
+    ``Instance.approximate_bytes``."""
+    try:
+        values = _metadata.decode(text)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        raise _Bail from None
+    return MappingProxyType(values), sum(map(len, values)) + sum(map(len, values.values()))
+
+
+def _read_all_metadata(texts: list[msgspec.Raw]) -> list[dict[str, str]]:
+    """Many metadata JSON texts decoded in one pass (as one JSON array)."""
+    try:
+        return _all_metadata.decode(b"[" + b",".join(texts) + b"]")
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        raise _Bail from None
+
+
+_all_metadata = msgspec.json.Decoder(list[dict[str, str]])
+
+#: Sharing metadata views pays while hosts repeat each other's metadata; once
+#: more than this many distinct texts outnumber half the eligible hosts seen,
+#: the rest of the hosts' metadata is decoded in one pass after the loop
+#: (nothing to share, no copies kept for look-up). Only the cost changes.
+_SHARING_GIVES_UP_AFTER = 64
+
+
+def _fast_list(
+    body: bytes,
+    api: str,
+    service: str,
+    group: str,
+    max_instances: int,
+    previous: ProviderSnapshot | None,
+    what: str,
+) -> Listing | None:
+    cache_millis, checksum, protected = 0, "", False
+    try:
+        if api == "v1":
+            info = _fast_v1.decode(body)
+            hosts = info.hosts or []
+            cache_millis, checksum = info.cache_millis, info.checksum
+            protected = info.reach_protection_threshold
+        else:
+            envelope = _fast_v3.decode(body)
+            _check_code(envelope.code, envelope.message, what)
+            data = envelope.data
+            if isinstance(data, _FastServiceInfo):
+                hosts = data.hosts or []
+                cache_millis, checksum = data.cache_millis, data.checksum
+                protected = data.reach_protection_threshold
+            else:
+                hosts = data or []
+    except msgspec.ValidationError:
+        return None  # some host (or the shape) is wrong: the careful path says which
+    except msgspec.DecodeError as exc:
+        raise IncompleteSnapshot(f"{what}: the answer is not valid JSON ({exc})") from None
+    before: Mapping[str, Instance] = (
+        {i.identity: i for i in previous.instances} if previous is not None else {}
+    )
+    # Hosts of one service mostly carry a handful of distinct metadata
+    # objects: each distinct JSON text is decoded once and its view shared.
+    known: dict[bytes, tuple[MappingProxyType[str, str], int]] = {}
+    look_up, join = known.get, b"".join
+    sharing, distinct = True, 0
+    # Once sharing is given up: shells still without metadata, where they
+    # stand in ``instances``, their metadata texts, and the ineligible
+    # hosts' texts (checked, as the careful path checks every host's).
+    pending: list[_InstanceShell] = []
+    positions: list[int] = []
+    texts: list[msgspec.Raw] = []
+    unchecked: list[msgspec.Raw] = []
+    instances: list[Any] = []  # Instance, or a pending _InstanceShell
+    append = instances.append
+    seen: set[str] = set()
+    see = seen.add
+    #: Per eligible host, what it adds to ``approximate_bytes`` beyond 64.
+    extras: list[int] = []
+    add_extra = extras.append
+    # Instances are built as ``nadisc._instance._trusted_instances`` builds
+    # them (inlined: this loop runs once per host per poll): every field
+    # stored into an ``_InstanceShell``, then the object re-labelled ``Instance``.
+    shell, cls, new = _InstanceShell, Instance, object.__new__
+    try:
+        for host in hosts:
+            if sharing:
+                # Checked for every host, eligible or not, as the careful path does.
+                text = join((host.metadata,))  # a hashable copy of the raw text
+                entry = look_up(text)
+                if entry is None:
+                    entry = known[text] = _read_metadata(text)
+                    distinct += 1
+                    if distinct > _SHARING_GIVES_UP_AFTER and 2 * distinct > len(instances):
+                        sharing = False
+                view, extra = entry
+            weight = host.weight
+            if not (host.enabled and host.healthy) or weight == 0:
+                if not sharing:
+                    unchecked.append(host.metadata)
+                continue  # not eligible: disabled, unhealthy, or weight 0
+            identity = host.instance_id
+            if not identity:
+                raise _Bail  # the default id needs the cluster name
+            see(identity)
+            ip, port = host.ip, host.port
+            if not sharing:
+                add_extra(len(identity) + len(ip))
+                instance = new(shell)
+                instance.identity = identity
+                instance.host = ip
+                instance.port = port
+                instance.weight = weight
+                instance.tags = ()
+                instance.draining = False
+                positions.append(len(instances))
+                pending.append(instance)
+                texts.append(host.metadata)
+                append(instance)
+                continue
+            add_extra(len(identity) + len(ip) + extra)
+            if before:
+                old = before.get(identity)
+                if (
+                    old is not None
+                    and old.host == ip
+                    and old.port == port
+                    and old.weight == weight
+                    and old.metadata == view
+                ):
+                    append(old)
+                    continue
+            instance = new(shell)
+            instance.identity = identity
+            instance.host = ip
+            instance.port = port
+            instance.weight = weight
+            instance.metadata = view
+            instance.tags = ()
+            instance.draining = False
+            instance.__class__ = cls  # type: ignore[assignment]
+            append(instance)
+        if unchecked:
+            _read_all_metadata(unchecked)
+        if pending:
+            values = _read_all_metadata(texts)
+            add_extra(sum(map(len, chain.from_iterable(values))))
+            add_extra(sum(map(len, chain.from_iterable(map(dict.values, values)))))
+            for position, instance, view in zip(
+                positions, pending, map(MappingProxyType, values), strict=True
+            ):
+                if before:
+                    old = before.get(instance.identity)
+                    if (
+                        old is not None
+                        and old.host == instance.host
+                        and old.port == instance.port
+                        and old.weight == instance.weight
+                        and old.metadata == view
+                    ):
+                        instances[position] = old
+                        continue
+                instance.metadata = view
+                instance.__class__ = cls  # type: ignore[assignment]
+    except _Bail:
+        return None
+    count = len(instances)
+    if len(seen) != count:
+        return None  # a repeated id: the careful path keeps the first, names the rest
+    if count > max_instances:
+        raise CapacityRejected(
+            f"service {service!r} lists more than max_instances_per_service={max_instances}"
+        )
+    # ``ProviderSnapshot.approximate_bytes``, summed from what the loop kept.
+    size = 64 * (count + 1) + sum(extras)
+    kind = EvidenceKind.WEAK_HEALTH if protected else EvidenceKind.REGISTRY_HEALTH
+    # Identities are unique (checked above) and the size is known: no re-check.
+    snapshot = ProviderSnapshot._checked(service, tuple(instances), kind, _NO_INVALID, size)
+    return Listing(snapshot, max(0.0, cache_millis / 1000.0), checksum)
+
+
+_NO_INVALID: Mapping[str, str] = MappingProxyType({})
+
+
+# -- the careful path: some host is malformed or hostile -------------------------------------
+
+
+def _careful_list(
     body: bytes,
     api: str,
     service: str,
@@ -248,7 +498,9 @@ def _decode_list(
                 invalid[f"hosts[{position}]"] = f"malformed instance: {exc}"
     except msgspec.DecodeError as exc:
         raise IncompleteSnapshot(f"{what}: the answer is not valid JSON ({exc})") from None
-    snapshot = _snapshot(service, group, hosts, invalid, protected, max_instances, previous)
+    snapshot = _careful_snapshot(
+        service, group, hosts, invalid, protected, max_instances, previous
+    )
     return Listing(snapshot, max(0.0, cache_millis / 1000.0), checksum)
 
 
@@ -279,35 +531,7 @@ def _loose(body: bytes, api: str, what: str) -> tuple[list[msgspec.Raw], int, st
     return data or [], 0, "", False
 
 
-_new = object.__new__
-_set = object.__setattr__
-#: The fields ``_trusted_instance`` sets; a change to ``Instance`` fails here, loudly.
-_INSTANCE_FIELDS = ("identity", "host", "port", "weight", "metadata", "tags", "draining")
-assert tuple(f.name for f in dataclasses.fields(Instance)) == _INSTANCE_FIELDS
-#: The slot descriptors' setters, in ``_INSTANCE_FIELDS`` order: a third faster
-#: than ``object.__setattr__`` (no name lookup), and like it they bypass the
-#: frozen dataclass's ``__setattr__`` (the object is not yet shared).
-_SLOT_SETTERS = tuple(vars(Instance)[name].__set__ for name in _INSTANCE_FIELDS)
-
-
-def _trusted_instance(identity: str, host: WireInstance) -> Instance:
-    """An ``Instance`` from values ``_snapshot`` already checked (identity and
-    host non-empty, port in range, weight finite and > 0), without running
-    the checks again: at thousands of hosts per poll the constructor's own
-    validation costs as much as the decoding. The decoded metadata dict is
-    ours alone, so it is wrapped read-only instead of copied."""
-    instance = _new(Instance)
-    _set(instance, "identity", identity)
-    _set(instance, "host", host.ip)
-    _set(instance, "port", host.port)
-    _set(instance, "weight", float(host.weight))
-    _set(instance, "metadata", MappingProxyType(host.metadata))
-    _set(instance, "tags", ())
-    _set(instance, "draining", False)
-    return instance
-
-
-def _snapshot(
+def _careful_snapshot(
     service: str,
     group: str,
     hosts: list[WireInstance],
@@ -320,13 +544,7 @@ def _snapshot(
         {i.identity: i for i in previous.instances} if previous is not None else {}
     )
     instances: list[Instance] = []
-    append = instances.append
     seen: set[str] = set()
-    isfinite = math.isfinite
-    new, proxy, cls = _new, MappingProxyType, Instance
-    set_identity, set_host, set_port, set_weight, set_metadata, set_tags, set_draining = (
-        _SLOT_SETTERS
-    )
     for host in hosts:
         weight = host.weight
         if not (host.enabled and host.healthy) or weight == 0:
@@ -341,11 +559,11 @@ def _snapshot(
         if not ip or not (0 < port < 65536):
             invalid[identity] = f"unusable address {ip!r}:{port}"
             continue
-        if not (weight > 0 and isfinite(weight)):
+        if not (weight > 0 and math.isfinite(weight)):
             invalid[identity] = f"weight {weight!r} is not a finite number >= 0"
             continue
         seen.add(identity)
-        old = before.get(identity) if before else None
+        old = before.get(identity)
         if (
             old is not None
             and old.host == ip
@@ -353,34 +571,22 @@ def _snapshot(
             and old.weight == weight
             and old.metadata == host.metadata
         ):
-            append(old)
+            instances.append(old)
         else:
-            # ``_trusted_instance`` inlined: this loop runs once per host per poll.
-            instance = new(cls)
-            set_identity(instance, identity)
-            set_host(instance, ip)
-            set_port(instance, port)
-            set_weight(instance, weight)  # msgspec hands floats for a float field
-            set_metadata(instance, proxy(host.metadata))
-            set_tags(instance, ())
-            set_draining(instance, False)
-            append(instance)
+            # The decoded metadata dict is ours alone: wrapped, not copied.
+            (instance,) = _trusted_instances(
+                [(identity, ip, port, weight, MappingProxyType(host.metadata))]
+            )
+            instances.append(instance)
     if len(instances) > max_instances:
         raise CapacityRejected(
             f"service {service!r} lists more than max_instances_per_service={max_instances}"
         )
     kind = EvidenceKind.WEAK_HEALTH if protected else EvidenceKind.REGISTRY_HEALTH
-    # Identities are unique by construction (``seen``): skip the re-check.
-    snapshot = _new(ProviderSnapshot)
-    _set(snapshot, "service", service)
-    _set(snapshot, "instances", tuple(instances))
-    _set(snapshot, "evidence", kind)
-    _set(snapshot, "invalid", MappingProxyType(invalid))
-    return snapshot
-
-
-_SNAPSHOT_FIELDS = ("service", "instances", "evidence", "invalid")
-assert tuple(f.name for f in dataclasses.fields(ProviderSnapshot) if f.init) == _SNAPSHOT_FIELDS
+    # Identities are unique by construction (``seen``); the size is measured on first use.
+    return ProviderSnapshot._checked(
+        service, tuple(instances), kind, MappingProxyType(invalid), -1
+    )
 
 
 def decode_login(body: bytes, *, max_bytes: int) -> LoginAnswer:

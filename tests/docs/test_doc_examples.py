@@ -151,6 +151,9 @@ FRAGMENTS: dict[tuple[str, str], str] = {
     ("providers-nacos.md", "import os"):
         "needs two Nacos clusters (none runs here); the same YAML and flow run "
         "against two fakes in tests/providers/nacos/test_seed.py",
+    ("providers-nacos.md", "import gc"):
+        "a step of a started service; freezing the test process's heap would outlive the "
+        "example (benchmarks/nacos_scale.py runs it, with gc.unfreeze() after)",
     ("registration.md", "from nadisc import Eligibility, RegistrationSet, resolve_registrations"):
         "a step of the by-hand flow; `config` and `connections` come from the host",
     ("registration.md", "epoch = await registrations.identity_revoked("):

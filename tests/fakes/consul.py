@@ -8,7 +8,10 @@ HTTP API documentation describes, odd parts included:
   one-minute minimum, CheckID, Status); ``/v1/agent/service/deregister/<id>``
   is a no-op when absent; TTL checks move through
   ``/v1/agent/check/{pass,warn,fail,update}/<check id>`` and expire to
-  critical; HTTP and TCP checks are really performed on their interval; a
+  critical; HTTP and TCP checks are really performed on their interval, and
+  with ``FailuresBeforeCritical: N`` a failed probe turns the check critical
+  only as the N-th failure in a row (until then its status and output stay
+  as they were; a passing or warning probe resets the count); a
   reaper (every ``reap_interval``, 30 s like Consul) removes services critical
   for longer than DeregisterCriticalServiceAfter.
 * Each node carries a ``serfHealth`` check; ``?passing`` drops an entry when
@@ -177,6 +180,8 @@ class _Check:
     ttl_expires: float | None = None
     next_run: float | None = None
     running: bool = False
+    failures_before_critical: int = 0
+    failures: int = 0
 
 
 @dataclass
@@ -422,6 +427,7 @@ class ConsulFake:
                 target=spec["target"],
                 timeout=spec["timeout"],
                 deregister_after=spec["deregister_after"],
+                failures_before_critical=spec["failures_before_critical"],
             )
             if check.status == "critical":
                 check.critical_since = now
@@ -476,6 +482,9 @@ class ConsulFake:
             raise FakeError(400, "Check is not valid: one of HTTP, TCP or TTL is required")
         if kind in ("http", "tcp") and (interval is None or interval <= 0):
             raise FakeError(400, f"Check is not valid: {kind.upper()} checks require an Interval")
+        threshold = raw.get("FailuresBeforeCritical", 0)
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+            raise FakeError(400, "Request decode failed: FailuresBeforeCritical")
         definition = {k: raw.get(k) for k in sorted(raw) if k != "Status"}
         return {
             "check_id": check_id,
@@ -487,6 +496,7 @@ class ConsulFake:
             "target": target,
             "timeout": timeout,
             "deregister_after": deregister_after,
+            "failures_before_critical": threshold,
             "definition": definition,
         }
 
@@ -557,6 +567,36 @@ class ConsulFake:
         check = self.checks.get((node or self.agent_node, check_id))
         if check is None:
             raise KeyError(check_id)
+        self._set_status(check, status, output, now)
+
+    def probe_result(
+        self,
+        check_id: str,
+        status: str,
+        output: str = "",
+        *,
+        now: float = 0.0,
+        node: str | None = None,
+    ) -> None:
+        """Apply one HTTP/TCP probe's result, as the agent's check runner does.
+
+        ``passing`` and ``warning`` reset the failure count and take effect at
+        once; ``critical`` takes effect only as the ``FailuresBeforeCritical``-th
+        failure in a row (0 and 1: the first), and until then the check keeps
+        its status and output.
+        """
+        check = self.checks.get((node or self.agent_node, check_id))
+        if check is None:
+            raise KeyError(check_id)
+        self._probed(check, status, output, now)
+
+    def _probed(self, check: _Check, status: str, output: str, now: float) -> None:
+        if status != "critical":
+            check.failures = 0
+        else:
+            check.failures += 1
+            if check.failures < check.failures_before_critical:
+                return
         self._set_status(check, status, output, now)
 
     def update_ttl(self, check_id: str, status: str, output: str, *, now: float) -> None:
@@ -1241,7 +1281,7 @@ class ConsulFake:
                 except (OSError, TimeoutError) as exc:
                     status, output = "critical", f"dial tcp {check.target}: {exc}"
             if self.checks.get((check.node, check.check_id)) is check:
-                self._set_status(check, status, output, anyio.current_time())
+                self._probed(check, status, output, anyio.current_time())
         finally:
             check.running = False
 

@@ -514,3 +514,43 @@ async def test_maintenance_mode_adds_a_critical_check(fake: ConsulFake) -> None:
     assert passing == [] and len(back) == 1
     assert health.status_code == 503
     assert "_service_maintenance:web-1" in {c["CheckID"] for c in health.json()["Checks"]}
+
+
+async def test_failures_before_critical_holds_the_status_until_the_nth_failure_in_a_row(
+    fake: ConsulFake,
+) -> None:
+    # Consul's check definition: "FailuresBeforeCritical - the number of
+    # consecutive unsuccessful results required before check status
+    # transitions to critical"; until the threshold "status will stay
+    # identical as before" (HTTP, TCP, gRPC, Docker and Monitor checks).
+    check_def = {
+        "CheckID": "service:web-1",
+        "HTTP": "http://10.1.10.12:8000/health",
+        "Interval": "10s",
+        "FailuresBeforeCritical": 3,
+    }
+    fake.register({**WEB, "Check": check_def}, now=0.0)
+    check = fake.checks[("fake-node-1", "service:web-1")]
+    assert check.status == "critical"  # a new HTTP check starts critical
+    fake.probe_result("service:web-1", "passing", "HTTP GET: 200", now=1.0)
+    assert check.status == "passing"  # success takes effect at once
+    index = fake.index
+    for now in (2.0, 3.0):
+        fake.probe_result("service:web-1", "critical", "Get: ReadTimeout", now=now)
+        assert (check.status, check.output) == ("passing", "HTTP GET: 200")
+    assert fake.index == index  # nothing changed: a blocking query stays blocked
+    fake.probe_result("service:web-1", "warning", "HTTP GET: 429", now=4.0)  # resets the run
+    for now in (5.0, 6.0):
+        fake.probe_result("service:web-1", "critical", "Get: ReadTimeout", now=now)
+        assert check.status == "warning"
+    fake.probe_result("service:web-1", "critical", "Get: connection refused", now=7.0)
+    assert (check.status, check.output) == ("critical", "Get: connection refused")
+    assert check.critical_since == 7.0 and fake.index > index
+    # Without the field (or with 0 or 1) the first failure is critical.
+    fake.register({**WEB, "ID": "web-2", "Check": {"HTTP": "http://x/h", "Interval": "1s"}}, now=0)
+    fake.probe_result("service:web-2", "passing", now=1.0)
+    fake.probe_result("service:web-2", "critical", now=2.0)
+    assert fake.checks[("fake-node-1", "service:web-2")].status == "critical"
+    for bad in (-1, "3", True):
+        with pytest.raises(Exception, match="FailuresBeforeCritical"):
+            fake.register({**WEB, "Check": {**check_def, "FailuresBeforeCritical": bad}}, now=0)

@@ -124,6 +124,70 @@ async def test_the_gate_counts_requests_in_flight() -> None:
     assert gate.in_flight == 0 and gate.served == 1
 
 
+async def _lifespan_exchange(app: Any) -> list[str]:
+    """Drive ``Gate(app)``'s lifespan as a server does; the messages it sent back."""
+    to_app = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    answers: list[str] = []
+
+    async def receive() -> dict[str, Any]:
+        return to_app.pop(0)
+
+    async def send(message: Any) -> None:
+        answers.append(message["type"])
+
+    with anyio.fail_after(1):
+        await Gate(app)({"type": "lifespan"}, receive, send)
+    return answers
+
+
+async def test_an_app_without_lifespan_support_has_its_lifespan_completed() -> None:
+    async def returns_at_once(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            return
+
+    async def reads_startup_then_returns(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+
+    done = ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert await _lifespan_exchange(returns_at_once) == done
+    assert await _lifespan_exchange(reads_startup_then_returns) == done
+    # An app that takes part is passed through untouched, and one that fails
+    # its startup is not answered for.
+    recording = RecordingApp("full")
+    assert await _lifespan_exchange(recording) == done
+    assert recording.lifespan == ["startup", "shutdown"]
+
+    async def fails(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "lifespan.startup.failed", "message": "no database"})
+
+    assert await _lifespan_exchange(fails) == ["lifespan.startup.failed"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_hosted_app_that_returns_from_lifespan_serves(backend: str) -> None:
+    # The plainest ASGI app there is: no lifespan handling at all. hypercorn
+    # 0.18 on trio fails the startup of such an app when served directly.
+    async def plain(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"plain"})
+
+    async def scenario() -> None:
+        async with open_host(
+            plain,
+            memory_config(),
+            listeners={"web": Bind()},
+            providers={"primary": MemoryProvider(registry=MemoryRegistry())},
+            handle_signals=False,
+            allow_loopback=True,
+        ) as host, httpx.AsyncClient(trust_env=False) as http:
+            assert (await http.get(host.url("web") + "/")).text == "plain"
+
+    run_on(backend, scenario)
+
+
 async def test_the_router_mounts_by_longest_prefix_and_sets_root_path() -> None:
     seen: dict[str, Any] = {}
 

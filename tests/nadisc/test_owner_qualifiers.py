@@ -174,14 +174,19 @@ async def test_non_string_service_alias(autojump_clock: object) -> None:
 def test_registered_provider_whose_module_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.metadata
 
-    from nadisc._registry import load_factory
+    from nadisc._registry import forget_settings_models, load_factory
 
     ghost = importlib.metadata.EntryPoint(
         name="ghost", value="nadisc_no_such_module:factory", group="nadisc.providers"
     )
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [ghost])
-    with pytest.raises(ProviderNotFound) as info:
-        load_factory("ghost", path="discovery.connections.x.provider")
+    forget_settings_models()  # "installed" now: the group is read again
+    try:
+        with pytest.raises(ProviderNotFound) as info:
+            load_factory("ghost", path="discovery.connections.x.provider")
+    finally:
+        monkeypatch.undo()
+        forget_settings_models()
     assert "nadisc_no_such_module" in str(info.value)
     assert "install" in str(info.value)
     assert info.value.path == "discovery.connections.x.provider"

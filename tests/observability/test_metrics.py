@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nadisc import (
     ConnectionContext,
     DiscoveryConfig,
+    DiscoveryTransport,
     Eligibility,
     IncompleteSnapshot,
     RegistrationState,
@@ -341,11 +342,32 @@ async def test_hostile_names_metadata_and_secrets_never_reach_the_exposition(
         async with open_discovery(cfg, providers={"primary": provider}) as owner:
             observation = await owner.client().observe(alias, trio.current_time() + 5)
             assert observation.snapshot().identities() == (f"id-{name}",)
-            async with httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=metrics_app(owner)), base_url="http://m"
-            ) as client:
-                text = (await client.get("/metrics")).text
+            # Calls to the hostile instance fail (a 500, then a refused connection):
+            # the balancer families count them without naming service or instance.
+            answers = iter([httpx.Response(500, text=f"boom {secret}")])
+
+            async def answer(request: httpx.Request) -> httpx.Response:
+                for response in answers:
+                    return response
+                raise httpx.ConnectError(f"refused by {name}", request=request)
+
+            async with (
+                DiscoveryTransport(owner, transport=httpx.MockTransport(answer)) as calls,
+                httpx.AsyncClient(mounts={"nadisc://": calls}) as caller,
+            ):
+                assert (await caller.get(f"nadisc://primary/{alias}/x")).status_code == 500
+                with pytest.raises(httpx.ConnectError):
+                    await caller.get(f"nadisc://primary/{alias}/x")
+                app = metrics_app(owner, transports=[calls])
+                async with httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=app), base_url="http://m"
+                ) as client:
+                    text = (await client.get("/metrics")).text
     assert 'nadisc_discovery_instances_served{connection="primary"} 1.0' in text
+    for kind, count in (("status", 1), ("transport", 1), ("timeout", 0)):
+        line = f'nadisc_discovery_balancer_failures_total{{connection="primary",kind="{kind}"}}'
+        assert f"{line} {count:.1f}" in text
+    assert 'nadisc_discovery_balancer_calls_total{connection="primary"} 2.0' in text
     # (The port is not searched as a bare number: sample values are numbers.)
     for leaked in (alias, remote, name, f"id-{name}", meta, secret, "10.9.9.9"):
         assert leaked not in text, leaked

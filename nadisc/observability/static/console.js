@@ -163,6 +163,15 @@
     return { delta, total };
   }
 
+  function failedCalls(failures) {
+    // "3 failed (transport 2, status 1)": only the kinds that happened.
+    const parts = Object.entries(failures || {}).filter(([, n]) => n > 0);
+    if (!parts.length) return null;
+    const total = parts.reduce((sum, [, n]) => sum + n, 0);
+    return el("span", { class: "meta", "data-failures": String(total) },
+      total + " failed (" + parts.map(([kind, n]) => kind.replace("_", " ") + " " + n).join(", ") + ")");
+  }
+
   function renderRoutes(list) {
     const box = document.getElementById("routes");
     if (!list.length) { box.replaceChildren(el("p", { class: "dim" }, "no calls routed yet")); return; }
@@ -173,9 +182,10 @@
         el("h3", {}, el("span", {}, r.service), el("span", { class: "meta" }, "on " + r.connection),
           el("span", { class: "meta" }, r.calls + " calls"),
           el("span", { class: "meta" }, r.in_flight + " in flight"),
+          failedCalls(r.failures),
           r.failed_endpoints ? pill(r.failed_endpoints + " quarantined", "bad") : null),
         el("table", { class: "grid" },
-          el("thead", {}, el("tr", {}, ...["endpoint", "in flight", "EWMA", "sent", "share of recent calls", "marks"]
+          el("thead", {}, el("tr", {}, ...["endpoint", "in flight", "EWMA", "sent", "failed", "share of recent calls", "marks"]
             .map((h) => el("th", {}, h)))),
           el("tbody", {}, ...r.endpoints.map((e) => {
             const share = total ? (delta.get(e.identity) || 0) / total : 0;
@@ -183,6 +193,7 @@
               el("td", {}, e.identity), el("td", { class: "num" }, e.in_flight),
               el("td", { class: "num" }, e.rtt === null ? "–" : seconds(e.rtt)),
               el("td", { class: "num" }, e.sent),
+              el("td", { class: "num" }, e.failed || 0),
               el("td", {}, bar(share, "share"), " ", el("span", { class: "num dim" }, (share * 100).toFixed(0) + "%")),
               el("td", {}, ...marks(e)));
           }))));

@@ -23,6 +23,7 @@ from nadisc import (
     RegistrationError,
     RegistrationRecord,
     RegistrationRejected,
+    default_tls_context,
 )
 from tests.fakes.consul import ConsulFake, Fault, run_consul_fake
 from tests.providers.consul.conftest import RecordingSink, context, in_process, over_loopback
@@ -430,3 +431,60 @@ async def test_tls_with_the_configured_ca_file_and_refused_without_it(
         with pytest.raises(IncompleteSnapshot, match=r"(?i)certificate|ssl|tls|transport"):
             await untrusted.query("web", anyio.current_time() + 5)
         await untrusted.aclose()
+
+
+def _count_trust_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every CA-bundle load (file or system store) from now on."""
+    import ssl
+
+    loads: list[str] = []
+    verify_locations = ssl.SSLContext.load_verify_locations
+    default_certs = ssl.SSLContext.load_default_certs
+
+    def counted_locations(self: ssl.SSLContext, *args: object, **kwargs: object) -> None:
+        loads.append("load_verify_locations")
+        verify_locations(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    def counted_defaults(self: ssl.SSLContext, *args: object, **kwargs: object) -> None:
+        loads.append("load_default_certs")
+        default_certs(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted_locations)
+    monkeypatch.setattr(ssl.SSLContext, "load_default_certs", counted_defaults)
+    return loads
+
+
+async def test_a_plain_http_agent_loads_no_ca_bundle(
+    monkeypatch: pytest.MonkeyPatch, self_signed_cert: tuple[str, str]
+) -> None:
+    # Loading a CA bundle is synchronous work that holds the event loop for
+    # tens to hundreds of milliseconds; a host that starts in a process
+    # already serving (and being health-probed) must not pay it for an
+    # agent it talks to over plain http.
+    loads = _count_trust_loads(monkeypatch)
+    plain = factory.create(
+        context(), ConsulSettings.model_validate({"url": "http://127.0.0.1:8500"})
+    )
+    async with plain.http.channel():
+        pass
+    await plain.aclose()
+    assert loads == []
+    # https still verifies: the configured bundle (or the default store) is
+    # loaded once per connection and shared by its channels.
+    cert, _ = self_signed_cert
+    secure = factory.create(
+        context(), ConsulSettings.model_validate({"url": "https://127.0.0.1:8501", "ca_file": cert})
+    )
+    async with secure.http.channel():
+        pass
+    await secure.aclose()
+    assert loads == ["load_verify_locations"]
+    # The default store is the process's one shared context: loaded by the
+    # first pool that needs it (in this test or before it), never again.
+    default_tls_context.cache_clear()
+    for _ in range(2):
+        defaults = factory.create(
+            context(), ConsulSettings.model_validate({"url": "https://127.0.0.1:8501"})
+        )
+        await defaults.aclose()
+    assert len(loads) == 2

@@ -131,6 +131,7 @@ def test_check_precedence_record_then_settings_then_host_then_none() -> None:
         "HTTP": "http://10.1.2.3:8080/ready",
         "Interval": "5s",
         "Timeout": "5s",
+        "FailuresBeforeCritical": 3,
         "DeregisterCriticalServiceAfter": "90s",
     }
     from_host, _, _ = build_registration(
@@ -148,6 +149,14 @@ def test_tcp_checks_and_ipv6_addresses() -> None:
     assert kind == "tcp"
     assert payload["Address"] == "2001:db8::7"
     assert payload["Check"]["TCP"] == "[2001:db8::7]:8080"  # type: ignore[index]
+    assert payload["Check"]["FailuresBeforeCritical"] == 3  # type: ignore[index]
+    ttl, _, _ = build_registration(record(check=HealthCheck(kind="ttl", ttl=5.0)), settings())
+    assert "FailuresBeforeCritical" not in ttl["Check"]  # type: ignore[operator]
+    strict, _, _ = build_registration(
+        record(check=HealthCheck(kind="tcp", interval=2.0)),
+        settings(health_check_failures_before_critical=1),
+    )
+    assert strict["Check"]["FailuresBeforeCritical"] == 1  # type: ignore[index]
 
 
 UNSPECIFIED = [

@@ -19,7 +19,13 @@ import trio
 import trio.testing
 from nadisc_kubernetes import KubernetesProvider, KubernetesSettings, resolve_access
 
-from nadisc import CapacityRejected, IdentityRevoked, IncompleteSnapshot, InvalidSnapshot
+from nadisc import (
+    CapacityRejected,
+    IdentityRevoked,
+    IncompleteSnapshot,
+    InvalidSnapshot,
+    default_tls_context,
+)
 from tests.fakes.kubernetes import KubernetesFake, run_kubernetes_fake
 
 from .conftest import (
@@ -343,6 +349,16 @@ async def test_tls_with_the_kubeconfig_ca_and_refused_without_it(
         with pytest.raises(IncompleteSnapshot, match=r"(?i)certificate|ssl|transport"):
             await untrusted.query("orders", trio.current_time() + 5)
         await untrusted.aclose()
+    # The kubeconfig's CA is the only one trusted (as kubectl does); without
+    # one, the process's shared default store; plain http loads no bundle.
+    with_ca = resolve_access(settings, {})
+    assert with_ca.ssl_context().cert_store_stats()["x509_ca"] == 1
+    without = resolve_access(settings.model_copy(update={"kubeconfig": str(bad)}), {})
+    assert without.ssl_context() is default_tls_context()
+    plain = write_kubeconfig(tmp_path / "plain", "http://127.0.0.1:1")
+    assert resolve_access(
+        settings.model_copy(update={"kubeconfig": str(plain)}), {}
+    ).ssl_context().cert_store_stats()["x509_ca"] == 0
 
 
 async def test_kubectl_and_the_provider_see_the_same_endpoints(

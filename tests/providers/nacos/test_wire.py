@@ -190,3 +190,144 @@ def test_built_instances_equal_constructed_ones() -> None:
     (built,) = decode(DOC_EXAMPLE).snapshot.instances
     assert built == Instance("b", "10.10.10.11", 8888, weight=2.5, metadata={"zone": "a"})
     assert hash(built) == hash(Instance("b", "10.10.10.11", 8888, weight=2.5))
+
+
+# -- the fast path and the careful path agree ---------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from nadisc_nacos import _wire  # noqa: E402
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 70000),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=4),
+    st.lists(st.integers(), max_size=1),
+)
+_METADATA = st.one_of(
+    st.sampled_from([{}, {"zone": "a"}, {"zone": "b", "v": "1"}]),
+    st.dictionaries(st.sampled_from(["k", "zone"]), st.one_of(st.text(max_size=3), _VALUES)),
+    _VALUES,
+)
+
+
+@st.composite
+def _hosts(draw: st.DrawFn) -> dict[str, Any]:
+    """A host that is mostly well-formed, with any field possibly hostile."""
+    host: dict[str, Any] = {
+        "ip": draw(st.sampled_from(["10.0.0.1", "10.0.0.2", "", "::1"])),
+        "port": draw(st.sampled_from([1, 80, 65535, 0, 65536, -1])),
+    }
+    if draw(st.booleans()):
+        host["instanceId"] = draw(st.sampled_from(["a", "b", "c", "", None]))
+    for key, good in (
+        ("weight", st.sampled_from([1, 0.5, 0, -1, 1e308])),
+        ("healthy", st.booleans()),
+        ("enabled", st.booleans()),
+        ("clusterName", st.sampled_from(["DEFAULT", "c1"])),
+    ):
+        if draw(st.booleans()):
+            host[key] = draw(good)
+    if draw(st.booleans()):
+        host["metadata"] = draw(_METADATA)
+    if draw(st.integers(0, 9)) == 0:  # one field of any type at all
+        host[draw(st.sampled_from(["ip", "port", "weight", "healthy", "metadata"]))] = draw(_VALUES)
+    return host
+
+
+def _careful(body: bytes, api: str, previous: Any = None) -> Any:
+    return _wire._careful_list(body, api, "svc", "G", 1000, previous, "instance list of G@@svc")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(_hosts(), max_size=8),
+    st.sampled_from(["v1", "v3"]),
+    st.booleans(),
+    st.sampled_from([64, 1, 0]),
+)
+def test_the_fast_path_equals_the_careful_path(
+    hosts: list[dict[str, Any]], api: str, reuse: bool, give_up_after: int
+) -> None:
+    """Also with metadata sharing given up after 0 or 1 distinct texts (the
+    bulk metadata pass that per-host metadata takes)."""
+    saved = _wire._SHARING_GIVES_UP_AFTER
+    _wire._SHARING_GIVES_UP_AFTER = give_up_after
+    try:
+        _fast_equals_careful(hosts, api, reuse)
+    finally:
+        _wire._SHARING_GIVES_UP_AFTER = saved
+
+
+def _fast_equals_careful(hosts: list[dict[str, Any]], api: str, reuse: bool) -> None:
+    document: dict[str, Any] = {"hosts": hosts, "cacheMillis": 3000, "checksum": "x"}
+    if api == "v3":
+        document = {"code": 0, "message": "success", "data": hosts}
+    body = json.dumps(document).encode()
+    expected = _careful(body, api)
+    previous = expected.snapshot if reuse else None
+    fast = _wire._fast_list(body, api, "svc", "G", 1000, previous, "what")
+    decoded = decode_instance_list(
+        body,
+        api=api,
+        service="svc",
+        group="G",
+        max_bytes=1 << 20,
+        max_instances=1000,
+        previous=previous,
+    )
+    for listing in (decoded, fast) if fast is not None else (decoded,):
+        assert listing.snapshot == expected.snapshot
+        assert dict(listing.snapshot.invalid) == dict(expected.snapshot.invalid)
+        assert (listing.cache_seconds, listing.checksum) == (
+            expected.cache_seconds,
+            expected.checksum,
+        )
+        assert listing.snapshot.approximate_bytes() == 64 + sum(
+            i.approximate_bytes() for i in listing.snapshot.instances
+        )
+        for instance in listing.snapshot.instances:
+            assert type(instance) is Instance
+            rebuilt = Instance(
+                instance.identity,
+                instance.host,
+                instance.port,
+                instance.weight,
+                metadata=dict(instance.metadata),
+            )  # the constructor's checks accept every value the fast path let through
+            assert rebuilt == instance and hash(rebuilt) == hash(instance)
+        if reuse:
+            assert all(
+                a is b
+                for a, b in zip(
+                    listing.snapshot.instances, expected.snapshot.instances, strict=True
+                )
+            )
+    if expected.snapshot.invalid:
+        assert fast is None  # anything to name goes the careful way
+
+
+def test_shared_metadata_views_and_giving_up_on_distinct_metadata() -> None:
+    same = [
+        {"ip": f"10.0.0.{n}", "port": 80, "instanceId": f"i{n}", "metadata": {"zone": "a"}}
+        for n in range(1, 100)
+    ]
+    snapshot = decode({"hosts": same}, max_instances=1000).snapshot
+    assert len({id(i.metadata) for i in snapshot.instances}) == 1
+    distinct = [dict(host, metadata={"ts": str(n)}) for n, host in enumerate(same)]
+    snapshot = decode({"hosts": distinct}, max_instances=1000).snapshot
+    assert [i.metadata["ts"] for i in snapshot.instances] == [str(n) for n in range(99)]
+    with pytest.raises(TypeError):
+        snapshot.instances[0].metadata["ts"] = "x"
+
+
+def test_a_repeated_id_or_bad_metadata_late_in_a_large_list_is_named() -> None:
+    hosts = [{"ip": "10.0.0.1", "port": n, "instanceId": f"i{n}"} for n in range(1, 300)]
+    hosts.append({"ip": "10.0.0.2", "port": 9, "instanceId": "i9"})
+    hosts.append({"ip": "10.0.0.2", "port": 7, "instanceId": "late", "metadata": {"k": 2}})
+    snapshot = decode({"hosts": hosts}, max_instances=1000).snapshot
+    assert len(snapshot.instances) == 299
+    assert dict(snapshot.invalid).keys() == {"i9", "hosts[300]"}
+    assert "repeated" in snapshot.invalid["i9"]

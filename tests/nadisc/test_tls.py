@@ -1,0 +1,49 @@
+"""Pools share one TLS context: the CA bundle is loaded once per process."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+
+from nadisc import DiscoveryConfig, DiscoveryTransport, default_tls_context, open_discovery
+from nadisc.testing import MemoryProvider
+from tests.nadisc.owner_support import memory_owner
+
+
+def _count_bundle_loads(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    loads: list[object] = []
+    real = ssl.SSLContext.load_verify_locations
+
+    def counted(self: ssl.SSLContext, *args: object, **kwargs: object) -> None:
+        loads.append(args or kwargs)
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
+    return loads
+
+
+def test_the_default_context_is_built_once_and_verifies() -> None:
+    context = default_tls_context()
+    assert context is default_tls_context()
+    assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
+    assert context.cert_store_stats()["x509_ca"] > 0  # a real trust store
+
+
+async def test_rest_clients_and_transports_load_no_bundle_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    default_tls_context.cache_clear()
+    loads = _count_bundle_loads(monkeypatch)
+    memory = MemoryProvider(services={"orders": "orders"})
+    async with memory_owner({"primary": memory}) as owner:
+        async with DiscoveryTransport(owner, verify=False):
+            pass
+        assert loads == []  # no verification, no trust store
+        for _ in range(3):
+            async with DiscoveryTransport(owner):
+                pass
+        owner.rest()
+    async with open_discovery(DiscoveryConfig()) as external:
+        external.rest()
+    assert len(loads) == 1  # the shared context, built by the first pool that verifies
