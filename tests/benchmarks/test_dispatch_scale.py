@@ -17,6 +17,8 @@ def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     # Not the 1.5 target (a smoke run on a busy machine is noisy), but a scan
     # that walked drained or busy endpoints would cost ~n times more at 1,000.
     assert result.worst_ratio < 4.0, out
+    assert "as many ready endpoints" in out
+    assert all(result.busy_to_matched(n) < 4.0 for n in result.sizes), out
 
 
 def test_the_busy_pool_is_really_half_busy() -> None:
