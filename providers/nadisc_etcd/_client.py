@@ -62,6 +62,7 @@ from nadisc import (
     OutcomeUnknown,
     ProviderFailure,
     RegistrationRejected,
+    default_tls_context,
     redacted_excerpt,
 )
 
@@ -272,8 +273,17 @@ class EtcdClient:
         # loop O(requests x connections) per event. The fair limiter in front
         # keeps the pool's own queue empty.
         self._requests = anyio.CapacityLimiter(pool)
+        # Loading a CA bundle is synchronous and slow (it holds the event
+        # loop): https endpoints use the process's shared default context,
+        # plain-http ones a context that trusts nothing and loads nothing.
+        self._tls: ssl.SSLContext = (
+            default_tls_context()
+            if any(url.startswith("https://") for url in settings.endpoints)
+            else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        )
         self._http = httpx.AsyncClient(
             transport=transport,
+            verify=self._tls,
             timeout=self._unary_timeout,
             limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
             trust_env=False,
@@ -283,7 +293,6 @@ class EtcdClient:
         # transport (tests) serves watches as well; otherwise each watch
         # opens its own single-connection transport, sharing one TLS context.
         self._injected = transport
-        self._tls: ssl.SSLContext | None = None
         self._token: str | None = None
         self._auth_lock = anyio.Lock()
         self._closed = False
@@ -700,8 +709,6 @@ class EtcdClient:
         (the request pool when a transport was injected)."""
         if self._injected is not None:
             return self._http
-        if self._tls is None:
-            self._tls = httpx.create_ssl_context()
         transport = httpx.AsyncHTTPTransport(
             verify=self._tls,
             limits=httpx.Limits(max_connections=1, max_keepalive_connections=0),
