@@ -466,11 +466,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     hosts = 4096
     decoded = decode_rounds(hosts, rounds=2 if args.smoke else 5, repeats=2 if args.smoke else 9)
     # The smoke run (a test) keeps the full 4,096-host decode but beats with
-    # 32 registrations for 1 s: the pure-Python fake server is slow to fill.
+    # 32 registrations every 0.5 s for 0.5 s: the pure-Python fake server is
+    # slow to fill.
     registrations = 32 if args.smoke else 256
-    intervals = [1.0] if args.smoke else [5.0, 2.0, 1.0]
+    intervals = [0.5] if args.smoke else [5.0, 2.0, 1.0]
     variants = [(interval, freeze) for interval in intervals for freeze in (False, True)]
-    duration = 1.0 if args.smoke else 20.0
+    duration = 0.5 if args.smoke else 20.0
     heap, collect_s = full_collection()
     frozen_heap, frozen_collect_s = full_collection(frozen=True)
     beats = beat_rounds(registrations, variants, duration=duration)

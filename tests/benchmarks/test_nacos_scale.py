@@ -18,7 +18,7 @@ def test_nacos_scale_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert 0 < decoded["ratio"] <= decoded["worst_ratio"]
     assert 0 < decoded["unchanged_ratio"] < decoded["ratio"]
     assert decoded["distinct_ratio"] > 0 and decoded["careful_ratio"] > 0
-    assert results["variants"] == [(1.0, False), (1.0, True)]
+    assert results["variants"] == [(0.5, False), (0.5, True)]
     assert results["heap"] > 0
     assert results["full_collection_s"] > results["frozen_collection_s"]
     for row in (*results["beats"], *results["memory"]):
