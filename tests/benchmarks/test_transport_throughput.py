@@ -14,6 +14,7 @@ def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
         "plain httpx, in-memory pool",
         "discovery transport, in-memory pool",
         "owner.rest(), in-memory pool",
+        "plain httpx, pool called directly",
         "discovery transport, loopback",
     ):
         assert label in out
