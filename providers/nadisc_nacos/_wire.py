@@ -266,6 +266,29 @@ class _FastEnvelope(msgspec.Struct, kw_only=True):
 
 _fast_v1 = msgspec.json.Decoder(_FastServiceInfo)
 _fast_v3 = msgspec.json.Decoder(_FastEnvelope)
+
+
+def _unwrap(
+    body: bytes,
+    api: str,
+    what: str,
+    v1: msgspec.json.Decoder[Any],
+    v3: msgspec.json.Decoder[Any],
+    info_type: type,
+) -> tuple[list[Any], int, str, bool]:
+    """(hosts, cacheMillis, checksum, protection mark) of a list answer, by
+    the given decoders: the fast path's or the careful path's. A v3 answer's
+    ``data`` is a service info or a bare host list. Raises what msgspec
+    raises, and the v3 envelope's error code."""
+    if api == "v1":
+        info = v1.decode(body)
+        return info.hosts or [], info.cache_millis, info.checksum, info.reach_protection_threshold
+    envelope = v3.decode(body)
+    _check_code(envelope.code, envelope.message, what)
+    data = envelope.data
+    if isinstance(data, info_type):
+        return data.hosts or [], data.cache_millis, data.checksum, data.reach_protection_threshold  # type: ignore[attr-defined]
+    return data or [], 0, "", False
 _metadata = msgspec.json.Decoder(dict[str, str])
 
 
@@ -311,21 +334,9 @@ def _fast_list(
 ) -> Listing | None:
     cache_millis, checksum, protected = 0, "", False
     try:
-        if api == "v1":
-            info = _fast_v1.decode(body)
-            hosts = info.hosts or []
-            cache_millis, checksum = info.cache_millis, info.checksum
-            protected = info.reach_protection_threshold
-        else:
-            envelope = _fast_v3.decode(body)
-            _check_code(envelope.code, envelope.message, what)
-            data = envelope.data
-            if isinstance(data, _FastServiceInfo):
-                hosts = data.hosts or []
-                cache_millis, checksum = data.cache_millis, data.checksum
-                protected = data.reach_protection_threshold
-            else:
-                hosts = data or []
+        hosts, cache_millis, checksum, protected = _unwrap(
+            body, api, what, _fast_v1, _fast_v3, _FastServiceInfo
+        )
     except msgspec.ValidationError:
         return None  # some host (or the shape) is wrong: the careful path says which
     except msgspec.DecodeError as exc:
@@ -472,21 +483,9 @@ def _careful_list(
     invalid: dict[str, str] = {}
     cache_millis, checksum, protected = 0, "", False
     try:
-        if api == "v1":
-            info = _v1.decode(body)
-            hosts = info.hosts or []
-            cache_millis, checksum = info.cache_millis, info.checksum
-            protected = info.reach_protection_threshold
-        else:
-            envelope = _v3.decode(body)
-            _check_code(envelope.code, envelope.message, what)
-            data = envelope.data
-            if isinstance(data, _ServiceInfo):
-                hosts = data.hosts or []
-                cache_millis, checksum = data.cache_millis, data.checksum
-                protected = data.reach_protection_threshold
-            else:
-                hosts = data or []
+        hosts, cache_millis, checksum, protected = _unwrap(
+            body, api, what, _v1, _v3, _ServiceInfo
+        )
     except msgspec.ValidationError:
         # The shape may be right with some hosts wrong: decode host by host.
         raw_hosts, cache_millis, checksum, protected = _loose(body, api, what)
