@@ -134,6 +134,7 @@ from ._route import RestOptions as RestOptions
 from ._route import RouteStatistics as RouteStatistics
 from ._route import declared_scheme as declared_scheme
 from ._tls import default_tls_context as default_tls_context
+from ._tls import tls_context_for as tls_context_for
 from ._transport import Budget as Budget
 from ._transport import DiscoveryTransport as DiscoveryTransport
 from ._transport import NotDiscoveryUrl as NotDiscoveryUrl
@@ -271,5 +272,6 @@ __all__ = [
     "rest_client",
     "rest_clients",
     "restart_required",
+    "tls_context_for",
     "validate_provider_block",
 ]

@@ -23,13 +23,27 @@ from __future__ import annotations
 
 import functools
 import ssl
+from collections.abc import Iterable
 
 import httpx
 
-__all__ = ["default_tls_context"]
+__all__ = ["default_tls_context", "tls_context_for"]
 
 
 @functools.cache
 def default_tls_context() -> ssl.SSLContext:
     """The process's shared client TLS context with httpx's default trust store."""
     return httpx.create_ssl_context()
+
+
+def tls_context_for(urls: Iterable[str]) -> ssl.SSLContext:
+    """The context for a client of ``urls`` that trusts the default store.
+
+    The shared :func:`default_tls_context` when any URL is ``https``;
+    otherwise a client context that trusts nothing and loads nothing (a
+    plain-http client never starts a handshake; should one be attempted,
+    verification fails closed).
+    """
+    if any(str(url).startswith("https://") for url in urls):
+        return default_tls_context()
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)

@@ -48,8 +48,8 @@ from nadisc import (
     OutcomeUnknown,
     ProviderFailure,
     RegistrationRejected,
-    default_tls_context,
     redacted_excerpt,
+    tls_context_for,
 )
 
 from ._settings import ConsulSettings
@@ -103,12 +103,10 @@ def tls_context(settings: ConsulSettings) -> ssl.SSLContext:
     nothing and loads nothing: should TLS ever be attempted through it,
     verification fails closed.
     """
-    if settings.url.scheme != "https":
-        return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if settings.url.scheme != "https" or settings.ca_file is None:
+        return tls_context_for([str(settings.url)])
     try:
-        if settings.ca_file is not None:
-            return ssl.create_default_context(cafile=settings.ca_file)
-        return default_tls_context()
+        return ssl.create_default_context(cafile=settings.ca_file)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError("consul.ca_file", f"cannot load CA bundle: {exc}") from exc
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -62,8 +61,8 @@ from nadisc import (
     OutcomeUnknown,
     ProviderFailure,
     RegistrationRejected,
-    default_tls_context,
     redacted_excerpt,
+    tls_context_for,
 )
 
 from ._settings import EtcdSettings
@@ -276,11 +275,7 @@ class EtcdClient:
         # Loading a CA bundle is synchronous and slow (it holds the event
         # loop): https endpoints use the process's shared default context,
         # plain-http ones a context that trusts nothing and loads nothing.
-        self._tls: ssl.SSLContext = (
-            default_tls_context()
-            if any(url.startswith("https://") for url in settings.endpoints)
-            else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        )
+        self._tls = tls_context_for(settings.endpoints)
         self._http = httpx.AsyncClient(
             transport=transport,
             verify=self._tls,

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from nadisc import ConfigError, default_tls_context
+from nadisc import ConfigError, tls_context_for
 
 from ._settings import KubernetesSettings
 
@@ -130,11 +130,12 @@ class ClusterAccess:
         of its own). A plain-http server gets a context that trusts nothing
         and loads nothing (loading a bundle holds the event loop).
         """
-        if not self.server.startswith("https://"):
-            return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        if self.ca_file is None and self.ca_data is None:
-            if self.client_cert is None and not self.insecure:
-                return default_tls_context()
+        no_ca = self.ca_file is None and self.ca_data is None
+        if not self.server.startswith("https://") or (
+            no_ca and self.client_cert is None and not self.insecure
+        ):
+            return tls_context_for([self.server])
+        if no_ca:
             context = ssl.create_default_context()
         else:
             try:

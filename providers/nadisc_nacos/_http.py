@@ -36,7 +36,7 @@ from nadisc import (
     ConfigError,
     IdentityRevoked,
     IncompleteSnapshot,
-    default_tls_context,
+    tls_context_for,
 )
 
 from ._settings import NacosSettings
@@ -104,10 +104,8 @@ class NacosHttp:
                 verify = ssl.create_default_context(cafile=settings.ca_file)
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError("nacos.ca_file", f"cannot load CA bundle: {exc}") from exc
-        elif any(url.scheme == "https" for url in settings.server_addr):
-            verify = default_tls_context()
         else:
-            verify = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            verify = tls_context_for(str(url) for url in settings.server_addr)
         self._client = httpx.AsyncClient(
             headers={"User-Agent": "nadisc-nacos", "Accept": "application/json"},
             verify=verify,

@@ -6,7 +6,13 @@ import ssl
 
 import pytest
 
-from nadisc import DiscoveryConfig, DiscoveryTransport, default_tls_context, open_discovery
+from nadisc import (
+    DiscoveryConfig,
+    DiscoveryTransport,
+    default_tls_context,
+    open_discovery,
+    tls_context_for,
+)
 from nadisc.testing import MemoryProvider
 from tests.nadisc.owner_support import memory_owner
 
@@ -47,3 +53,11 @@ async def test_rest_clients_and_transports_load_no_bundle_of_their_own(
     async with open_discovery(DiscoveryConfig()) as external:
         external.rest()
     assert len(loads) == 1  # the shared context, built by the first pool that verifies
+
+
+def test_a_context_for_plain_http_urls_trusts_nothing_and_https_shares_the_default() -> None:
+    plain = tls_context_for(["http://10.0.0.1:2379", "http://10.0.0.2:2379"])
+    assert plain is not default_tls_context()
+    assert plain.cert_store_stats()["x509_ca"] == 0
+    assert plain.verify_mode is ssl.CERT_REQUIRED  # fails closed, should TLS be tried
+    assert tls_context_for(["http://a:1", "https://b:2"]) is default_tls_context()
