@@ -45,11 +45,12 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Awaitable, Callable, Hashable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 import anyio
 import httpx
+from msgspec.structs import replace as _replace
 
 from poise import (
     Backend,
@@ -562,7 +563,7 @@ class Route:
                 instance.draining
                 and known is not None
                 and not known.draining
-                and replace(known, draining=True) == instance
+                and _replace(known, draining=True) == instance
             ):
                 # Only the draining flag moved: keep the allocation (and the
                 # load guards of the calls in flight), take no new calls.

@@ -1,19 +1,22 @@
-"""The trusted builder for providers that validate in bulk: equal to the constructor."""
+"""``Instance`` as a struct: the trusted builder equals the constructor, the
+constructor's checks still run, and instances stay out of the cyclic GC."""
 
 from __future__ import annotations
 
-import dataclasses
+import gc
 from types import MappingProxyType
 
+import msgspec
 import pytest
 
 from nadisc import Instance
-from nadisc._instance import _InstanceShell, _trusted_instances
+from nadisc._instance import _trusted_instances
+
+FIELDS = ("identity", "host", "port", "weight", "metadata", "tags", "draining")
 
 
-def test_the_shell_has_the_layout_of_instance() -> None:
-    names = {f.name for f in dataclasses.fields(Instance)}
-    assert set(Instance.__slots__) == names == set(_InstanceShell.__slots__)
+def test_the_fields_are_the_documented_ones_in_order() -> None:
+    assert Instance.__struct_fields__ == FIELDS
 
 
 def test_built_instances_equal_constructed_ones_in_every_field() -> None:
@@ -26,11 +29,52 @@ def test_built_instances_equal_constructed_ones_in_every_field() -> None:
     assert built == expected
     for one, other in zip(built, expected, strict=True):
         assert type(one) is Instance
-        # every field is set (an unset slot would raise here) and equal
-        fields = [f.name for f in dataclasses.fields(Instance)]
-        assert [getattr(one, n) for n in fields] == [getattr(other, n) for n in fields]
+        assert [getattr(one, n) for n in FIELDS] == [getattr(other, n) for n in FIELDS]
+        assert one.draining is False  # the "checked" marker never stays behind
         assert hash(one) == hash(other) and repr(one) == repr(other)
         assert one.approximate_bytes() == other.approximate_bytes()
     assert built[1].address == "[::1]:81"
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         built[0].port = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"identity": "", "host": "h", "port": 1}, "identity must not be empty"),
+        ({"identity": "i", "host": "", "port": 1}, "host must not be empty"),
+        ({"identity": "i", "host": "h", "port": 0}, "port 0 out of range"),
+        ({"identity": "i", "host": "h", "port": 65536}, "port 65536 out of range"),
+        ({"identity": "i", "host": "h", "port": 1, "weight": 0.0}, "weight must be finite"),
+        ({"identity": "i", "host": "h", "port": 1, "weight": float("inf")}, "weight must be"),
+    ],
+)
+def test_the_public_constructor_still_checks_every_field(
+    arguments: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Instance(**arguments)  # type: ignore[arg-type]
+
+
+def test_instances_are_not_tracked_by_the_cyclic_collector() -> None:
+    one = Instance("i", "h", 1, metadata={"zone": "a"}, tags=("t",))
+    assert not gc.is_tracked(one)
+
+
+def test_metadata_is_a_private_read_only_copy_and_empty_metadata_is_shared() -> None:
+    source = {"zone": "a"}
+    one = Instance("i", "h", 1, metadata=source)
+    source["zone"] = "b"
+    assert one.metadata == {"zone": "a"}
+    with pytest.raises(TypeError):
+        one.metadata["zone"] = "c"  # type: ignore[index]
+    assert Instance("i", "h", 1, metadata={}).metadata is Instance("j", "h", 2).metadata
+
+
+def test_hash_and_equality_follow_the_dataclass_rules_they_replace() -> None:
+    base = Instance("i", "h", 1, metadata={"zone": "a"})
+    other = Instance("i", "h", 1, metadata={"zone": "b"})
+    assert base != other and hash(base) == hash(other)  # metadata: compared, not hashed
+    assert len({base, Instance("i", "h", 1, metadata={"zone": "a"})}) == 1
+    drained = msgspec.structs.replace(base, draining=True)
+    assert drained.draining and drained != base and drained.metadata is base.metadata
