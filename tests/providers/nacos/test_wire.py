@@ -251,14 +251,14 @@ def _careful(body: bytes, api: str, previous: Any = None) -> Any:
 def test_the_fast_path_equals_the_careful_path(
     hosts: list[dict[str, Any]], api: str, reuse: bool, give_up_after: int
 ) -> None:
-    """Also with metadata sharing given up after 0 or 1 distinct texts (the
-    bulk metadata pass that per-host metadata takes)."""
-    saved = _wire._SHARING_GIVES_UP_AFTER
-    _wire._SHARING_GIVES_UP_AFTER = give_up_after
+    """Also with metadata sharing given up beyond 0 or 1 distinct texts (the
+    one view per host that per-host metadata takes)."""
+    saved = _wire._SHARED_UP_TO
+    _wire._SHARED_UP_TO = give_up_after
     try:
         _fast_equals_careful(hosts, api, reuse)
     finally:
-        _wire._SHARING_GIVES_UP_AFTER = saved
+        _wire._SHARED_UP_TO = saved
 
 
 def _fast_equals_careful(hosts: list[dict[str, Any]], api: str, reuse: bool) -> None:
