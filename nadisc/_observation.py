@@ -358,7 +358,7 @@ class Slot:
             _hold=view.hold,
         )
         if isinstance(view.hold, Hold):
-            view.hold.consumers.add(record)
+            view.hold.consumers[id(record)] = record
         self._record = record
         self._record_key = key
         return record
