@@ -7,6 +7,7 @@ owner's ledger exactly as an observation slot admits it.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -124,3 +125,26 @@ def test_a_range_reuses_the_records_a_live_state_decoded(monkeypatch: pytest.Mon
     old, new = live.snapshot().instances, fresh.snapshot().instances
     assert all(a is b for a, b in zip(old[:99], new[:99], strict=True))
     assert new[99].port == 99 and new[99] is not old[99]
+
+
+def test_a_watched_listing_adds_nothing_for_the_cyclic_collector_to_walk() -> None:
+    """Per record the state keeps an entry and an Instance; neither is
+    tracked by the cyclic GC, so a 10,000-key listing does not lengthen
+    every full collection of the process (they used to be three tracked
+    objects per key: entry, instance, an empty metadata view)."""
+    state = ServiceState("orders", Layout("p"), max_record_bytes=4096, max_instances=10_000)
+    bare = ServiceState("orders", Layout("p"), max_record_bytes=4096, max_instances=10_000)
+    plain = b64(b'{"Addr": "10.0.0.1:80"}')
+    bare_kvs = [
+        KeyValue(key=f"p/orders/i{n:05d}".encode(), mod_revision=10 + n, value=plain)
+        for n in range(RECORDS)
+    ]
+    state.reset([kv(n, 10 + n) for n in range(RECORDS)], 10 + RECORDS)
+    bare.reset(bare_kvs, 10 + RECORDS)
+    for one in (state, bare):
+        entries = list(one._entries.values())
+        assert len(entries) == RECORDS
+        assert not any(gc.is_tracked(e) or gc.is_tracked(e.instance) for e in entries)
+    # Records without metadata share one empty view.
+    views = {id(e.instance.metadata) for e in bare._entries.values() if e.instance is not None}
+    assert len(views) == 1
