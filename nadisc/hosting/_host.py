@@ -52,6 +52,7 @@ request for the gate (and one comparison per mount on routed listeners).
 from __future__ import annotations
 
 import enum
+import gc
 import logging
 import math
 import signal
@@ -494,6 +495,7 @@ async def open_host(
     handle_signals: bool = True,
     allow_loopback: bool = False,
     publish_deadline: float | None = None,
+    freeze_heap: bool = False,
 ) -> AsyncIterator[Host]:
     """Bind, serve, register the real addresses; on the way out deregister,
     drain and close (see the module docstring for the order).
@@ -509,6 +511,14 @@ async def open_host(
     ``eligibility`` adds or replaces local eligibilities by name (the host's
     own, per listener, are renewed automatically). ``handle_signals=False``
     leaves SIGTERM/SIGINT alone.
+
+    ``freeze_heap=True``: once running, collect and ``gc.freeze()`` the
+    heap (the imports, the app, the owner and its observations), so that
+    the cyclic collector's full collections, which stall every task of the
+    process, walk only what was created since; undone (``gc.unfreeze()``)
+    when the last freezing host of the process closes. The collection
+    itself holds the loop once, at startup (tens to hundreds of ms, by heap
+    size). Process-wide: for a process that is one host.
 
     Entry returns once every startup-required registration is Active; a
     registration that fails for good raises ``RegistrationError`` naming it
@@ -559,6 +569,7 @@ async def open_host(
             host._controllers[name] = controller
             own[name] = source
     sources = {**own, **extra}
+    frozen = False
     try:
         async with anyio.create_task_group() as tg:
             try:
@@ -599,6 +610,9 @@ async def open_host(
                         "host running: %s",
                         ", ".join(f"{n}={h}:{p}" for n, (h, p) in host.bound.items()),
                     )
+                    if freeze_heap:
+                        _freeze_heap()
+                        frozen = True
                     try:
                         with anyio.CancelScope() as body:
                             host._body = body
@@ -636,10 +650,30 @@ async def open_host(
         finally:
             error.__context__ = context
     finally:
+        if frozen:
+            _thaw_heap()
         for listener in opened.values():
             listener.close()
         host._phase = HostPhase.CLOSED
         host._closed.set()
+
+
+#: Hosts of this process running with ``freeze_heap=True``.
+_freezing_hosts = 0
+
+
+def _freeze_heap() -> None:
+    global _freezing_hosts
+    gc.collect()
+    gc.freeze()
+    _freezing_hosts += 1
+
+
+def _thaw_heap() -> None:
+    global _freezing_hosts
+    _freezing_hosts -= 1
+    if not _freezing_hosts:
+        gc.unfreeze()
 
 
 async def serve(

@@ -6,6 +6,7 @@ registry behind real hypercorn on loopback, on trio and asyncio."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 from typing import Any
@@ -184,6 +185,47 @@ def test_a_hosted_app_that_returns_from_lifespan_serves(backend: str) -> None:
             allow_loopback=True,
         ) as host, httpx.AsyncClient(trust_env=False) as http:
             assert (await http.get(host.url("web") + "/")).text == "plain"
+
+    run_on(backend, scenario)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_freeze_heap_freezes_while_running_and_thaws_at_close(backend: str) -> None:
+    before = gc.get_freeze_count()
+    seen: dict[str, int] = {}
+
+    async def scenario() -> None:
+        made_before = RecordingApp("frozen")
+        async with open_host(
+            made_before,
+            memory_config(),
+            providers={"primary": MemoryProvider(registry=MemoryRegistry())},
+            handle_signals=False,
+            allow_loopback=True,
+            freeze_heap=True,
+        ) as host, httpx.AsyncClient(trust_env=False) as http:
+            seen["running"] = gc.get_freeze_count()
+            # What existed at startup is frozen: a full collection skips it.
+            assert not any(o is made_before for o in gc.get_objects(generation=2))
+            assert (await http.get(host.url("web") + "/")).text == "frozen"
+        seen["closed"] = gc.get_freeze_count()
+
+    run_on(backend, scenario)
+    assert seen["running"] > before
+    assert seen["closed"] == before == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_freeze_heap_the_host_leaves_the_collector_alone(backend: str) -> None:
+    async def scenario() -> None:
+        async with open_host(
+            RecordingApp(),
+            memory_config(),
+            providers={"primary": MemoryProvider(registry=MemoryRegistry())},
+            handle_signals=False,
+            allow_loopback=True,
+        ):
+            assert gc.get_freeze_count() == 0
 
     run_on(backend, scenario)
 
