@@ -308,6 +308,9 @@ _weight_of = attrgetter("weight")
 #: this many distinct texts, or while they are at most half the hosts;
 #: beyond that every host gets its own (one decode pass either way).
 _SHARED_UP_TO = 64
+#: Up to this many distinct views, the byte size counts each one's hosts
+#: with ``list.count`` (identity compares); beyond, with one ``Counter``.
+_COUNT_EACH_UP_TO = 8
 
 
 def _fast_list(
@@ -351,13 +354,13 @@ def _fast_list(
     else:  # nothing to share: one view per host
         views = list(map(MappingProxyType, values))
     eligible = hosts
+    weights = list(map(_weight_of, hosts))
     if not (
-        all(map(_enabled_of, hosts))
-        and all(map(_healthy_of, hosts))
-        and 0.0 not in map(_weight_of, hosts)
+        all(map(_enabled_of, hosts)) and all(map(_healthy_of, hosts)) and 0.0 not in weights
     ):  # some host is not eligible: disabled, unhealthy, or weight 0
         keep = [h.enabled and h.healthy and h.weight != 0 for h in hosts]
         eligible = list(compress(hosts, keep))
+        weights = list(compress(weights, keep))
         views = list(compress(views, keep))
         texts = list(compress(texts, keep))
         if not shared:
@@ -381,7 +384,7 @@ def _fast_list(
             identities,
             ips,
             map(_port_of, eligible),
-            map(_weight_of, eligible),
+            weights,
             views,
             repeat(()),
             repeat(_TRUSTED),
@@ -397,8 +400,14 @@ def _fast_list(
     # ``ProviderSnapshot.approximate_bytes``, summed column by column.
     size = 64 * (count + 1) + sum(map(len, identities)) + sum(map(len, ips))
     if shared:
-        for text, times in Counter(texts).items():
-            view = by_text[text]
+        # A few distinct views are counted by identity (one C pass each);
+        # more of them in one pass of a Counter.
+        counted = (
+            ((view, views.count(view)) for view in by_text.values())
+            if len(by_text) <= _COUNT_EACH_UP_TO
+            else ((by_text[text], times) for text, times in Counter(texts).items())
+        )
+        for view, times in counted:
             size += times * (sum(map(len, view)) + sum(map(len, view.values())))
     else:
         size += sum(map(len, chain.from_iterable(values)))

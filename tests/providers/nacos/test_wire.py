@@ -247,18 +247,20 @@ def _careful(body: bytes, api: str, previous: Any = None) -> Any:
     st.sampled_from(["v1", "v3"]),
     st.booleans(),
     st.sampled_from([64, 1, 0]),
+    st.sampled_from([8, 0]),
 )
 def test_the_fast_path_equals_the_careful_path(
-    hosts: list[dict[str, Any]], api: str, reuse: bool, give_up_after: int
+    hosts: list[dict[str, Any]], api: str, reuse: bool, give_up_after: int, count_each: int
 ) -> None:
     """Also with metadata sharing given up beyond 0 or 1 distinct texts (the
-    one view per host that per-host metadata takes)."""
-    saved = _wire._SHARED_UP_TO
-    _wire._SHARED_UP_TO = give_up_after
+    one view per host that per-host metadata takes), and with the shared
+    views' hosts counted by a Counter instead of one by one."""
+    saved = _wire._SHARED_UP_TO, _wire._COUNT_EACH_UP_TO
+    _wire._SHARED_UP_TO, _wire._COUNT_EACH_UP_TO = give_up_after, count_each
     try:
         _fast_equals_careful(hosts, api, reuse)
     finally:
-        _wire._SHARED_UP_TO = saved
+        _wire._SHARED_UP_TO, _wire._COUNT_EACH_UP_TO = saved
 
 
 def _fast_equals_careful(hosts: list[dict[str, Any]], api: str, reuse: bool) -> None:
