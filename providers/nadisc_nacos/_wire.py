@@ -26,8 +26,8 @@ distinct text decoded once (in one pass) and its read-only view shared,
 eligibility and ids checked over whole columns, ``Instance`` objects built
 in one ``map`` without re-running the constructor's checks, the snapshot's
 byte size summed from the columns; the cyclic garbage collector is paused
-meanwhile (the new objects hold no cycles). About 0.40-0.50x the CPU time
-of ``json.loads`` of the same body. Anything the fast path does not accept
+meanwhile (the new objects hold no cycles). About 0.42-0.6x the CPU time
+of ``json.loads`` of the same body (by machine and process). Anything the fast path does not accept
 sends the body to the careful path (host-by-host decode, each bad host
 named in ``invalid``): the same result, about 1x. Instances equal to the
 previous listing's are reused. :func:`listing_digest` lets a poll whose
