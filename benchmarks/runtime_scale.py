@@ -204,6 +204,23 @@ def step_clock() -> Iterator[StepClock]:
         clock.detach()
 
 
+async def settle_heap(*, freeze: bool) -> tuple[float, int]:
+    """One full collection of the heap as it stands (imports, the owner, its
+    observations), then ``gc.freeze()`` if asked, as
+    ``open_host(freeze_heap=True)`` does once running. Returns what that
+    collection cost (ms) and the objects it left: the floor of any unfrozen
+    full collection later. Sleeps one tick afterwards, so that the ticker's
+    sample delayed by the collection lands before a measuring window opens."""
+    collected = time.perf_counter()
+    gc.collect()
+    took = (time.perf_counter() - collected) * 1e3
+    objects = len(gc.get_objects())
+    if freeze:
+        gc.freeze()
+    await trio.sleep(0.05)
+    return took, objects
+
+
 def config(url: str, services: Sequence[str], **extra: Any) -> DiscoveryConfig:
     etcd: dict[str, Any] = {
         "endpoints": [url],
@@ -382,9 +399,7 @@ async def watches(
                 nursery.start_soon(lag.run)
                 await trio.sleep(min(5.0, seconds / 4))  # warm-up
                 if freeze:
-                    gc.collect()
-                    gc.freeze()
-                    await trio.sleep(0.05)  # the collection's late tick, outside the window
+                    await settle_heap(freeze=True)
                 lag.reset()
                 steps.reset()
                 steps.attach()
@@ -515,18 +530,7 @@ async def _follow_writer(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(lag.run)
                 await trio.sleep(0.5)
-                # What one full collection of the heap as it stands costs
-                # (imports, the owner, the observation): the floor of any
-                # unfrozen full collection later in the window.
-                collected = time.perf_counter()
-                gc.collect()
-                heap_ms = (time.perf_counter() - collected) * 1e3
-                heap_objects = len(gc.get_objects())
-                if freeze:
-                    gc.freeze()
-                # The collection above held the loop: let the ticker's
-                # late sample land before the window opens.
-                await trio.sleep(0.05)
+                heap_ms, heap_objects = await settle_heap(freeze=freeze)
                 lag.reset()
                 steps.reset()
                 rss_before = rss_mb()
