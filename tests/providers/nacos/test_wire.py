@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 import pytest
-from nadisc_nacos import decode_instance_list
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nadisc_nacos import _wire, decode_instance_list
 from nadisc_nacos._wire import decode_beat, decode_envelope, decode_login, listing_digest
 
 from nadisc import CapacityRejected, EvidenceKind, IncompleteSnapshot, Instance
@@ -153,7 +156,13 @@ def test_unchanged_instances_are_reused() -> None:
     assert again.instances[0] is first.instances[0]
     moved = json.loads(json.dumps(DOC_EXAMPLE))
     moved["hosts"][1]["weight"] = 3
-    assert decode(moved, previous=first).snapshot.instances[0] is not first.instances[0]
+    (changed,) = decode(moved, previous=first).snapshot.instances
+    assert changed is not first.instances[0] and changed.weight == 3
+    # Its metadata did not change: the previous view is kept.
+    assert changed.metadata is first.instances[0].metadata
+    moved["hosts"][1]["metadata"] = {"zone": "b"}
+    (rezoned,) = decode(moved, previous=first).snapshot.instances
+    assert dict(rezoned.metadata) == {"zone": "b"}
 
 
 def test_login_beat_and_envelope_answers() -> None:
@@ -186,17 +195,48 @@ def test_the_digest_ignores_only_the_server_clock() -> None:
     assert listing_digest(marked) != listing_digest(body)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(
+                [b'"lastRefTime":', b'"lastRefTime"', b'"lastRefTime": -12', b"\\", b"1", b" "]
+            ),
+            st.binary(max_size=6),
+        ),
+        max_size=12,
+    ).map(b"".join)
+)
+def test_the_digest_hashes_what_the_clock_pattern_leaves(body: bytes) -> None:
+    """Found by ``bytes.find`` and hashed in place, it leaves out exactly
+    what the pattern's substitution would."""
+    stripped = _wire._REF_TIME.sub(b"", body)
+    assert listing_digest(body) == hashlib.sha1(stripped, usedforsecurity=False).digest()
+
+
 def test_built_instances_equal_constructed_ones() -> None:
     (built,) = decode(DOC_EXAMPLE).snapshot.instances
     assert built == Instance("b", "10.10.10.11", 8888, weight=2.5, metadata={"zone": "a"})
     assert hash(built) == hash(Instance("b", "10.10.10.11", 8888, weight=2.5))
 
 
+def test_listings_with_ids_take_the_fast_path_and_hosts_without_one_the_careful_path() -> None:
+    # The fast path unpacks each host's fields by position, in this order.
+    assert _wire._FastHost.__struct_fields__ == _wire._FAST_FIELDS
+    body = json.dumps(DOC_EXAMPLE).encode()
+    fast = _wire._fast_list(body, "v1", "nacos.test.1", "DEFAULT_GROUP", 100, None, "what")
+    assert fast is not None and fast.snapshot == decode(DOC_EXAMPLE).snapshot
+    bare = json.loads(body)
+    for host in bare["hosts"]:
+        del host["instanceId"]
+    encoded = json.dumps(bare).encode()
+    assert _wire._fast_list(encoded, "v1", "nacos.test.1", "DEFAULT_GROUP", 100, None, "w") is None
+    (served,) = decode(bare).snapshot.instances  # the default id, as Nacos builds it
+    assert served.identity == "10.10.10.11#8888#DEFAULT#DEFAULT_GROUP@@nacos.test.1"
+
+
 # -- the fast path and the careful path agree ---------------------------------------------
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from nadisc_nacos import _wire  # noqa: E402
 
 _VALUES = st.one_of(
     st.none(),
@@ -254,7 +294,7 @@ def test_the_fast_path_equals_the_careful_path(
 ) -> None:
     """Also with metadata sharing given up beyond 0 or 1 distinct texts (the
     one view per host that per-host metadata takes), and with the shared
-    views' hosts counted by a Counter instead of one by one."""
+    texts' hosts counted by one pass of lookups instead of one count each."""
     saved = _wire._SHARED_UP_TO, _wire._COUNT_EACH_UP_TO
     _wire._SHARED_UP_TO, _wire._COUNT_EACH_UP_TO = give_up_after, count_each
     try:
