@@ -16,6 +16,7 @@ def test_nacos_scale_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     decoded = results["decode"]
     assert decoded["hosts"] == 4096 and decoded["loads"] > 0
     assert 0 < decoded["ratio"] <= decoded["worst_ratio"]
+    assert decoded["after_loads_ratio"] > 0
     assert 0 < decoded["unchanged_ratio"] < decoded["ratio"]
     assert decoded["distinct_ratio"] > 0 and decoded["careful_ratio"] > 0
     assert results["variants"] == [(0.5, False), (0.5, True)]
