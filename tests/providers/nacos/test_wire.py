@@ -195,7 +195,7 @@ def test_the_digest_ignores_only_the_server_clock() -> None:
     assert listing_digest(marked) != listing_digest(body)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     st.lists(
         st.one_of(
