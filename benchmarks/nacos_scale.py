@@ -363,7 +363,8 @@ async def beat_round(
                 failures[0] += 1
             else:
                 latencies.append(trio.current_time() - started)
-            await trio.sleep(max(0.0, started + interval - trio.current_time()))
+            # the window's end ends the wait too: no idle interval after it
+            await trio.sleep(max(0.0, min(started + interval, stop) - trio.current_time()))
 
     gc.collect()
     if freeze:
