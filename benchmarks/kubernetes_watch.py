@@ -25,8 +25,11 @@
    listing (ownership, conditions, port resolution, 4,096 ``nadisc.Instance``
    objects, whose construction dominates), and one watch event on one of
    the 40 slices applied to the provider's view and turned into the full
-   listing (the other 39 slices' instances are reused). Best of several,
-   interleaved, per round; the median round is reported.
+   listing (the other 39 slices' instances are reused). Best of several
+   per round, interleaved (they used to be timed one after the other: a
+   round then caught the machine's speed drift, as far as 0.96x for a
+   decode whose rounds are otherwise 0.2-0.37x), each timed call following
+   an untimed call of itself; the median round is reported.
 
 Run ``python -m benchmarks.kubernetes_watch [--smoke] [--changes N]``.
 """
@@ -181,15 +184,6 @@ def _service() -> Service:
     )
 
 
-def _best(function: Callable[[], object], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        began = time.perf_counter()
-        function()
-        best = min(best, time.perf_counter() - began)
-    return best
-
-
 def measure_decode(rounds: int, repeats: int, endpoints: int = ENDPOINTS) -> dict[str, float]:
     body = slice_list_body(endpoints)
     service = _service()
@@ -227,15 +221,28 @@ def measure_decode(rounds: int, repeats: int, endpoints: int = ENDPOINTS) -> dic
     if count != endpoints:
         raise RuntimeError(f"the listing has {count} instances, expected {endpoints}")
     loads_times, typed_ratios, listing_ratios, event_times = [], [], [], []
+    work: dict[str, Callable[[], object]] = {
+        "loads": lambda: json.loads(body),
+        "typed": typed,
+        "listing": listing,
+        "event": one_event,
+    }
     gc.collect()
     for _ in range(rounds):
-        loads = _best(lambda: json.loads(body), repeats)
-        typed_time = _best(typed, repeats)
-        listing_time = _best(listing, repeats)
-        event_times.append(_best(one_event, repeats))
-        loads_times.append(loads)
-        typed_ratios.append(typed_time / loads)
-        listing_ratios.append(listing_time / loads)
+        best = dict.fromkeys(work, float("inf"))
+        # Interleaved, so that all of them see the same machine (its speed
+        # drifts), and each timed call follows an untimed call of itself (its
+        # own steady state, as in ``benchmarks.nacos_scale``).
+        for _ in range(repeats):
+            for name, call in work.items():
+                call()
+                began = time.perf_counter()
+                call()
+                best[name] = min(best[name], time.perf_counter() - began)
+        loads_times.append(best["loads"])
+        typed_ratios.append(best["typed"] / best["loads"])
+        listing_ratios.append(best["listing"] / best["loads"])
+        event_times.append(best["event"])
     return {
         "bytes": float(len(body)),
         "loads_ms": statistics.median(loads_times) * 1e3,
