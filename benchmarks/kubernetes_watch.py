@@ -27,7 +27,7 @@
    the 40 slices applied to the provider's view and turned into the full
    listing (the other 39 slices' instances are reused). Best of several
    per round, interleaved (they used to be timed one after the other: a
-   round then caught the machine's speed drift, as far as 0.96x for a
+   round then caught the machine's speed drift, as far as 0.98x for a
    decode whose rounds are otherwise 0.2-0.37x), each timed call following
    an untimed call of itself; the median round is reported.
 
