@@ -363,8 +363,7 @@ async def beat_round(
                 failures[0] += 1
             else:
                 latencies.append(trio.current_time() - started)
-            # the window's end ends the wait too: no idle interval after it
-            await trio.sleep(max(0.0, min(started + interval, stop) - trio.current_time()))
+            await trio.sleep(max(0.0, started + interval - trio.current_time()))
 
     gc.collect()
     if freeze:
