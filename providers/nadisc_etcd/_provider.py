@@ -402,11 +402,12 @@ class EtcdProvider:
             return live is not None and self._watched_revision(live) >= revision
 
         state = self._new_state(service)
-        if not await self._range_into(state, deadline, settled=watched_past):
+        # Asked at the first page, and again at the end (the watch may have
+        # moved past the range while its later pages were read).
+        if not await self._range_into(
+            state, deadline, settled=watched_past
+        ) or watched_past(state.revision):
             return self._live[service].snapshot()
-        live = self._live.get(service)
-        if live is not None and self._watched_revision(live) >= state.revision:
-            return live.snapshot()
         return state.snapshot()
 
     def _watched_revision(self, state: ServiceState) -> int:

@@ -55,7 +55,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
+from itertools import chain, compress
 from operator import attrgetter, eq, getitem
 from types import MappingProxyType
 from typing import Annotated, Any, cast
@@ -69,7 +69,7 @@ from nadisc import (
     Instance,
     ProviderSnapshot,
 )
-from nadisc._instance import _TRUSTED, _trusted_instances
+from nadisc._instance import _trusted_instances
 
 __all__ = [
     "INSTANCE_NOT_FOUND_V1",
@@ -403,11 +403,8 @@ def _fast_list(
         if shared:
             _reuse_views(by_text, texts, matched)
     views = map(by_text.__getitem__, texts) if shared else map(MappingProxyType, values)
-    # ``Instance`` told that every field is checked (as
-    # ``nadisc._instance._trusted_instances`` does, inlined).
-    instances = list(
-        map(Instance, identities, ips, ports, weights, views, repeat(()), repeat(_TRUSTED))
-    )
+    # Every field was checked: the constructor's checks are skipped.
+    instances = _trusted_instances(identities, ips, ports, weights, views)
     if matched:
         # Unchanged instances stay the very same objects: the pair's
         # ``True`` index picks the old one where it equals the new one.
@@ -581,7 +578,7 @@ def _careful_snapshot(
         else:
             # The decoded metadata dict is ours alone: wrapped, not copied.
             (instance,) = _trusted_instances(
-                [(identity, ip, port, weight, MappingProxyType(host.metadata))]
+                (identity,), (ip,), (port,), (weight,), (MappingProxyType(host.metadata),)
             )
             instances.append(instance)
     if len(instances) > max_instances:

@@ -21,7 +21,7 @@ def test_the_fields_are_the_documented_ones_in_order() -> None:
 
 def test_built_instances_equal_constructed_ones_in_every_field() -> None:
     view = MappingProxyType({"zone": "a"})
-    built = _trusted_instances([("i1", "10.0.0.1", 80, 2.0, view), ("i2", "::1", 81, 1.0, view)])
+    built = _trusted_instances(("i1", "i2"), ("10.0.0.1", "::1"), (80, 81), (2.0, 1.0), (view,) * 2)
     expected = [
         Instance("i1", "10.0.0.1", 80, weight=2.0, metadata={"zone": "a"}),
         Instance("i2", "::1", 81, metadata={"zone": "a"}),
