@@ -38,12 +38,13 @@ demo: venv
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 typecheck: venv
 	$(BIN)/mypy
 
 unit: venv servers
-	$(BIN)/pytest --durations=25 --reruns 1
+	$(BIN)/pytest --durations=25
 
 # Everything is written against anyio and claimed to work on asyncio: run the
 # loop-dependent (async) tests of the core, the runtime, the providers, the
@@ -54,7 +55,7 @@ ASYNCIO_PATHS := tests/poise tests/nadisc tests/providers tests/fakes tests/docs
 	tests/observability/test_asyncio.py tests/observability/test_balancer_failures.py
 asyncio-pass: venv servers
 	TEST_BACKEND=asyncio $(BIN)/pytest $(ASYNCIO_PATHS) -o trio_mode=false \
-		-m "not trio_only" -q --reruns 1
+		-m "not trio_only" -q
 
 test: lint typecheck unit asyncio-pass
 

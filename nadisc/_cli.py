@@ -138,9 +138,7 @@ def main(
             raise ConfigError("--timeout", "must be a positive number of seconds")
         import trio
 
-        rows = trio.run(
-            _observe, config, args.service, args.qualifier, args.strict, args.timeout
-        )
+        rows = trio.run(_observe, config, args.service, args.qualifier, args.strict, args.timeout)
     except ConfigError as exc:
         for path, message in exc.problems:
             err.write(f"nadisc: config error: {path}: {message}\n")

@@ -287,10 +287,7 @@ class ProviderBlock(dict[str, Any]):
             name = str(key)
             known, annotation = _field_annotation(model, name)
             hidden = (
-                secret
-                or _is_secret_key(name)
-                or not known
-                or _is_secret_annotation(annotation)
+                secret or _is_secret_key(name) or not known or _is_secret_annotation(annotation)
             )
             dict.__setitem__(block, name, _freeze_value(item, hidden, annotation))
         return block

@@ -130,6 +130,7 @@ class Instance(msgspec.Struct, frozen=True, gc=False):
 
 _force = msgspec.structs.force_setattr
 
+
 def _trusted_instances(
     identities: Iterable[str],
     hosts: Iterable[str],

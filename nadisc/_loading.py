@@ -543,9 +543,7 @@ def _constructor_error(root: yaml.Node) -> ConfigError:
                 children.append((value_node, _join(path, str(label))))
             stack.extend(reversed(children))
         elif isinstance(node, yaml.SequenceNode):
-            stack.extend(
-                reversed([(item, f"{path}[{i}]") for i, item in enumerate(node.value)])
-            )
+            stack.extend(reversed([(item, f"{path}[{i}]") for i, item in enumerate(node.value)]))
     return ConfigError("<document>", "YAML: a value cannot be constructed")
 
 
@@ -667,4 +665,3 @@ def _parse_toml(text: str) -> Any:
         raise ConfigError("<document>", "TOML: a number is too long to read") from None
     except Exception:  # pragma: no cover - defensive: nothing else may escape
         raise ConfigError("<document>", "TOML: the document cannot be read") from None
-

@@ -59,10 +59,7 @@ def _install_hint(name: str) -> str:
     source = _KNOWN_SOURCES.get(name)
     if source is not None:
         return f"reinstall {source} so that its entry point is registered"
-    return (
-        f"install a package that registers an entry point of this name in the {GROUP!r} "
-        "group"
-    )
+    return f"install a package that registers an entry point of this name in the {GROUP!r} group"
 
 
 def load_factory(name: str, *, path: str = "provider") -> ProviderFactory:

@@ -798,9 +798,7 @@ class RestDiscoveryClient:
             # The client closed while the headers were on their way: nothing
             # would close this response later, so close it now.
             await _close_quietly(response)
-            raise CallLifecycleError(
-                "the REST client was closed while the request was in flight"
-            )
+            raise CallLifecycleError("the REST client was closed while the request was in flight")
         try:
             _cap(response, self._max_body)
         except ResponseTooLarge:

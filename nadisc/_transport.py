@@ -887,9 +887,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             targets[key] = target
         return target
 
-    def _url(
-        self, scheme: str, instance: Instance, raw_path: bytes
-    ) -> tuple[httpx.URL, bytes]:
+    def _url(self, scheme: str, instance: Instance, raw_path: bytes) -> tuple[httpx.URL, bytes]:
         # Parsing a URL is the largest cost of rewriting a request; services
         # use few distinct paths, so a small bounded cache pays off. The
         # instance's Host header value is kept with it.
@@ -900,9 +898,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             if len(urls) >= _URL_CACHE:
                 urls.clear()
             made = urls[key] = (
-                httpx.URL(
-                    scheme=scheme, host=instance.host, port=instance.port, raw_path=raw_path
-                ),
+                httpx.URL(scheme=scheme, host=instance.host, port=instance.port, raw_path=raw_path),
                 instance.address.encode("ascii"),
             )
         return made

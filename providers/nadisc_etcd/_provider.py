@@ -404,9 +404,9 @@ class EtcdProvider:
         state = self._new_state(service)
         # Asked at the first page, and again at the end (the watch may have
         # moved past the range while its later pages were read).
-        if not await self._range_into(
-            state, deadline, settled=watched_past
-        ) or watched_past(state.revision):
+        if not await self._range_into(state, deadline, settled=watched_past) or watched_past(
+            state.revision
+        ):
             return self._live[service].snapshot()
         return state.snapshot()
 

@@ -169,9 +169,7 @@ class _Run:
         elif confirm:
             self.sink.refresh()
 
-    def fail(
-        self, kind: str | None, failure: ProviderFailure, stats: KubernetesStatistics
-    ) -> None:
+    def fail(self, kind: str | None, failure: ProviderFailure, stats: KubernetesStatistics) -> None:
         if kind is not None:
             self.failing.add(kind)
         self.reported = True

@@ -487,9 +487,7 @@ def _careful_list(
     invalid: dict[str, str] = {}
     cache_millis, checksum, protected = 0, "", False
     try:
-        hosts, cache_millis, checksum, protected = _unwrap(
-            body, api, what, _v1, _v3, _ServiceInfo
-        )
+        hosts, cache_millis, checksum, protected = _unwrap(body, api, what, _v1, _v3, _ServiceInfo)
     except msgspec.ValidationError:
         # The shape may be right with some hosts wrong: decode host by host.
         raw_hosts, cache_millis, checksum, protected = _loose(body, api, what)
@@ -501,9 +499,7 @@ def _careful_list(
                 invalid[f"hosts[{position}]"] = f"malformed instance: {exc}"
     except msgspec.DecodeError as exc:
         raise IncompleteSnapshot(f"{what}: the answer is not valid JSON ({exc})") from None
-    snapshot = _careful_snapshot(
-        service, group, hosts, invalid, protected, max_instances, previous
-    )
+    snapshot = _careful_snapshot(service, group, hosts, invalid, protected, max_instances, previous)
     return Listing(snapshot, max(0.0, cache_millis / 1000.0), checksum)
 
 
@@ -587,9 +583,7 @@ def _careful_snapshot(
         )
     kind = EvidenceKind.WEAK_HEALTH if protected else EvidenceKind.REGISTRY_HEALTH
     # Identities are unique by construction (``seen``); the size is measured on first use.
-    return ProviderSnapshot._checked(
-        service, tuple(instances), kind, MappingProxyType(invalid), -1
-    )
+    return ProviderSnapshot._checked(service, tuple(instances), kind, MappingProxyType(invalid), -1)
 
 
 def decode_login(body: bytes, *, max_bytes: int) -> LoginAnswer:

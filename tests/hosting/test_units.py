@@ -176,14 +176,17 @@ def test_a_hosted_app_that_returns_from_lifespan_serves(backend: str) -> None:
         await send({"type": "http.response.body", "body": b"plain"})
 
     async def scenario() -> None:
-        async with open_host(
-            plain,
-            memory_config(),
-            listeners={"web": Bind()},
-            providers={"primary": MemoryProvider(registry=MemoryRegistry())},
-            handle_signals=False,
-            allow_loopback=True,
-        ) as host, httpx.AsyncClient(trust_env=False) as http:
+        async with (
+            open_host(
+                plain,
+                memory_config(),
+                listeners={"web": Bind()},
+                providers={"primary": MemoryProvider(registry=MemoryRegistry())},
+                handle_signals=False,
+                allow_loopback=True,
+            ) as host,
+            httpx.AsyncClient(trust_env=False) as http,
+        ):
             assert (await http.get(host.url("web") + "/")).text == "plain"
 
     run_on(backend, scenario)
@@ -196,14 +199,17 @@ def test_freeze_heap_freezes_while_running_and_thaws_at_close(backend: str) -> N
 
     async def scenario() -> None:
         made_before = RecordingApp("frozen")
-        async with open_host(
-            made_before,
-            memory_config(),
-            providers={"primary": MemoryProvider(registry=MemoryRegistry())},
-            handle_signals=False,
-            allow_loopback=True,
-            freeze_heap=True,
-        ) as host, httpx.AsyncClient(trust_env=False) as http:
+        async with (
+            open_host(
+                made_before,
+                memory_config(),
+                providers={"primary": MemoryProvider(registry=MemoryRegistry())},
+                handle_signals=False,
+                allow_loopback=True,
+                freeze_heap=True,
+            ) as host,
+            httpx.AsyncClient(trust_env=False) as http,
+        ):
             seen["running"] = gc.get_freeze_count()
             # What existed at startup is frozen: a full collection skips it.
             assert not any(o is made_before for o in gc.get_objects(generation=2))

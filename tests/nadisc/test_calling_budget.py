@@ -100,9 +100,7 @@ async def test_a_request_timeout_is_the_budget_when_smallest(autojump_clock: obj
 async def test_the_deadline_extension_is_the_budget_when_smallest(autojump_clock: object) -> None:
     async with calling(3.0, client_timeout=5.0) as (_, _t, http):
         deadline = anyio.current_time() + 0.75
-        error, elapsed = await timed_out(
-            http.get(URL, extensions={"nadisc.deadline": deadline})
-        )
+        error, elapsed = await timed_out(http.get(URL, extensions={"nadisc.deadline": deadline}))
     assert (error.limit, elapsed) == ("nadisc.deadline", 0.75)
     assert error.seconds == pytest.approx(0.75)
     assert "nadisc.deadline extension" in str(error)
@@ -111,9 +109,11 @@ async def test_the_deadline_extension_is_the_budget_when_smallest(autojump_clock
 
 @pytest.mark.trio_only
 async def test_the_rest_budget_is_the_budget_when_smallest(autojump_clock: object) -> None:
-    async with calling(
-        3.0, client_timeout=5.0, request_timeout_ms=400, connect_timeout_ms=100
-    ) as (_, _t, http):
+    async with calling(3.0, client_timeout=5.0, request_timeout_ms=400, connect_timeout_ms=100) as (
+        _,
+        _t,
+        http,
+    ):
         error, elapsed = await timed_out(http.get(URL))
     assert (error.limit, error.seconds, elapsed) == ("rest.request_timeout", 0.4, 0.4)
     assert "REST budget (rest.request_timeout) of 0.4 s ran out" in str(error)

@@ -606,6 +606,7 @@ def test_any_change_requires_a_restart() -> None:
     timing = doc(connections={"primary": etcd({"self": {"name": "a"}}, poll_interval_ms=4000)})
     assert restart_required(old, parse_config(timing))
     assert restart_required(old, DiscoveryConfig())
+
     def with_password(value: str) -> dict[str, Any]:
         block = {"endpoints": ["http://a:2379"], "username": "u", "password": value}
         return doc(connections={"primary": {"provider": "etcd", "etcd": block}})

@@ -115,9 +115,7 @@ def test_the_library_refuses_a_misspelt_root_and_allows_a_missing_one() -> None:
 
 
 def test_every_problem_of_a_document_is_reported_at_once(tmp_path: Path) -> None:
-    text = etcd_doc(
-        GOOD_ETCD + "        ttl_secs: 5\n", extra="      request_timeout_ms: -1\n"
-    ) + (
+    text = etcd_doc(GOOD_ETCD + "        ttl_secs: 5\n", extra="      request_timeout_ms: -1\n") + (
         "    files: {provider: static, static: {services: {x: [{host: h, port: 0}]}}}\n"
         "  registrations:\n"
         "    r: {qualifier: primary, service_name: nope, ip: 10.0.0.1, port: 80}\n"
@@ -246,9 +244,7 @@ def test_toml_over_long_integer_is_a_config_error() -> None:
 
 
 def test_yaml_base_60_numbers_are_not_durations() -> None:
-    text = (
-        "discovery:\n  enabled: true\n  shutdown_timeout_ms: 190:20:30\n"
-    )
+    text = "discovery:\n  enabled: true\n  shutdown_timeout_ms: 190:20:30\n"
     with pytest.raises(ConfigError) as info:
         load_config(text)
     assert info.value.path == "discovery.shutdown_timeout_ms"

@@ -69,8 +69,17 @@ def test_the_verbs_take_httpx_parameters() -> None:
         assert list(ours)[1] == "url"
     ours = inspect.signature(RestDiscoveryClient.stream).parameters
     theirs = inspect.signature(httpx.AsyncClient.stream).parameters
-    assert set(theirs) <= set(ours) | {"content", "data", "files", "json", "params",
-                                       "headers", "cookies", "timeout", "extensions"}
+    assert set(theirs) <= set(ours) | {
+        "content",
+        "data",
+        "files",
+        "json",
+        "params",
+        "headers",
+        "cookies",
+        "timeout",
+        "extensions",
+    }
 
 
 async def test_external_urls_and_the_stream_form() -> None:

@@ -74,8 +74,13 @@ def test_draining_keeps_the_allocation_and_a_return_is_a_new_generation() -> Non
     assert after.allocation is before.allocation  # same endpoint: its calls go on
     assert route._directory.snapshot().get("b") is None
     # A new instance that is already draining is listed, drained.
-    route.sync(_snapshot(3, after_a := Instance("a", "127.0.0.1", 8000, draining=True),
-                         Instance("c", "127.0.0.1", 8002, draining=True)))
+    route.sync(
+        _snapshot(
+            3,
+            after_a := Instance("a", "127.0.0.1", 8000, draining=True),
+            Instance("c", "127.0.0.1", 8002, draining=True),
+        )
+    )
     c = route._directory.snapshot().get("c")
     assert c is not None and c.draining and route.current("a") == after_a
     # Draining with another change too (a new port) is a new, drained generation.

@@ -145,10 +145,10 @@ async def test_catalog_of_an_entry_point_provider_over_loopback_sees_recovery_qu
                     "primary": {
                         "provider": "consul",
                         "consul": {
-                        "url": fake.url,
-                        "catalog_wait": 30,
-                        "identity_scope": "service",
-                    },
+                            "url": fake.url,
+                            "catalog_wait": 30,
+                            "identity_scope": "service",
+                        },
                     }
                 },
             }

@@ -356,9 +356,12 @@ async def test_tls_with_the_kubeconfig_ca_and_refused_without_it(
     without = resolve_access(settings.model_copy(update={"kubeconfig": str(bad)}), {})
     assert without.ssl_context() is default_tls_context()
     plain = write_kubeconfig(tmp_path / "plain", "http://127.0.0.1:1")
-    assert resolve_access(
-        settings.model_copy(update={"kubeconfig": str(plain)}), {}
-    ).ssl_context().cert_store_stats()["x509_ca"] == 0
+    assert (
+        resolve_access(settings.model_copy(update={"kubeconfig": str(plain)}), {})
+        .ssl_context()
+        .cert_store_stats()["x509_ca"]
+        == 0
+    )
 
 
 async def test_kubectl_and_the_provider_see_the_same_endpoints(
