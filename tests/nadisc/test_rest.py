@@ -221,7 +221,7 @@ async def test_p2c_peak_ewma_steers_away_from_a_slow_instance() -> None:
 
 
 async def test_the_budget_covers_reading_the_body() -> None:
-    async with serve_backends(HttpBackend("s", chunks=5, chunk_delay=0.2)) as (s,):
+    async with serve_backends(HttpBackend("s", chunks=5, chunk_delay=3.0)) as (s,):
         memory = provider(s)
         options = RestOptions(request_timeout=0.4, connect_timeout=0.1)
         async with (
@@ -231,7 +231,9 @@ async def test_the_budget_covers_reading_the_body() -> None:
             started = anyio.current_time()
             with pytest.raises(DeadlineExceeded):
                 await rest.request("GET", service=SERVICE, path="/slow-body")
-            assert anyio.current_time() - started < 0.8
+            # Cut at the 0.4 s budget (measured 0.41 s), not after the 15 s
+            # the body takes: a bound 12x above what it measures.
+            assert anyio.current_time() - started < 5.0
             assert rest.transport is not None
             route = rest.transport.route("primary", SERVICE)
             assert route is not None

@@ -113,7 +113,10 @@ async def test_an_attempt_on_an_instance_that_started_draining_is_declined() -> 
 
 
 async def test_a_draining_instance_completes_its_call_in_flight_and_gets_no_new_one() -> None:
-    async with serve_backends(HttpBackend("old", latency=0.5), HttpBackend("new")) as (old, new):
+    async with serve_backends(HttpBackend("old"), HttpBackend("new")) as (old, new):
+        # The old instance's call stays in flight until the checks below are
+        # done (an event, not a latency that a slow machine could outlast).
+        old.hold = anyio.Event()
         memory = MemoryProvider(services={SERVICE: SERVICE}, watch=True)
         memory.set(SERVICE, [old.instance()])
         async with memory_owner({"primary": memory}) as owner:
@@ -139,6 +142,7 @@ async def test_a_draining_instance_completes_its_call_in_flight_and_gets_no_new_
                     # The drained endpoint kept its allocation: its call is still counted.
                     assert route.statistics().in_flight.get("old") == 1
                     assert old.active == 1
+                    old.hold.set()
                 assert statuses == {"old": 200}
                 assert route is not None
                 stats = route.statistics()

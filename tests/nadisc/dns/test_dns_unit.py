@@ -37,8 +37,10 @@ async def test_unreachable_nameserver_is_incomplete_within_the_deadline(
     provider = provider_for(f"127.0.0.1:{closed_port}", {"web": {"host": WEB, "port": 80}})
     start = anyio.current_time()
     with pytest.raises(IncompleteSnapshot):
-        await provider.query("web", start + 0.4)
-    assert anyio.current_time() - start < 0.4 + 0.25
+        await provider.query("web", start + 0.1)
+    # Measured 0.10 s; without the deadline the 3 s request timeout would
+    # end it, so a bound 15x above what it measures still tells them apart.
+    assert anyio.current_time() - start < 1.5
 
 
 async def test_unknown_alias_and_closed_provider() -> None:

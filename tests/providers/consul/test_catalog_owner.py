@@ -165,7 +165,8 @@ async def test_catalog_of_an_entry_point_provider_over_loopback_sees_recovery_qu
             fake.set_check("service:orders-2", "passing")
             with anyio.fail_after(2):
                 up = await changes.receive()
-            # critical -> passing within one blocking round trip, no topology change.
+            # critical -> passing within one blocking round trip, no topology
+            # change: measured about 30 ms, bounded at 30x that.
             assert anyio.current_time() - start < 1.0
             assert [i.identity for i in up.services["orders"]] == ["orders-1", "orders-2"]
             assert up.topology_index == down.topology_index

@@ -99,9 +99,11 @@ async def test_each_watch_holds_a_connection_of_its_own_outside_the_pool() -> No
                     await trio.sleep(0.05)
             # One channel (one socket) per watch; every blocking query rode one.
             assert http.channels_open == SERVICES
-            # The request pool holds no long poll: at most the few short reads.
+            # The request pool holds no long poll: only what the first, short
+            # reads of the 100 services opened (a handful here, 20 on a loaded
+            # machine, where more of those reads overlap), never one per watch.
             pool = http._client._transport._pool  # type: ignore[attr-defined]
-            assert len(pool.connections) < 10
+            assert len(pool.connections) < SERVICES // 2
             # A change to one service reaches its observation through its own channel.
             last = observations[-1]
             fake.register(instance(f"s{SERVICES - 1:03d}", 1), now=trio.current_time())

@@ -169,20 +169,23 @@ async def test_a_crashed_registrant_disappears_when_its_lease_expires(
         async with open_discovery(etcd_config(etcd_server.url, prefix)) as owner:
             # Another process's registration, seen by this owner's discovery.
             peer = await owner.client().observe("self", soon())
-            await wait_for(peer, lambda a: ids(a) == {INSTANCE}, 10.0)
+            # A child interpreter starting and registering: about 1.5 s here, so a
+            # bound of 20x that for a loaded machine.
+            await wait_for(peer, lambda a: ids(a) == {INSTANCE}, 30.0)
             lease = await lease_of(raw, key)
             assert lease
             # The registrant crashes: no deregistration, keepalives just stop.
             child.send_signal(signal.SIGKILL)
             with anyio.fail_after(5):
                 await child.wait()
-            crashed = anyio.current_time()
-            gone = await wait_for(peer, lambda a: reason(a) == "empty", 5.0)
-            elapsed = anyio.current_time() - crashed
+            # Order of events, not elapsed time: the dead process left its
+            # record behind (nothing deregistered it), and the record then
+            # went with its lease, which etcd expired (TTL -1), not revoked.
+            assert await lease_of(raw, key) == lease
+            # Measured about 2.2 s (the 2 s TTL); the bound is 10x that.
+            gone = await wait_for(peer, lambda a: reason(a) == "empty", 22.0)
             assert reason(gone) == "empty"
-            # Its last keepalive was at most TTL/3 before the crash, and etcd
-            # checks expiry every 500 ms.
-            assert 2.0 - 2.0 / 3 - 0.1 <= elapsed <= 2.0 + 1.5, elapsed
+            assert await lease_of(raw, key) is None
             assert await ttl_of(raw, lease) == -1
         assert all_tasks() == before
     finally:

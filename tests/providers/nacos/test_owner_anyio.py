@@ -48,7 +48,8 @@ async def test_registration_is_seen_by_another_owner_and_removed_on_close(api: s
                 with anyio.fail_after(5):
                     while identities(observation) != (ID,):
                         await observation.changed(soon())
-                assert anyio.current_time() - start < 1.0
+                # Measured 0.20 s (one 200 ms poll); the bound is 12x that.
+                assert anyio.current_time() - start < 2.5
                 await anyio.sleep(0.6)  # a few beats
                 assert writer.registrations()["web"].state is RegistrationState.ACTIVE
                 assert (
