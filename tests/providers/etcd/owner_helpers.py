@@ -31,11 +31,13 @@ WEB = ("10.0.0.5", 18080)
 P = TypeVar("P", bound=EtcdProvider)
 
 
-def injected_provider(cls: type[P], url: str, prefix: str, **etcd: Any) -> P:
+def injected_provider(
+    cls: type[P], url: str, prefix: str, *, request_timeout: float = 0.5, **etcd: Any
+) -> P:
     """A provider object for ``providers=`` (so a test can read its state)."""
     context = ConnectionContext(
         name="primary",
-        request_timeout=0.5,
+        request_timeout=request_timeout,
         max_instances_per_service=4096,
         max_response_bytes=4 * 1024 * 1024,
     )

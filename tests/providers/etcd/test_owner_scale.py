@@ -93,6 +93,12 @@ async def test_100_registrations_on_one_owner_all_active_and_all_removed(
         etcd={"ttl_seconds": 15},
         limits={"max_registrations": count},
         shutdown_timeout_ms=20_000,
+        # 100 writes and 100 deletes at once: a few ms each here, but the
+        # usual 0.5 s and 1 s limits are too close on a loaded machine.
+        request_timeout_ms=5000,
+        deregister_timeout_ms=5000,
+        snapshot={"max_age_ms": 8000, "stale_if_error_ms": 1500},
+        observation_grace_ms=8000,
     )
     before = all_tasks()
     async with open_discovery(
@@ -142,10 +148,14 @@ async def test_100_watches_hold_dedicated_connections_and_the_loop_stays_live(
         services={f"s{n:03d}": {"name": f"s{n:03d}"} for n in range(services)},
         probe_interval_ms=2000,
         watch=mode,
+        # 100 first ranges at once through 16 request slots, each waiting
+        # for its slot within its request timeout: well under 0.5 s here,
+        # seconds on a loaded machine.
+        request_timeout=5.0,
     )
     before = all_tasks()
     async with (
-        open_discovery(config, providers={"primary": provider}, prepare_deadline=soon()) as owner,
+        open_discovery(config, providers={"primary": provider}, prepare_deadline=soon(10)) as owner,
         measuring_lag() as lag,
     ):
         client = owner.client()
@@ -194,7 +204,7 @@ async def test_a_400_key_burst_is_seen_in_full_soon_after_the_last_write(
     config = watch_config(etcd_server.url, prefix, 1, services={"orders": {"name": "orders"}})
     before = all_tasks()
     async with (
-        open_discovery(config, prepare_deadline=soon()) as owner,
+        open_discovery(config, prepare_deadline=soon(10)) as owner,
         measuring_lag() as lag,
     ):
         orders = await owner.client().observe("orders", soon())
