@@ -250,6 +250,9 @@ class KubernetesProvider(DiscoveryOnlyProvider):
             binding.name,
             port=binding.port,
             max_instances=self._context.max_instances_per_service,
+            protocol=binding.protocol,
+            ip_family=self._settings.ip_family,
+            trust_unowned=self._settings.trust_unowned_slices,
         )
 
     # -- discovery ------------------------------------------------------------------

@@ -113,7 +113,7 @@ def test_identity_is_the_target_not_the_ip_and_duplicates_merge() -> None:
     assert h.metadata["hints.for_zones"] == "zone-a,zone-b" and h.metadata["hostname"] == "w4"
     bare = slice_("orders-x", [{"addresses": ["fd00::1"]}], address_type="IPv6")
     (x,) = snapshot(service(), bare).instances
-    assert x.identity == "IPv6/fd00::1" and x.address == "[fd00::1]:8080"
+    assert x.identity == "IPv6/[fd00::1]:8080" and x.address == "[fd00::1]:8080"
 
 
 def test_only_slices_owned_by_the_current_uid_are_evidence() -> None:
@@ -145,7 +145,7 @@ def test_ports_resolve_by_service_port_name_or_number() -> None:
     )
     assert snapshot(service(ports), s, port="admin").instances[0].port == 9090
     assert snapshot(service(ports), s, port=80).instances[0].port == 8080
-    with pytest.raises(InvalidSnapshot, match=r"no port 'grpc' \(its ports: http, admin\)"):
+    with pytest.raises(InvalidSnapshot, match=r"no port 'grpc' \(its ports: http/TCP, admin/TCP\)"):
         snapshot(service(ports), s, port="grpc")
     with pytest.raises(InvalidSnapshot, match="has 2 ports"):
         snapshot(service(ports), s, port=None)
