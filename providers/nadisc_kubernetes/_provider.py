@@ -9,20 +9,28 @@ while both sides are in sync::
 
     per stream:  list (pages: limit/continue) ─► reset side ─► publish if changed
                    ▲                               │
-                   │ 410 (HTTP or ERROR event)     ▼
-                   └── one relist ◄──── watch ?resourceVersion=<last>&allowWatchBookmarks
+                   │ 410 (HTTP or ERROR event),    ▼
+                   │ 504 Too large resource version, a version lower than held
+                   └── backoff, relist ◄── watch ?resourceVersion=<last>&allowWatchBookmarks
                                           │ ADDED/MODIFIED/DELETED: apply; publish if changed
-                                          │ BOOKMARK: remember version; refresh()
+                                          │ BOOKMARK: remember version; refresh() (<= 1/s)
                                           │ server timeout (stream ends): re-watch from <last>
                                           │   (after a backoff delay if it lasted < 1 s)
                                           │ 403 / 401 twice: fail(IdentityRevoked), backoff
                                           └ 5xx, broken stream, silence: fail(Incomplete),
                                             backoff, resume from <last> (no relist)
 
+Every relist waits a backoff delay first (a server answering 410 right
+after each list is not asked again in a hot loop); a watch that stayed
+open a second resets the backoff. Silence: once the server has sent a
+bookmark, ``bookmark_silence`` (80 s) without any line is a dead stream;
+before that ``watch_timeout + watch_grace`` (see ``_pacing``).
+
 A publish happens only when the listing differs from the last one
 published (a relist that finds nothing new commits nothing), or when a
-failure was reported since. resourceVersions are opaque: they are only
-ever sent back, never compared.
+failure was reported since. resourceVersions are only sent back, never
+ordered, except that a decimal version lower than the one held (a restored
+storage) forces a relist.
 
 ``query`` lists both (every page) and builds the same listing. While a
 watch of the same Service is in sync and applied changes during the
@@ -62,6 +70,7 @@ from nadisc import (
 
 from ._credentials import ClusterAccess, resolve_access
 from ._http import Gone, KubeHttp, status_failure
+from ._pacing import RefreshGate, silence_limit, went_backwards
 from ._settings import KubernetesSettings
 from ._state import SERVICE_NAME_LABEL, ServiceView
 from ._wire import (
@@ -95,8 +104,13 @@ class KubernetesStatistics:
     lists: int = 0
     pages: int = 0
     watches_opened: int = 0
-    #: Relists forced by a 410 (HTTP status or ERROR event).
+    #: Relists forced by a 410 (HTTP status or ERROR event), a 504 "Too large
+    #: resource version" or a version going backwards.
     relists: int = 0
+    #: Watches reopened because they stayed silent past the silence limit.
+    silent_watches: int = 0
+    #: Bookmark confirmations passed to the sink (at most one a second).
+    confirmations: int = 0
     #: Watches the server ended on its own (timeoutSeconds) and that resumed.
     server_timeouts: int = 0
     bookmarks: int = 0
@@ -137,6 +151,7 @@ class _Run:
         #: A failure was reported since the last publish.
         self.reported = False
         self.last: ProviderSnapshot | None = None
+        self.gate = RefreshGate()
         self._task_status = task_status
         self._started = False
 
@@ -166,7 +181,8 @@ class _Run:
             stats.publishes += 1
             self.sink.publish(snapshot)
             self._start()
-        elif confirm:
+        elif confirm and self.gate.due(anyio.current_time()):
+            stats.confirmations += 1
             self.sink.refresh()
 
     def fail(self, kind: str | None, failure: ProviderFailure, stats: KubernetesStatistics) -> None:
@@ -200,6 +216,8 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         )
         self._random = random_source or random.Random()
         self._views: dict[str, ServiceView] = {}
+        #: The server has sent a bookmark on one of this provider's watches.
+        self.bookmarks_seen = False
         self._closed = False
         self.statistics = KubernetesStatistics()
 
@@ -360,11 +378,21 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         what = f"watch {kind}s of {self.namespace}/{view.name}"
         need_list = True
         while True:
+            opened: float | None = None
             try:
                 if need_list:
+                    held = view.version(kind)
                     items, version = await self.list_all(
                         kind, view.name, deadline=anyio.current_time() + self._timeout
                     )
+                    if held and went_backwards(held, version):
+                        logger.warning(
+                            "%s: the list's resourceVersion %s is lower than the %s held: "
+                            "the server's storage was restored; its state replaces ours",
+                            what,
+                            version[:32],
+                            held[:32],
+                        )
                     if kind == "service":
                         view.reset_service(items, version)  # type: ignore[arg-type]
                     else:
@@ -384,9 +412,13 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                 stats.relists += 1
                 logger.info("%s: %s; listing again", what, exc)
                 view.unsync(kind)
-                if need_list:  # a fresh list's version was already gone: do not spin
-                    await anyio.sleep(backoff.next_delay())
                 need_list = True
+                if opened is not None and anyio.current_time() - opened >= _SHORTEST_WATCH:
+                    backoff.reset()
+                # Every relist waits: a server that answers 410 (or 504) right
+                # after each list is not asked again in a hot loop.
+                await anyio.sleep(backoff.next_delay())
+                self._check_open()
                 continue
             except ProviderFailure as exc:
                 logger.info("%s failed: %s", what, exc)
@@ -417,7 +449,24 @@ class KubernetesProvider(DiscoveryOnlyProvider):
             stats.watches_opened += 1
             # Open again after a failure: the listing we hold is confirmed current.
             run.settle(kind, stats)
-            async for batch in lines:
+            while True:
+                quiet = silence_limit(
+                    watch_timeout=settings.watch_timeout,
+                    watch_grace=settings.watch_grace,
+                    bookmark_silence=settings.bookmark_silence,
+                    bookmarks_seen=self.bookmarks_seen,
+                )
+                with anyio.move_on_after(quiet) as waiting:
+                    try:
+                        batch = await lines.__anext__()
+                    except StopAsyncIteration:
+                        return
+                if waiting.cancelled_caught:
+                    stats.silent_watches += 1
+                    raise IncompleteSnapshot(
+                        f"{what}: the watch sent nothing for {quiet:g}s (the server sends a "
+                        "bookmark about every minute); reopening it"
+                    )
                 changed = bookmark = False
                 for line in batch:
                     try:
@@ -426,9 +475,16 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                         raise IncompleteSnapshot(f"{what}: {exc}") from None
                     if event.type == "ERROR":
                         assert event.status is not None
-                        raise status_failure(event.status, what)
+                        raise status_failure(event.status, what, self._http.secrets)
+                    held = view.version(kind)
+                    if held and went_backwards(held, event.resource_version):
+                        raise Gone(
+                            f"{what}: resourceVersion {event.resource_version[:32]} is lower "
+                            f"than the {held[:32]} held (the server's storage was restored)"
+                        )
                     if event.type == "BOOKMARK":
                         stats.bookmarks += 1
+                        self.bookmarks_seen = True
                         bookmark = True
                     else:
                         stats.events += 1
