@@ -284,7 +284,7 @@ async def test_discovery_documents_name_the_two_resources() -> None:
     async with client(fake) as http:
         assert (await http.get("/api")).json()["versions"] == ["v1"]
         groups = (await http.get("/apis")).json()["groups"]
-        assert [g["name"] for g in groups] == ["discovery.k8s.io"]
+        assert [g["name"] for g in groups] == ["discovery.k8s.io", "authorization.k8s.io"]
         core = (await http.get("/api/v1")).json()
         assert [r["name"] for r in core["resources"]] == ["services"]
         discovery = (await http.get("/apis/discovery.k8s.io/v1")).json()
