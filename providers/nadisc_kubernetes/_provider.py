@@ -91,6 +91,11 @@ logger = logging.getLogger(__name__)
 
 #: A watch the server ends sooner than this is re-opened after a backoff delay.
 _SHORTEST_WATCH = 1.0
+#: The least time a watch gets to open: the API server holds a watch from a
+#: version it has not reached for up to 3 s (the watch cache's blockTimeout)
+#: before it answers 504 "Too large resource version"; a shorter budget would
+#: never see that answer and resume from the same version forever.
+_WATCH_OPEN_FLOOR = 5.0
 
 CAPABILITIES = Capabilities(
     evidence=EvidenceKind.ORCHESTRATOR_READY, registration=False, watch_streams=2
@@ -442,7 +447,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         async with self._http.watch(
             self._collection(kind),
             params,
-            open_budget=self._timeout,
+            open_budget=max(self._timeout, _WATCH_OPEN_FLOOR),
             idle_timeout=settings.watch_timeout + settings.watch_grace,
             what=what,
         ) as lines:

@@ -684,24 +684,36 @@ class KubernetesFake:
         namespace: str = "default",
         ports: list[dict[str, Any]] | None = None,
         uid: str | None = None,
+        selector: dict[str, str] | Literal["default"] | None = "default",
+        ip_families: list[str] | None = None,
+        spec: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Create (or replace) a ClusterIP Service; returns the stored object."""
+        """Create (or replace) a ClusterIP Service; returns the stored object.
+
+        ``selector`` defaults to ``{"app": <name>}``; ``None`` makes a Service
+        without a selector (its slices are mirrored or hand-written)."""
         key = (namespace, name)
         exists = key in self.objects["services"]
         meta: dict[str, Any] = {"name": name}
         if uid is not None:
             meta["uid"] = uid
-        body = {
-            "metadata": meta,
-            "spec": {
-                "type": "ClusterIP",
-                "clusterIP": "10.96.0.10",
-                "ports": ports
-                if ports is not None
-                else [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
-            },
-            "status": {"loadBalancer": {}},
+        body_spec: dict[str, Any] = {
+            "type": "ClusterIP",
+            "clusterIP": "10.96.0.10",
+            "ports": ports
+            if ports is not None
+            else [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
+            "ipFamilies": ip_families or ["IPv4"],
+            "ipFamilyPolicy": "SingleStack"
+            if len(ip_families or ["IPv4"]) == 1
+            else "RequireDualStack",
         }
+        if selector == "default":
+            body_spec["selector"] = {"app": name}
+        elif selector is not None:
+            body_spec["selector"] = dict(selector)
+        body_spec.update(spec or {})
+        body = {"metadata": meta, "spec": body_spec, "status": {"loadBalancer": {}}}
         if exists and uid is None:
             body["metadata"]["uid"] = self.objects["services"][key]["metadata"]["uid"]
         return self._write("services", "MODIFIED" if exists else "ADDED", key, body)
@@ -726,6 +738,25 @@ class KubernetesFake:
         self.compacted = self.version
         self.history.clear()
         self._forget_snapshots()
+
+    def restore(self, version: int) -> None:
+        """A storage restore from a backup taken at ``version``: the objects and
+        the global version go back to it (etcd's revision included), and every
+        watch breaks (the API servers restart). Clients holding a later
+        version then get 504 "Too large resource version" on watch."""
+        state = self.state_at(version)
+        self.objects = {kind: dict(items) for kind, items in state.items()}
+        self.version = version
+        self.history = deque(e for e in self.history if e.version <= version)
+        self._snapshots.clear()
+        self.break_watches()
+        self._poke()
+
+    def freeze_watches(self) -> None:
+        """Every open watch goes silent for good: connection open, nothing sent,
+        not even bookmarks (a dead peer behind a proxy that keeps the socket)."""
+        for watch in list(self._watches):
+            watch.push("freeze")
 
     def expire_watches(self) -> None:
         """Every open watch receives a 410 ``Expired`` ERROR event and ends."""
@@ -1563,6 +1594,8 @@ class KubernetesFake:
                         return
                     if item == "break":
                         raise _Broken("the connection broke")
+                    if item == "freeze":
+                        await anyio.sleep_forever()
                     if item in ("bookmark", "initial-events-end"):
                         if not bookmarks:
                             continue
