@@ -7,6 +7,7 @@ could not express them). Under trio's MockClock through ``fake.transport()``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 from typing import Any
@@ -171,7 +172,7 @@ async def test_an_external_name_service_is_named_as_such(
         ports=[],
         spec={"type": "ExternalName", "externalName": "db.example.com"},
     )
-    with pytest.raises(InvalidSnapshot, match="ExternalName .*'db.example.com'.*dns connection"):
+    with pytest.raises(InvalidSnapshot, match=r"ExternalName .*'db\.example\.com'.*dns connection"):
         await in_process(fake, tmp_path).query("orders", deadline())
 
 
@@ -399,4 +400,4 @@ def test_the_refresh_gate_passes_at_most_one_per_interval(times: list[float]) ->
     gate = RefreshGate(1.0)
     passed = [t for t in sorted(times) if gate.due(t)]
     assert passed[0] == min(times)
-    assert all(b - a >= 1.0 for a, b in zip(passed, passed[1:], strict=False))
+    assert all(b - a >= 1.0 for a, b in itertools.pairwise(passed))
