@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -533,6 +534,14 @@ class KubernetesProviderFactory:
     @property
     def settings_model(self) -> type[BaseModel]:
         return KubernetesSettings
+
+    def preflight(self, settings: BaseModel, environ: Mapping[str, str] | None = None) -> None:
+        """Everything :meth:`create` checks, without the network (``nadisc
+        check``): the kubeconfig or in-cluster files are read and the TLS
+        material loaded; an exec plugin is validated, not run."""
+        if not isinstance(settings, KubernetesSettings):
+            settings = KubernetesSettings.model_validate(settings.model_dump())
+        resolve_access(settings, environ).ssl_context()
 
     def create(self, context: ConnectionContext, settings: BaseModel) -> KubernetesProvider:
         if not isinstance(settings, KubernetesSettings):

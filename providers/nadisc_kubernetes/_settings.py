@@ -23,7 +23,7 @@ does that when the provider is created. Durations are seconds.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -103,6 +103,10 @@ class KubernetesSettings(BaseModel):
     """Validated settings of a Kubernetes connection (see the module docstring)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, hide_input_in_errors=True)
+
+    #: The provider discovers only: config validation refuses a registration
+    #: that names a kubernetes connection (nadisc reads this flag).
+    discovery_only: ClassVar[bool] = True
 
     credentials: Literal["auto", "in_cluster", "kubeconfig"] = Field(
         default="auto",
