@@ -158,12 +158,13 @@ async def test_the_provider_authenticates_with_an_exec_plugin(tmp_path: Path) ->
 
 
 def test_exec_blocks_are_validated_when_read(tmp_path: Path) -> None:
-    for extra, problem in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"interactiveMode": "Always"}, "needs a terminal"),
         ({"apiVersion": "client.authentication.k8s.io/v1alpha1"}, "v1alpha1 was removed"),
         ({"args": "not-a-list"}, "list of strings"),
         ({"env": [{"name": "A"}]}, r"env\[0\]"),
-    ]:
+    ]
+    for extra, problem in cases:
         config = plugin_kubeconfig(tmp_path, "https://k8s.example", **extra)
         with pytest.raises(ConfigError, match=problem):
             resolve_access(settings_for(config), {})
