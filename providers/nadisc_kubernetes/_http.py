@@ -144,6 +144,12 @@ class LineReader:
         try:
             chunk = await self._chunks.__anext__()
         except StopAsyncIteration:
+            if self._buffer.strip():
+                # The server ends a watch between events; bytes left over
+                # mean the connection was cut inside one.
+                raise IncompleteSnapshot(
+                    f"{self._what}: the watch stream ended inside an event"
+                ) from None
             raise
         except (httpx.HTTPError, httpx.StreamError) as exc:
             raise IncompleteSnapshot(
@@ -326,14 +332,21 @@ class KubeHttp:
             )
         chunks: list[bytes] = []
         total = 0
+        body = response.aiter_bytes()
         try:
-            async for chunk in response.aiter_bytes():
-                total += len(chunk)
-                if total > limit:
-                    raise CapacityRejected(
-                        f"{what}: response body exceeds max_response_bytes={limit}"
-                    )
-                chunks.append(chunk)
+            try:
+                async for chunk in body:
+                    total += len(chunk)
+                    if total > limit:
+                        raise CapacityRejected(
+                            f"{what}: response body exceeds max_response_bytes={limit}"
+                        )
+                    chunks.append(chunk)
+            except BaseException:
+                # Abandoned half-way (too large, timed out, cancelled): finish
+                # httpx's generators now, not in the garbage collector.
+                await _discard(response, body)
+                raise
         except httpx.TimeoutException as exc:
             raise IncompleteSnapshot(f"{what}: timed out reading the body") from exc
         except httpx.HTTPError as exc:
