@@ -288,6 +288,12 @@ def build_snapshot(
         chosen = found[0]
     port_name = chosen.name
     family = chosen_family(service, ip_family)
+    families = service.spec.ipFamilies
+    if family is not None and families and family not in families:
+        raise InvalidSnapshot(
+            f"{where} has no {family} addresses (spec.ipFamilies: {', '.join(families)}); "
+            f"ip_family: {ip_family} cannot be served"
+        )
     key_of: _CacheKey = (
         meta.name,
         meta.uid,

@@ -134,6 +134,16 @@ async def test_dual_stack_serves_one_family_deterministically(
         assert not listed.invalid
 
 
+async def test_a_family_the_service_does_not_have_is_invalid_not_empty(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    fake = KubernetesFake(tokens={TOKEN: "alice"})
+    fake.create_service("orders")  # single-stack IPv4
+    owned_slice(fake, "orders-a", 1)
+    with pytest.raises(InvalidSnapshot, match=r"no IPv6 addresses \(spec.ipFamilies: IPv4\)"):
+        await in_process(fake, tmp_path, ip_family="ipv6").query("orders", deadline())
+
+
 # -- ports, ExternalName -----------------------------------------------------------------------
 
 
