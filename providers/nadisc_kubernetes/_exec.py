@@ -35,7 +35,7 @@ from typing import Any
 import anyio
 from anyio.abc import Process
 
-from nadisc import IdentityRevoked, IncompleteSnapshot
+from nadisc import IdentityRevoked, IncompleteSnapshot, redacted_excerpt
 
 __all__ = ["API_VERSIONS", "ExecPlugin", "ExecTokenSource", "credential_fresh", "parse_answer"]
 
@@ -89,7 +89,8 @@ def parse_answer(plugin: ExecPlugin, stdout: bytes) -> tuple[str, float | None]:
     if document.get("apiVersion") != plugin.api_version:
         raise IdentityRevoked(
             f"{plugin.where}: the credential plugin {name!r} answered apiVersion "
-            f"{str(document.get('apiVersion'))[:64]!r}, not the requested {plugin.api_version}"
+            f"{redacted_excerpt(str(document.get('apiVersion')), limit=64)!r}, not the "
+            f"requested {plugin.api_version}"
         )
     status = document.get("status")
     token = status.get("token") if isinstance(status, Mapping) else None
