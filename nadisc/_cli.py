@@ -56,6 +56,31 @@ def _load(path: str, environ: Mapping[str, str]) -> DiscoveryConfig:
     return parse_config(document, environ=environ, require_root=True, require_providers=True)
 
 
+def _preflight(config: DiscoveryConfig, environ: Mapping[str, str]) -> None:
+    """What ``open_discovery`` checks when it creates each provider, without
+    the network: a factory with a ``preflight(settings, environ)`` method
+    (the kubernetes one reads its kubeconfig there) refuses what creating
+    the provider would refuse. Every problem at once, under its connection."""
+    from ._config import BUILTIN_PROVIDERS, validate_provider_block
+    from ._registry import load_factory
+
+    problems: list[tuple[str, str]] = []
+    for name, connection in config.connections.items():
+        if connection.provider in BUILTIN_PROVIDERS:
+            continue
+        factory = load_factory(connection.provider)
+        check = getattr(factory, "preflight", None)
+        if check is None:
+            continue
+        try:
+            check(validate_provider_block(name, connection, factory.settings_model), environ)
+        except ConfigError as exc:
+            where = f"discovery.connections.{name}.{connection.provider}"
+            problems.extend((f"{where}: {path}", message) for path, message in exc.problems)
+    if problems:
+        raise ConfigError(problems[0][0], problems[0][1], problems=tuple(problems))
+
+
 def _describe(config: DiscoveryConfig, out: TextIO) -> None:
     out.write(f"discovery: {'enabled' if config.enabled else 'disabled'}\n")
     for name, connection in config.connections.items():
@@ -131,6 +156,7 @@ def main(
             return int(run(args, lambda path: _load(path, env), env, out, err))
         config = _load(args.config, env)
         if args.command == "check":
+            _preflight(config, env)
             _describe(config, out)
             out.write("ok\n")
             return 0

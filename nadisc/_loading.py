@@ -143,6 +143,8 @@ def parse_config(
     except RecursionError:
         raise ConfigError("discovery", "nested too deeply") from None
     problems.extend(_provider_block_problems(node, require_providers))
+    if config is not None:
+        problems.extend(_discovery_only_problems(config))
     if problems or config is None:
         raise config_error(_unique(problems))
     return config
@@ -200,6 +202,28 @@ def _provider_block_problems(node: Mapping[str, Any], required: bool) -> list[tu
         if not isinstance(block, Mapping):
             continue  # refused by ConnectionConfig itself
         problems.extend(_validate_block(block, model, f"{where}.{provider}"))
+    return problems
+
+
+def _discovery_only_problems(config: DiscoveryConfig) -> list[tuple[str, str]]:
+    """A registration on a connection whose provider's settings model says
+    ``discovery_only`` (a ClassVar) is refused here, not at open."""
+    from ._registry import installed_settings_model
+
+    problems: list[tuple[str, str]] = []
+    for name, registration in config.registrations.items():
+        connection = config.connections.get(registration.qualifier)
+        if connection is None or connection.provider in BUILTIN_PROVIDERS:
+            continue
+        model = installed_settings_model(connection.provider)
+        if model is not None and getattr(model, "discovery_only", False) is True:
+            problems.append(
+                (
+                    f"discovery.registrations.{name}.{registration.qualifier_field}",
+                    f"the connection it names uses the {connection.provider} provider, which "
+                    "only discovers and cannot register",
+                )
+            )
     return problems
 
 

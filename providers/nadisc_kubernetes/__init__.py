@@ -11,8 +11,9 @@ Loaded through the ``nadisc.providers`` entry point ``kubernetes``
           services:
             orders: {name: order-api, port: http}
 
-Evidence is the joint fact of the Service and the EndpointSlices owned by
-its current UID; ready endpoints are served, serving + terminating ones are
+Evidence is the joint fact of the Service and the EndpointSlices that are
+correctly its own (owned by its current UID, or mirrored from its Endpoints
+object when it has no selector); ready endpoints are served, serving + terminating ones are
 draining members. Each watched Service holds two watch streams. See
 ``docs/providers-kubernetes.md``.
 """

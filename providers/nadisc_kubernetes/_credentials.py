@@ -12,7 +12,10 @@ never appear in a ``repr``, a log line or an error message.
                               <root>/token (re-read), <root>/ca.crt, <root>/namespace
     credentials: kubeconfig   current-context (or ``context``) -> cluster + user
                               user: token | tokenFile | client-certificate(-data)/key
-                              exec / auth-provider -> ConfigError (not supported)
+                                    | exec (client.authentication.k8s.io/v1, v1beta1)
+                              auth-provider, basic auth -> ConfigError (not supported)
+                              $KUBECONFIG lists several files: merged as kubectl does
+                              (the first file to set a name or current-context wins)
     credentials: auto         in_cluster if KUBERNETES_SERVICE_HOST is set, else kubeconfig
 
 :class:`TokenSource` holds the bearer token. A token file is re-read by path
@@ -41,6 +44,7 @@ import yaml
 
 from nadisc import ConfigError, tls_context_for
 
+from ._exec import API_VERSIONS, ExecPlugin, ExecTokenSource
 from ._settings import KubernetesSettings
 
 __all__ = ["ClusterAccess", "TokenSource", "resolve_access"]
@@ -105,6 +109,14 @@ class TokenSource:
         self._read()
         return True
 
+    async def fetch(self) -> str | None:
+        """:meth:`current`, for the HTTP shell (an exec plugin's source runs a command)."""
+        return self.current()
+
+    async def refetch(self) -> bool:
+        """:meth:`reload`, for the HTTP shell."""
+        return self.reload()
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterAccess:
@@ -112,7 +124,7 @@ class ClusterAccess:
 
     server: str
     namespace: str
-    tokens: TokenSource = field(repr=False)
+    tokens: TokenSource | ExecTokenSource = field(repr=False)
     ca_file: str | None = None
     ca_data: bytes | None = field(default=None, repr=False)
     insecure: bool = False
@@ -225,14 +237,66 @@ def _in_cluster(settings: KubernetesSettings, env: Mapping[str, str]) -> Cluster
     )
 
 
-def _kubeconfig_path(settings: KubernetesSettings, env: Mapping[str, str]) -> Path:
+def _kubeconfig_paths(settings: KubernetesSettings, env: Mapping[str, str]) -> list[Path]:
     if settings.kubeconfig is not None:
-        return Path(settings.kubeconfig).expanduser()
-    listed = env.get("KUBECONFIG", "")
-    for entry in listed.split(os.pathsep):
-        if entry:
-            return Path(entry).expanduser()
-    return Path(env.get("HOME", str(Path.home()))) / ".kube" / "config"
+        return [Path(settings.kubeconfig).expanduser()]
+    listed = [Path(e).expanduser() for e in env.get("KUBECONFIG", "").split(os.pathsep) if e]
+    if listed:
+        return listed
+    return [Path(env.get("HOME", str(Path.home()))) / ".kube" / "config"]
+
+
+def _read_document(path: Path) -> Mapping[str, Any]:
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise _problem("kubeconfig", f"cannot read {path}: {exc.strerror}") from None
+    except (yaml.YAMLError, RecursionError):
+        raise _problem("kubeconfig", f"{path} is not valid YAML") from None
+    except UnicodeDecodeError:
+        raise _problem("kubeconfig", f"{path} is not UTF-8 text") from None
+    if document is None:
+        return {}
+    if not isinstance(document, Mapping):
+        raise _problem("kubeconfig", f"{path} is not a kubeconfig mapping")
+    return document
+
+
+_Origins = dict[tuple[str, str], Path]
+
+
+def _merged(
+    paths: list[Path], explicit: bool
+) -> tuple[dict[str, Any], dict[tuple[str, str], Path]]:
+    """kubectl's merge of a ``KUBECONFIG`` list (client-go clientcmd loader):
+    files that do not exist are skipped; for every named cluster, user and
+    context, and for current-context, the first file that sets it wins.
+    Returns the merged document and, per (section, name), the file it came
+    from (relative paths resolve against that file's folder)."""
+    merged: dict[str, Any] = {"clusters": [], "users": [], "contexts": []}
+    origin: _Origins = {}
+    found = False
+    for path in paths:
+        if not explicit and len(paths) > 1 and not path.exists():
+            continue
+        document = _read_document(path)
+        found = True
+        if "current-context" not in merged and document.get("current-context"):
+            merged["current-context"] = document["current-context"]
+        for section in ("clusters", "users", "contexts"):
+            entries = document.get(section)
+            if not isinstance(entries, list):
+                continue
+            for entry in entries:
+                if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+                    continue
+                key = (section, entry["name"])
+                if key not in origin:
+                    origin[key] = path
+                    merged[section].append(entry)
+    if not found:
+        raise _problem("kubeconfig", f"none of the KUBECONFIG files exist ({len(paths)} listed)")
+    return merged, origin
 
 
 def _named(entries: Any, name: str, what: str) -> Mapping[str, Any]:
@@ -272,16 +336,76 @@ def _read_bytes(path: str, where: str) -> bytes:
         raise ConfigError(where, f"cannot read {path}: {exc.strerror}") from None
 
 
-def _kubeconfig(settings: KubernetesSettings, env: Mapping[str, str]) -> ClusterAccess:
-    path = _kubeconfig_path(settings, env)
+def _check_server(server: Any, where: str) -> str:
+    if not isinstance(server, str):
+        raise ConfigError(f"{where}.server", "must be an http(s) URL")
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise _problem("kubeconfig", f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError:
-        raise _problem("kubeconfig", f"{path} is not valid YAML") from None
-    if not isinstance(document, Mapping):
-        raise _problem("kubeconfig", f"{path} is not a kubeconfig mapping")
+        parts = urlsplit(server)
+        parts.port  # noqa: B018 - raises for a port that is not a number
+    except ValueError:
+        raise ConfigError(f"{where}.server", "is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}.server", "must be an http(s) URL")
+    # Credentials in the URL would be shown wherever the URL is (reprs,
+    # httpx's request log) and make httpx send Basic instead of the token.
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(
+            f"{where}.server",
+            "must not carry credentials (user:password@): put them in the users entry",
+        )
+    if parts.query or parts.fragment:
+        raise ConfigError(
+            f"{where}.server",
+            "must not carry a query or fragment (a ?token= would be logged with every request)",
+        )
+    return server
+
+
+def _exec_plugin(block: Any, where: str) -> ExecPlugin:
+    where = f"{where}.exec"
+    if not isinstance(block, Mapping):
+        raise ConfigError(where, "must be a mapping")
+    version = block.get("apiVersion")
+    if version not in API_VERSIONS:
+        raise ConfigError(
+            f"{where}.apiVersion",
+            f"must be one of {', '.join(API_VERSIONS)} (v1alpha1 was removed in Kubernetes 1.24)",
+        )
+    command = block.get("command")
+    if not isinstance(command, str) or not command:
+        raise ConfigError(f"{where}.command", "must be a non-empty string")
+    args = block.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ConfigError(f"{where}.args", "must be a list of strings")
+    env_entries = block.get("env") or []
+    env: list[tuple[str, str]] = []
+    if not isinstance(env_entries, list):
+        raise ConfigError(f"{where}.env", "must be a list of {name, value}")
+    for index, item in enumerate(env_entries):
+        if (
+            not isinstance(item, Mapping)
+            or not isinstance(item.get("name"), str)
+            or not isinstance(item.get("value"), str)
+        ):
+            raise ConfigError(f"{where}.env[{index}]", "must be {name: string, value: string}")
+        env.append((item["name"], item["value"]))
+    mode = block.get("interactiveMode")
+    if version.endswith("/v1") and mode is None:
+        raise ConfigError(f"{where}.interactiveMode", "is required by apiVersion v1")
+    if mode not in (None, "Never", "IfAvailable", "Always"):
+        raise ConfigError(f"{where}.interactiveMode", "must be Never, IfAvailable or Always")
+    if mode == "Always":
+        raise ConfigError(
+            f"{where}.interactiveMode",
+            "Always needs a terminal; a discovery client never runs a plugin interactively",
+        )
+    return ExecPlugin(version, command, tuple(args), tuple(env), where)
+
+
+def _kubeconfig(settings: KubernetesSettings, env: Mapping[str, str]) -> ClusterAccess:
+    paths = _kubeconfig_paths(settings, env)
+    document, origin = _merged(paths, explicit=settings.kubeconfig is not None)
+    path = paths[0] if len(paths) == 1 else Path(os.pathsep.join(str(p) for p in paths))
     context_name = settings.context or document.get("current-context")
     if not context_name:
         raise _problem("context", f"{path} has no current-context; name one with context")
@@ -295,27 +419,20 @@ def _kubeconfig(settings: KubernetesSettings, env: Mapping[str, str]) -> Cluster
     )
     where_cluster = f"kubeconfig clusters[{cluster_name}]"
     where_user = f"kubeconfig users[{user_name}]"
-    server = cluster.get("server")
-    if not isinstance(server, str) or urlsplit(server).scheme not in ("http", "https"):
-        raise ConfigError(f"{where_cluster}.server", "must be an http(s) URL")
-    if "exec" in user:
-        raise ConfigError(
-            f"{where_user}.exec",
-            "exec credential plugins are not supported; use a token, a tokenFile or a "
-            "client certificate (for example a service-account token)",
-        )
+    server = _check_server(cluster.get("server"), where_cluster)
     if "auth-provider" in user:
         raise ConfigError(
             f"{where_user}.auth-provider",
-            "auth-provider plugins are not supported; use a token, a tokenFile or a "
-            "client certificate",
+            "auth-provider plugins are not supported; use a token, a tokenFile, an exec "
+            "plugin or a client certificate",
         )
     if "username" in user or "password" in user:
         raise ConfigError(f"{where_user}.username", "basic authentication is not supported")
-    base = path.parent
+    base = origin.get(("clusters", str(cluster_name)), paths[0]).parent
+    user_base = origin.get(("users", str(user_name)), paths[0]).parent
     ca_data, ca_path = _material(base, cluster, "certificate-authority", where_cluster)
-    cert_data, cert_path = _material(base, user, "client-certificate", where_user)
-    key_data, key_path = _material(base, user, "client-key", where_user)
+    cert_data, cert_path = _material(user_base, user, "client-certificate", where_user)
+    key_data, key_path = _material(user_base, user, "client-key", where_user)
     client: tuple[bytes, bytes] | None = None
     if (cert_data or cert_path) and (key_data or key_path):
         cert = cert_data or _read_bytes(str(cert_path), f"{where_user}.client-certificate")
@@ -329,12 +446,33 @@ def _kubeconfig(settings: KubernetesSettings, env: Mapping[str, str]) -> Cluster
     token_file = user.get("tokenFile")
     if token is not None and not isinstance(token, str):
         raise ConfigError(f"{where_user}.token", "must be a string")
-    tokens = TokenSource(
-        token=token or None,
-        path=None if token or not token_file else str(_resolve(base, str(token_file))),
-    )
-    if tokens.path is not None:
-        tokens.current()
+    if token_file is not None and not isinstance(token_file, str):
+        raise ConfigError(f"{where_user}.tokenFile", "must be a string")
+    tokens: TokenSource | ExecTokenSource
+    if "exec" in user and not token and not token_file:
+        plugin = _exec_plugin(user["exec"], where_user)
+        command = plugin.command
+        if os.sep in command and not os.path.isabs(command):
+            # client-go resolves a relative command with a path against the file's folder
+            plugin = ExecPlugin(
+                plugin.api_version, str(user_base / command), plugin.args, plugin.env, plugin.where
+            )
+        cluster_info = (
+            {
+                "server": server,
+                "insecure-skip-tls-verify": bool(cluster.get("insecure-skip-tls-verify")),
+            }
+            if user["exec"].get("provideClusterInfo")
+            else None
+        )
+        tokens = ExecTokenSource(plugin, timeout=settings.exec_timeout, cluster=cluster_info)
+    else:
+        tokens = TokenSource(
+            token=token or None,
+            path=None if token or not token_file else str(_resolve(user_base, str(token_file))),
+        )
+        if tokens.path is not None:
+            tokens.current()
     namespace = settings.namespace or context.get("namespace") or "default"
     return ClusterAccess(
         server=server.rstrip("/"),

@@ -13,12 +13,18 @@ Status translation (the API server answers errors with a ``Status`` object)::
     403 Forbidden      IdentityRevoked (RBAC denial: no grace)
     404 NotFound       NotFound (the caller decides: a missing Service is empty)
     410 Gone/Expired   Gone (resourceVersion or continue token too old: relist)
+    504 "Too large resource version"
+                       TooLarge, a Gone (the server has not reached the version:
+                       its storage was restored, or it is behind: relist)
     5xx, 429, other    IncompleteSnapshot
+    token unavailable  IdentityRevoked (token file gone, exec plugin failed)
     transport errors, timeouts, truncated bodies   IncompleteSnapshot
     body over budget   CapacityRejected
 
 The bearer token travels in the ``Authorization`` header only, and is
-never part of a message or log line.
+never part of a message or log line: every quoted server text goes through
+:func:`nadisc.redacted_excerpt` with the current token as a secret
+(a proxy that echoes ``Bearer <token>`` is quoted as ``Bearer ***``).
 """
 
 from __future__ import annotations
@@ -32,12 +38,19 @@ from dataclasses import dataclass
 import anyio
 import httpx
 
-from nadisc import CapacityRejected, IdentityRevoked, IncompleteSnapshot, ProviderFailure
+from nadisc import (
+    CapacityRejected,
+    ConfigError,
+    IdentityRevoked,
+    IncompleteSnapshot,
+    ProviderFailure,
+    redacted_excerpt,
+)
 
 from ._credentials import ClusterAccess
 from ._wire import Status, decode_status
 
-__all__ = ["Gone", "KubeHttp", "LineReader", "NotFound"]
+__all__ = ["Gone", "KubeHttp", "LineReader", "NotFound", "TooLarge"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,35 +61,49 @@ class Gone(IncompleteSnapshot):
     """410: the requested resourceVersion or continue token is too old."""
 
 
+class TooLarge(Gone):
+    """504 "Too large resource version": the server is behind the version we hold."""
+
+
 class NotFound(Exception):
     """404 for the named object (not a failure by itself)."""
 
 
-def _describe(status: int, body: bytes) -> str:
+def _describe(status: int, body: bytes, secrets: tuple[str, ...]) -> str:
     decoded = decode_status(body)
     if decoded is not None:
-        return f"{decoded.reason or status}: {decoded.message}"[:_TEXT_LIMIT]
-    text = body[:_TEXT_LIMIT].decode("utf-8", "replace")
-    return " ".join(text.split()) or str(status)
+        text = f"{decoded.reason or status}: {decoded.message}"
+        return redacted_excerpt(text, secrets, limit=_TEXT_LIMIT)
+    return redacted_excerpt(body, secrets, limit=_TEXT_LIMIT) or str(status)
 
 
-def failure_for(status: int, body: bytes, what: str) -> ProviderFailure | NotFound:
+def failure_for(
+    status: int, body: bytes, what: str, secrets: tuple[str, ...] = ()
+) -> ProviderFailure | NotFound:
     """The typed outcome of a non-200 answer (401 is handled by the caller)."""
-    detail = _describe(status, body)
+    detail = _describe(status, body, secrets)
     if status in (401, 403):
         return IdentityRevoked(f"{what}: HTTP {status} {detail}")
     if status == 404:
         return NotFound(f"{what}: {detail}")
     if status == 410:
         return Gone(f"{what}: HTTP 410 {detail}")
+    if status == 504:
+        decoded = decode_status(body)
+        if decoded is not None and decoded.too_large_version:
+            return TooLarge(f"{what}: HTTP 504 {detail}")
     return IncompleteSnapshot(f"{what}: HTTP {status} {detail}")
 
 
-def status_failure(status: Status, what: str) -> ProviderFailure:
+def status_failure(status: Status, what: str, secrets: tuple[str, ...] = ()) -> ProviderFailure:
     """The typed outcome of an ERROR event's Status."""
-    detail = f"{status.reason or status.code}: {status.message}"[:_TEXT_LIMIT]
+    detail = redacted_excerpt(
+        f"{status.reason or status.code}: {status.message}", secrets, limit=_TEXT_LIMIT
+    )
     if status.code == 410:
         return Gone(f"{what}: {detail}")
+    if status.too_large_version:
+        return TooLarge(f"{what}: {detail}")
     if status.code in (401, 403):
         return IdentityRevoked(f"{what}: {detail}")
     return IncompleteSnapshot(f"{what}: watch ended with an error ({detail})")
@@ -117,6 +144,12 @@ class LineReader:
         try:
             chunk = await self._chunks.__anext__()
         except StopAsyncIteration:
+            if self._buffer.strip():
+                # The server ends a watch between events; bytes left over
+                # mean the connection was cut inside one.
+                raise IncompleteSnapshot(
+                    f"{self._what}: the watch stream ended inside an event"
+                ) from None
             raise
         except (httpx.HTTPError, httpx.StreamError) as exc:
             raise IncompleteSnapshot(
@@ -178,13 +211,24 @@ class KubeHttp:
         )
         self.counters = HttpCounters()
         self._closed = False
+        self._sent = ""
 
     @property
     def access(self) -> ClusterAccess:
         return self._access
 
-    def _headers(self, identity: bool = False) -> dict[str, str]:
-        token = self._access.tokens.current()
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What must never be quoted: the token last sent (for redaction)."""
+        return (self._sent,) if self._sent else ()
+
+    async def _headers(self, what: str, identity: bool = False) -> dict[str, str]:
+        try:
+            token = await self._access.tokens.fetch()
+        except ConfigError as exc:
+            # The token file vanished (or became unreadable) after start.
+            raise IdentityRevoked(f"{what}: {exc.detail}") from None
+        self._sent = token or ""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if identity:
             headers["Accept-Encoding"] = "identity"
@@ -209,7 +253,7 @@ class KubeHttp:
                 "GET",
                 self._base + path,
                 params=params,
-                headers=self._headers(identity),
+                headers=await self._headers(what, identity),
                 timeout=timeout,
                 extensions=self._extensions,
             )
@@ -218,19 +262,25 @@ class KubeHttp:
             except httpx.TimeoutException as exc:
                 raise IncompleteSnapshot(f"{what}: timed out ({type(exc).__name__})") from exc
             except httpx.HTTPError as exc:
+                detail = redacted_excerpt(str(exc), self.secrets, limit=_TEXT_LIMIT)
                 raise IncompleteSnapshot(
-                    f"{what}: transport failed ({type(exc).__name__}: {exc})"
+                    f"{what}: transport failed ({type(exc).__name__}: {detail})"
                 ) from exc
             try:
                 if response.status_code == 200:
                     yield response
                     return
                 body = await self._read_bounded(response, what)
-                if response.status_code == 401 and attempt == 0 and self._access.tokens.reload():
-                    self.counters.unauthorized_retries += 1
-                    logger.info("%s: 401; the token file was re-read, trying once more", what)
-                    continue
-                raise failure_for(response.status_code, body, what)
+                if response.status_code == 401 and attempt == 0:
+                    try:
+                        again = await self._access.tokens.refetch()
+                    except ConfigError as exc:
+                        raise IdentityRevoked(f"{what}: {exc.detail}") from None
+                    if again:
+                        self.counters.unauthorized_retries += 1
+                        logger.info("%s: 401; the credential was renewed, trying once more", what)
+                        continue
+                raise failure_for(response.status_code, body, what, self.secrets)
             finally:
                 with anyio.CancelScope(shield=True) as scope:
                     scope.deadline = anyio.current_time() + 1.0
@@ -282,14 +332,21 @@ class KubeHttp:
             )
         chunks: list[bytes] = []
         total = 0
+        body = response.aiter_bytes()
         try:
-            async for chunk in response.aiter_bytes():
-                total += len(chunk)
-                if total > limit:
-                    raise CapacityRejected(
-                        f"{what}: response body exceeds max_response_bytes={limit}"
-                    )
-                chunks.append(chunk)
+            try:
+                async for chunk in body:
+                    total += len(chunk)
+                    if total > limit:
+                        raise CapacityRejected(
+                            f"{what}: response body exceeds max_response_bytes={limit}"
+                        )
+                    chunks.append(chunk)
+            except BaseException:
+                # Abandoned half-way (too large, timed out, cancelled): finish
+                # httpx's generators now, not in the garbage collector.
+                await _discard(response, body)
+                raise
         except httpx.TimeoutException as exc:
             raise IncompleteSnapshot(f"{what}: timed out reading the body") from exc
         except httpx.HTTPError as exc:

@@ -9,20 +9,28 @@ while both sides are in sync::
 
     per stream:  list (pages: limit/continue) ─► reset side ─► publish if changed
                    ▲                               │
-                   │ 410 (HTTP or ERROR event)     ▼
-                   └── one relist ◄──── watch ?resourceVersion=<last>&allowWatchBookmarks
+                   │ 410 (HTTP or ERROR event),    ▼
+                   │ 504 Too large resource version, a version lower than held
+                   └── backoff, relist ◄── watch ?resourceVersion=<last>&allowWatchBookmarks
                                           │ ADDED/MODIFIED/DELETED: apply; publish if changed
-                                          │ BOOKMARK: remember version; refresh()
+                                          │ BOOKMARK: remember version; refresh() (<= 1/s)
                                           │ server timeout (stream ends): re-watch from <last>
                                           │   (after a backoff delay if it lasted < 1 s)
                                           │ 403 / 401 twice: fail(IdentityRevoked), backoff
                                           └ 5xx, broken stream, silence: fail(Incomplete),
                                             backoff, resume from <last> (no relist)
 
+Every relist waits a backoff delay first (a server answering 410 right
+after each list is not asked again in a hot loop); a watch that stayed
+open a second resets the backoff. Silence: once the server has sent a
+bookmark, ``bookmark_silence`` (80 s) without any line is a dead stream;
+before that ``watch_timeout + watch_grace`` (see ``_pacing``).
+
 A publish happens only when the listing differs from the last one
 published (a relist that finds nothing new commits nothing), or when a
-failure was reported since. resourceVersions are opaque: they are only
-ever sent back, never compared.
+failure was reported since. resourceVersions are only sent back, never
+ordered, except that a decimal version lower than the one held (a restored
+storage) forces a relist.
 
 ``query`` lists both (every page) and builds the same listing. While a
 watch of the same Service is in sync and applied changes during the
@@ -41,6 +49,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,6 +71,7 @@ from nadisc import (
 
 from ._credentials import ClusterAccess, resolve_access
 from ._http import Gone, KubeHttp, status_failure
+from ._pacing import RefreshGate, silence_limit, went_backwards
 from ._settings import KubernetesSettings
 from ._state import SERVICE_NAME_LABEL, ServiceView
 from ._wire import (
@@ -82,6 +92,11 @@ logger = logging.getLogger(__name__)
 
 #: A watch the server ends sooner than this is re-opened after a backoff delay.
 _SHORTEST_WATCH = 1.0
+#: The least time a watch gets to open: the API server holds a watch from a
+#: version it has not reached for up to 3 s (the watch cache's blockTimeout)
+#: before it answers 504 "Too large resource version"; a shorter budget would
+#: never see that answer and resume from the same version forever.
+_WATCH_OPEN_FLOOR = 5.0
 
 CAPABILITIES = Capabilities(
     evidence=EvidenceKind.ORCHESTRATOR_READY, registration=False, watch_streams=2
@@ -95,8 +110,13 @@ class KubernetesStatistics:
     lists: int = 0
     pages: int = 0
     watches_opened: int = 0
-    #: Relists forced by a 410 (HTTP status or ERROR event).
+    #: Relists forced by a 410 (HTTP status or ERROR event), a 504 "Too large
+    #: resource version" or a version going backwards.
     relists: int = 0
+    #: Watches reopened because they stayed silent past the silence limit.
+    silent_watches: int = 0
+    #: Bookmark confirmations passed to the sink (at most one a second).
+    confirmations: int = 0
     #: Watches the server ended on its own (timeoutSeconds) and that resumed.
     server_timeouts: int = 0
     bookmarks: int = 0
@@ -137,6 +157,7 @@ class _Run:
         #: A failure was reported since the last publish.
         self.reported = False
         self.last: ProviderSnapshot | None = None
+        self.gate = RefreshGate()
         self._task_status = task_status
         self._started = False
 
@@ -166,7 +187,8 @@ class _Run:
             stats.publishes += 1
             self.sink.publish(snapshot)
             self._start()
-        elif confirm:
+        elif confirm and self.gate.due(anyio.current_time()):
+            stats.confirmations += 1
             self.sink.refresh()
 
     def fail(self, kind: str | None, failure: ProviderFailure, stats: KubernetesStatistics) -> None:
@@ -200,6 +222,8 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         )
         self._random = random_source or random.Random()
         self._views: dict[str, ServiceView] = {}
+        #: The server has sent a bookmark on one of this provider's watches.
+        self.bookmarks_seen = False
         self._closed = False
         self.statistics = KubernetesStatistics()
 
@@ -250,6 +274,9 @@ class KubernetesProvider(DiscoveryOnlyProvider):
             binding.name,
             port=binding.port,
             max_instances=self._context.max_instances_per_service,
+            protocol=binding.protocol,
+            ip_family=self._settings.ip_family,
+            trust_unowned=self._settings.trust_unowned_slices,
         )
 
     # -- discovery ------------------------------------------------------------------
@@ -357,11 +384,21 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         what = f"watch {kind}s of {self.namespace}/{view.name}"
         need_list = True
         while True:
+            opened: float | None = None
             try:
                 if need_list:
+                    held = view.version(kind)
                     items, version = await self.list_all(
                         kind, view.name, deadline=anyio.current_time() + self._timeout
                     )
+                    if held and went_backwards(held, version):
+                        logger.warning(
+                            "%s: the list's resourceVersion %s is lower than the %s held: "
+                            "the server's storage was restored; its state replaces ours",
+                            what,
+                            version[:32],
+                            held[:32],
+                        )
                     if kind == "service":
                         view.reset_service(items, version)  # type: ignore[arg-type]
                     else:
@@ -381,9 +418,13 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                 stats.relists += 1
                 logger.info("%s: %s; listing again", what, exc)
                 view.unsync(kind)
-                if need_list:  # a fresh list's version was already gone: do not spin
-                    await anyio.sleep(backoff.next_delay())
                 need_list = True
+                if opened is not None and anyio.current_time() - opened >= _SHORTEST_WATCH:
+                    backoff.reset()
+                # Every relist waits: a server that answers 410 (or 504) right
+                # after each list is not asked again in a hot loop.
+                await anyio.sleep(backoff.next_delay())
+                self._check_open()
                 continue
             except ProviderFailure as exc:
                 logger.info("%s failed: %s", what, exc)
@@ -407,14 +448,31 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         async with self._http.watch(
             self._collection(kind),
             params,
-            open_budget=self._timeout,
+            open_budget=max(self._timeout, _WATCH_OPEN_FLOOR),
             idle_timeout=settings.watch_timeout + settings.watch_grace,
             what=what,
         ) as lines:
             stats.watches_opened += 1
             # Open again after a failure: the listing we hold is confirmed current.
             run.settle(kind, stats)
-            async for batch in lines:
+            while True:
+                quiet = silence_limit(
+                    watch_timeout=settings.watch_timeout,
+                    watch_grace=settings.watch_grace,
+                    bookmark_silence=settings.bookmark_silence,
+                    bookmarks_seen=self.bookmarks_seen,
+                )
+                with anyio.move_on_after(quiet) as waiting:
+                    try:
+                        batch = await lines.__anext__()
+                    except StopAsyncIteration:
+                        return
+                if waiting.cancelled_caught:
+                    stats.silent_watches += 1
+                    raise IncompleteSnapshot(
+                        f"{what}: the watch sent nothing for {quiet:g}s (the server sends a "
+                        "bookmark about every minute); reopening it"
+                    )
                 changed = bookmark = False
                 for line in batch:
                     try:
@@ -423,9 +481,16 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                         raise IncompleteSnapshot(f"{what}: {exc}") from None
                     if event.type == "ERROR":
                         assert event.status is not None
-                        raise status_failure(event.status, what)
+                        raise status_failure(event.status, what, self._http.secrets)
+                    held = view.version(kind)
+                    if held and went_backwards(held, event.resource_version):
+                        raise Gone(
+                            f"{what}: resourceVersion {event.resource_version[:32]} is lower "
+                            f"than the {held[:32]} held (the server's storage was restored)"
+                        )
                     if event.type == "BOOKMARK":
                         stats.bookmarks += 1
+                        self.bookmarks_seen = True
                         bookmark = True
                     else:
                         stats.events += 1
@@ -469,6 +534,14 @@ class KubernetesProviderFactory:
     @property
     def settings_model(self) -> type[BaseModel]:
         return KubernetesSettings
+
+    def preflight(self, settings: BaseModel, environ: Mapping[str, str] | None = None) -> None:
+        """Everything :meth:`create` checks, without the network (``nadisc
+        check``): the kubeconfig or in-cluster files are read and the TLS
+        material loaded; an exec plugin is validated, not run."""
+        if not isinstance(settings, KubernetesSettings):
+            settings = KubernetesSettings.model_validate(settings.model_dump())
+        resolve_access(settings, environ).ssl_context()
 
     def create(self, context: ConnectionContext, settings: BaseModel) -> KubernetesProvider:
         if not isinstance(settings, KubernetesSettings):

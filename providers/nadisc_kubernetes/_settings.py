@@ -15,17 +15,21 @@ does that when the provider is created. Durations are seconds.
       namespace: shop            # default: the credentials' namespace, then "default"
       services:
         orders: {name: order-api, port: http}   # Service port name or number
+        dns: {name: kube-dns, port: 53, protocol: UDP}
+      ip_family: primary         # primary | ipv4 | ipv6 (dual-stack Services)
+      trust_unowned_slices: false
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     StrictStr,
     field_validator,
@@ -67,6 +71,14 @@ class ServiceBinding(BaseModel):
         ),
     )
 
+    protocol: Literal["TCP", "UDP", "SCTP"] | None = Field(
+        default=None,
+        description=(
+            "the protocol of a numeric port (a Service may serve one number on TCP and "
+            "UDP, as DNS does); default: TCP when the number is on several protocols"
+        ),
+    )
+
     @field_validator("name")
     @classmethod
     def _service_name(cls, value: str) -> str:
@@ -92,6 +104,10 @@ class KubernetesSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, hide_input_in_errors=True)
 
+    #: The provider discovers only: config validation refuses a registration
+    #: that names a kubernetes connection (nadisc reads this flag).
+    discovery_only: ClassVar[bool] = True
+
     credentials: Literal["auto", "in_cluster", "kubeconfig"] = Field(
         default="auto",
         description=(
@@ -104,8 +120,8 @@ class KubernetesSettings(BaseModel):
         default=None,
         min_length=1,
         description=(
-            "kubeconfig mode: path of the kubeconfig file (~ expanded); default: the "
-            "first entry of $KUBECONFIG, else ~/.kube/config"
+            "kubeconfig mode: path of the kubeconfig file (~ expanded); default: every "
+            "file listed in $KUBECONFIG, merged as kubectl merges them, else ~/.kube/config"
         ),
     )
     context: StrictStr | None = Field(
@@ -179,6 +195,36 @@ class KubernetesSettings(BaseModel):
     max_backoff: Annotated[float, Field(gt=0, le=3600)] = Field(
         default=30.0,
         description="the longest wait between retries of a failed list or watch, in seconds",
+    )
+    bookmark_silence: Annotated[float, Field(gt=0, le=3600)] = Field(
+        default=80.0,
+        description=(
+            "once the server has sent a bookmark (it sends one about every minute to a "
+            "watch that asks), a watch silent this many seconds counts as broken and is "
+            "reopened; until then watch_timeout + watch_grace applies"
+        ),
+    )
+    ip_family: Literal["primary", "ipv4", "ipv6"] = Field(
+        default="primary",
+        description=(
+            "which addresses of a dual-stack Service to serve: its primary family (the "
+            "first of spec.ipFamilies), or always ipv4 / ipv6"
+        ),
+    )
+    trust_unowned_slices: StrictBool = Field(
+        default=False,
+        description=(
+            "serve EndpointSlices that no controller owns (hand-written, with only the "
+            "kubernetes.io/service-name label) for Services without a selector: a trust "
+            "decision - anyone allowed to write slices in the namespace then steers traffic"
+        ),
+    )
+    exec_timeout: Annotated[float, Field(gt=0, le=600)] = Field(
+        default=30.0,
+        description=(
+            "kubeconfig exec credential plugins: seconds one run may take before it is "
+            "killed and the credential counts as unavailable"
+        ),
     )
 
     @field_validator("namespace")

@@ -1,14 +1,18 @@
-"""Sans-IO evidence of one Service: the Service object, its owned slices, the listing.
+"""Sans-IO evidence of one Service: the Service object, its slices, the listing.
 
 Contract: synchronous, no I/O, no clock. :class:`ServiceView` holds what
 the two streams (Service and EndpointSlices) established and turns it into
 a complete :class:`~nadisc.ProviderSnapshot` with :func:`build_snapshot`::
 
     Service absent (404 / DELETED)              -> explicit empty listing
+    Service of type ExternalName                -> InvalidSnapshot (a DNS alias, no endpoints)
     Service present, port not on the Service    -> InvalidSnapshot (misconfigured)
-    slice labelled for the Service but owned by another UID (left from a
-    deleted-and-recreated Service) or by something else -> not evidence,
-                                                   counted in ``invalid``
+    which labelled slices are the Service's (the rest is counted in ``invalid``):
+      Service with a selector     owned by Service/<name> with the current UID
+      Service without a selector  owned by Endpoints/<name> (mirrored by the
+                                  EndpointSlice mirroring controller), or - only
+                                  with ``trust_unowned_slices`` - owned by nothing
+    slice of another address family than ``ip_family`` -> skipped (not invalid)
     owned slice without the port's name         -> counted in ``invalid``
     endpoint  terminating? ── no ─► ready (nil = true)?   yes: served
                   │                                     no: withdrawn
@@ -17,12 +21,14 @@ a complete :class:`~nadisc.ProviderSnapshot` with :func:`build_snapshot`::
 
 An endpoint's identity is its ``targetRef`` (the Pod's UID, else
 ``<kind>/<namespace>/<name>``), never its IP; only an endpoint without a
-``targetRef`` falls back to ``<addressType>/<first address>``. The same
-identity in several slices (a slice being split or merged) is one member:
-a served copy beats a draining one, then the slice that sorts first.
-Zone, node name, hostname, zone hints, the address type and the port's
-``appProtocol`` are kept in the metadata (one shared mapping per distinct
-content).
+``targetRef`` falls back to ``<addressType>/<first address>:<port>`` (so
+two ports of one host are two members). The same identity in several
+slices (a slice being split or merged, or both families of a dual-stack
+Pod when no family is chosen) is one member: a served copy beats a
+draining one, then IPv4 beats IPv6, then the slice that sorts first - the
+same answer whatever order the slices arrived in. Zone, node name,
+hostname, zone hints, the address type and the port's ``appProtocol`` are
+kept in the metadata (one shared mapping per distinct content).
 
 Cost: O(endpoints) dictionary work per snapshot; :class:`ServiceView` keeps
 the last one until something changes, and the instances of every slice that
@@ -61,14 +67,66 @@ def endpoint_state(endpoint: SliceEndpoint) -> str:
     return "served" if ready else "withdrawn"
 
 
-def _identity(slice_: EndpointSlice, endpoint: SliceEndpoint) -> str:
+def _identity(slice_: EndpointSlice, endpoint: SliceEndpoint, port: int) -> str:
     ref = endpoint.targetRef
     if ref is not None and ref.uid:
         return ref.uid
     if ref is not None and ref.name:
         namespace = ref.namespace or slice_.metadata.namespace
         return f"{ref.kind or 'Pod'}/{namespace}/{ref.name}"
-    return f"{slice_.addressType}/{endpoint.addresses[0]}"
+    address = endpoint.addresses[0]
+    host = f"[{address}]" if ":" in address else address
+    return f"{slice_.addressType}/{host}:{port}"
+
+
+#: Address families by the ``ip_family`` setting's spelling.
+FAMILIES = {"ipv4": "IPv4", "ipv6": "IPv6"}
+_FAMILY_RANK = {"IPv4": 0, "IPv6": 1}
+
+
+def chosen_family(service: Service, ip_family: str) -> str | None:
+    """The address type served: ``ipv4``/``ipv6`` as set; ``primary``: the
+    Service's first ``spec.ipFamilies`` entry (None when it has none: every
+    family, merged by identity)."""
+    if ip_family in FAMILIES:
+        return FAMILIES[ip_family]
+    families = service.spec.ipFamilies
+    return families[0] if families else None
+
+
+def slice_owner(slice_: EndpointSlice, service: Service, *, trust_unowned: bool) -> str | None:
+    """None when ``slice_`` is evidence for ``service``, else why not.
+
+    Kubernetes writes a Service's slices in two ways: the EndpointSlice
+    controller for a Service with a selector (owner: the Service, by UID),
+    and the mirroring controller for a Service without one that has an
+    Endpoints object of the same name (owner: ``Endpoints/<name>``;
+    pkg/controller/endpointslicemirroring/utils.go). A slice that only
+    carries the service-name label is someone's claim, trusted only when
+    the connection says so (``trust_unowned_slices``), and only for a
+    Service without a selector (with one, the controller owns the slices).
+    """
+    meta = service.metadata
+    owners = slice_.metadata.ownerReferences
+    if any(o.kind == "Service" and o.uid == meta.uid for o in owners):
+        return None
+    if not service.spec.selector:
+        if any(o.kind == "Endpoints" and o.name == meta.name for o in owners):
+            return None
+        if not owners:
+            if trust_unowned:
+                return None
+            return (
+                "owned by nothing (a hand-written slice of a Service without a selector; "
+                "served only with trust_unowned_slices)"
+            )
+    owned = ", ".join(f"{o.kind}/{o.name} uid {o.uid}" for o in owners) or "nothing"
+    expected = (
+        f"the current Service (uid {meta.uid})"
+        if service.spec.selector
+        else f"the current Service (uid {meta.uid}) or Endpoints/{meta.name}"
+    )
+    return f"not owned by {expected}; owned by {owned}"
 
 
 _NO_METADATA: Mapping[str, str] = MappingProxyType({})
@@ -113,22 +171,31 @@ class _SliceResult:
     invalid: tuple[tuple[str, str], ...]
 
 
-#: Per slice name: (the slice object, Service name, Service UID, port name, its result).
-SliceCache = dict[str, tuple[EndpointSlice, str, str, str, _SliceResult]]
+#: What a cached slice result depends on besides the slice itself: Service
+#: name, UID, whether it has a selector, the port name, the family, the trust.
+_CacheKey = tuple[str, str, bool, str, str | None, bool]
+#: Per slice name: (the slice object, the key it was built for, its result).
+SliceCache = dict[str, tuple[EndpointSlice, _CacheKey, _SliceResult]]
 
 
 def _slice_result(
-    slice_: EndpointSlice, service: Service, port_name: str, metadata: _Metadata
+    slice_: EndpointSlice,
+    service: Service,
+    port_name: str,
+    metadata: _Metadata,
+    *,
+    family: str | None = None,
+    trust_unowned: bool = False,
 ) -> _SliceResult:
     meta = service.metadata
     key = f"endpointslice/{slice_.metadata.name}"
-    owners = slice_.metadata.ownerReferences
     if slice_.metadata.labels.get(SERVICE_NAME_LABEL) != meta.name:
         return _SliceResult((), ((key, f"not labelled {SERVICE_NAME_LABEL}={meta.name}"),))
-    if not any(o.kind == "Service" and o.uid == meta.uid for o in owners):
-        owned = ", ".join(f"{o.kind}/{o.name} uid {o.uid}" for o in owners) or "nothing"
-        reason = f"not owned by the current Service (uid {meta.uid}); owned by {owned}"
-        return _SliceResult((), ((key, reason),))
+    refused = slice_owner(slice_, service, trust_unowned=trust_unowned)
+    if refused is not None:
+        return _SliceResult((), ((key, refused),))
+    if family is not None and slice_.addressType != family:
+        return _SliceResult((), ())  # the other family of a dual-stack Service
     slice_port = next((p for p in slice_.ports or () if (p.name or "") == port_name), None)
     if slice_port is None:
         if slice_.endpoints:
@@ -139,6 +206,7 @@ def _slice_result(
         return _SliceResult((), ((key, f"port {port_name!r} has no usable number"),))
     members: list[tuple[str, int, Instance]] = []
     invalid: list[tuple[str, str]] = []
+    family_rank = _FAMILY_RANK.get(slice_.addressType, 2)
     for position, endpoint in enumerate(slice_.endpoints or ()):
         state = endpoint_state(endpoint)
         if state == "withdrawn":
@@ -146,7 +214,7 @@ def _slice_result(
         if not endpoint.addresses or not endpoint.addresses[0]:
             invalid.append((f"{key}/{position}", "endpoint without an address"))
             continue
-        identity = _identity(slice_, endpoint)
+        identity = _identity(slice_, endpoint, number)
         try:
             instance = Instance(
                 identity,
@@ -158,7 +226,7 @@ def _slice_result(
         except ValueError as exc:
             invalid.append((f"{key}/{position}", str(exc)))
             continue
-        members.append((identity, 0 if state == "served" else 1, instance))
+        members.append((identity, (0 if state == "served" else 4) + family_rank, instance))
     return _SliceResult(tuple(members), tuple(invalid))
 
 
@@ -170,6 +238,9 @@ def build_snapshot(
     port: str | int | None,
     max_instances: int,
     cache: SliceCache | None = None,
+    protocol: str | None = None,
+    ip_family: str = "primary",
+    trust_unowned: bool = False,
 ) -> ProviderSnapshot:
     """The listing of ``alias`` from the Service and its labelled slices.
 
@@ -183,6 +254,12 @@ def build_snapshot(
     meta = service.metadata
     ports = service.spec.ports
     where = f"Service {meta.namespace}/{meta.name}"
+    if service.spec.type == "ExternalName":
+        raise InvalidSnapshot(
+            f"{where} is of type ExternalName (a DNS alias for "
+            f"{service.spec.externalName or 'an external name'!r}): it has no endpoints to "
+            "list; resolve that name with a dns connection instead"
+        )
     if port is None:
         if len(ports) != 1:
             raise InvalidSnapshot(
@@ -191,34 +268,64 @@ def build_snapshot(
         chosen = ports[0]
     else:
         found = [p for p in ports if (p.name == port if isinstance(port, str) else p.port == port)]
+        if protocol is not None:
+            found = [p for p in found if p.protocol == protocol]
+        elif len(found) > 1:
+            # One number on several protocols (DNS: 53/UDP and 53/TCP): TCP
+            # unless the binding names the protocol.
+            tcp = [p for p in found if p.protocol == "TCP"]
+            if not tcp:
+                protocols = ", ".join(p.protocol for p in found)
+                raise InvalidSnapshot(
+                    f"{where} has port {port} on several protocols ({protocols}); name one "
+                    "with services.<alias>.protocol"
+                )
+            found = tcp
         if not found:
-            listed = ", ".join(p.name or str(p.port) for p in ports) or "none"
-            raise InvalidSnapshot(f"{where} has no port {port!r} (its ports: {listed})")
+            listed = ", ".join(f"{p.name or p.port}/{p.protocol}" for p in ports) or "none"
+            wanted = f"{port}/{protocol}" if protocol is not None else repr(port)
+            raise InvalidSnapshot(f"{where} has no port {wanted} (its ports: {listed})")
         chosen = found[0]
     port_name = chosen.name
+    family = chosen_family(service, ip_family)
+    families = service.spec.ipFamilies
+    if family is not None and families and family not in families:
+        raise InvalidSnapshot(
+            f"{where} has no {family} addresses (spec.ipFamilies: {', '.join(families)}); "
+            f"ip_family: {ip_family} cannot be served"
+        )
+    key_of: _CacheKey = (
+        meta.name,
+        meta.uid,
+        bool(service.spec.selector),
+        port_name,
+        family,
+        trust_unowned,
+    )
     invalid: dict[str, str] = {}
     best: dict[str, tuple[int, Instance]] = {}
     metadata = _Metadata()
     for slice_ in sorted(slices, key=lambda s: s.metadata.name):
         name = slice_.metadata.name
         cached = cache.get(name) if cache is not None else None
-        if (
-            cached is not None
-            and cached[0] is slice_
-            and cached[1] == meta.name
-            and cached[2] == meta.uid
-            and cached[3] == port_name
-        ):
-            result = cached[4]
+        if cached is not None and cached[0] is slice_ and cached[1] == key_of:
+            result = cached[2]
         else:
-            result = _slice_result(slice_, service, port_name, metadata)
+            result = _slice_result(
+                slice_,
+                service,
+                port_name,
+                metadata,
+                family=family,
+                trust_unowned=trust_unowned,
+            )
             if cache is not None:
-                cache[name] = (slice_, meta.name, meta.uid, port_name, result)
+                cache[name] = (slice_, key_of, result)
         invalid.update(result.invalid)
         for identity, rank, instance in result.members:
             known = best.get(identity)
             if known is not None and known[0] <= rank:
-                continue  # a served copy, or the slice that sorts first, wins
+                continue  # served, then IPv4, then the slice that sorts first wins
             best[identity] = (rank, instance)
         if len(best) > max_instances:
             raise CapacityRejected(
@@ -240,12 +347,23 @@ class ServiceView:
     """What the two streams of one Service know; see the module docstring."""
 
     def __init__(
-        self, alias: str, name: str, *, port: str | int | None, max_instances: int
+        self,
+        alias: str,
+        name: str,
+        *,
+        port: str | int | None,
+        max_instances: int,
+        protocol: str | None = None,
+        ip_family: str = "primary",
+        trust_unowned: bool = False,
     ) -> None:
         self.alias = alias
         self.name = name
         self.port = port
         self.max_instances = max_instances
+        self.protocol = protocol
+        self.ip_family = ip_family
+        self.trust_unowned = trust_unowned
         self.service: Service | None = None
         self.slices: dict[str, EndpointSlice] = {}
         self.sides = {"service": _Side(), "slice": _Side()}
@@ -322,6 +440,9 @@ class ServiceView:
             port=self.port,
             max_instances=self.max_instances,
             cache=cache,
+            protocol=self.protocol,
+            ip_family=self.ip_family,
+            trust_unowned=self.trust_unowned,
         )
         self._cached = (self.changes, snapshot)
         return snapshot

@@ -78,6 +78,12 @@ class ServicePort(msgspec.Struct, frozen=True, gc=False):
 class ServiceSpec(msgspec.Struct, frozen=True, gc=False):
     ports: list[ServicePort] = []
     type: str = "ClusterIP"
+    #: None or empty: a Service without a selector (its slices are written by
+    #: hand or mirrored from an Endpoints object).
+    selector: dict[str, str] | None = None
+    externalName: str | None = None
+    #: The Service's families, primary first (``IPv4``/``IPv6``).
+    ipFamilies: list[str] = []
 
 
 class Service(msgspec.Struct, frozen=True, gc=False):
@@ -160,6 +166,29 @@ class Status(msgspec.Struct, frozen=True, gc=False):
     reason: str = ""
     message: str = ""
     status: str = ""
+    details: StatusDetails | None = None
+
+    @property
+    def too_large_version(self) -> bool:
+        """The 504 the API server answers for a resourceVersion it has not
+        reached (``storage.NewTooLargeResourceVersionError``: reason Timeout,
+        cause ``ResourceVersionTooLarge``, "Too large resource version")."""
+        if self.code != 504:
+            return False
+        causes = self.details.causes if self.details is not None else ()
+        return any(c.reason == "ResourceVersionTooLarge" for c in causes) or (
+            "too large resource version" in self.message.lower()
+        )
+
+
+class StatusCause(msgspec.Struct, frozen=True, gc=False):
+    reason: str = ""
+    message: str = ""
+
+
+class StatusDetails(msgspec.Struct, frozen=True, gc=False):
+    causes: list[StatusCause] = []
+    retryAfterSeconds: int = 0
 
 
 class _RawEvent(msgspec.Struct, frozen=True, gc=False):
@@ -198,6 +227,10 @@ Kind = Literal["service", "slice"]
 
 
 def _fail(what: str, exc: Exception) -> WireError:
+    # A body nested deeper than the decoder's stack (200,000 levels) is
+    # refused like any other misshapen body, never as a bare RecursionError.
+    if isinstance(exc, RecursionError):
+        return WireError(f"{what}: nested too deeply to decode")
     return WireError(f"{what}: {exc}")
 
 
@@ -212,7 +245,7 @@ def decode_page(kind: Kind, body: bytes | memoryview) -> ServicePage | SlicePage
     decoder = _service_page_decoder if kind == "service" else _slice_page_decoder
     try:
         page: ServicePage | SlicePage = decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         raise _fail(f"{kind} list", exc) from None
     return page
 
@@ -220,14 +253,14 @@ def decode_page(kind: Kind, body: bytes | memoryview) -> ServicePage | SlicePage
 def decode_service(body: bytes | memoryview) -> Service:
     try:
         return _service_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         raise _fail("Service", exc) from None
 
 
 def decode_slice(body: bytes | memoryview) -> EndpointSlice:
     try:
         return _slice_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         raise _fail("EndpointSlice", exc) from None
 
 
@@ -235,7 +268,7 @@ def decode_status(body: bytes | memoryview) -> Status | None:
     """The Status object of an error answer, or None when it is not one."""
     try:
         status = _status_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     return status if status.code else None
 
@@ -250,7 +283,7 @@ def decode_event(kind: Kind, line: bytes, *, limit: int) -> Event:
         raise WireError(f"a watch event of {len(line)} bytes exceeds the limit of {limit}")
     try:
         raw = _event_decoder.decode(line)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         raise _fail("watch event", exc) from None
     if raw.type not in _EVENT_TYPES:
         raise WireError(f"watch event: unknown type {raw.type!r}")
@@ -262,7 +295,7 @@ def decode_event(kind: Kind, line: bytes, *, limit: int) -> Event:
     if raw.type == "BOOKMARK":
         try:
             meta = _versioned_decoder.decode(raw.object).metadata
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
             raise _fail("bookmark", exc) from None
         if not meta.resourceVersion:
             raise WireError("watch event: a BOOKMARK without a resourceVersion")

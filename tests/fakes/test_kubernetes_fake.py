@@ -284,7 +284,7 @@ async def test_discovery_documents_name_the_two_resources() -> None:
     async with client(fake) as http:
         assert (await http.get("/api")).json()["versions"] == ["v1"]
         groups = (await http.get("/apis")).json()["groups"]
-        assert [g["name"] for g in groups] == ["discovery.k8s.io"]
+        assert [g["name"] for g in groups] == ["discovery.k8s.io", "authorization.k8s.io"]
         core = (await http.get("/api/v1")).json()
         assert [r["name"] for r in core["resources"]] == ["services"]
         discovery = (await http.get("/apis/discovery.k8s.io/v1")).json()
@@ -385,3 +385,351 @@ async def test_kubectl_watch_sees_the_changes_in_order(
         ]
         watches = fake.watch_requests("endpointslices")
         assert watches and watches[0].query["resourceVersion"] == str(fake.version - 2)
+
+
+# -- writes, selectors, versions (each pinned to the API server's source) -----------------------
+
+
+def service_body(name: str = "payments", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"ports": [{"name": "http", "port": 80}], **spec},
+    }
+
+
+async def test_create_defaults_and_refuses_a_duplicate_as_already_exists() -> None:
+    fake = seeded()
+    async with client(fake) as http:
+        created = await http.post(SERVICES, json=service_body())
+        assert created.status_code == 201
+        spec = created.json()["spec"]
+        # pkg/apis/core/v1/defaults.go SetDefaults_Service; the registry allocates the IP.
+        assert spec["type"] == "ClusterIP" and spec["sessionAffinity"] == "None"
+        assert spec["ports"][0]["protocol"] == "TCP" and spec["ports"][0]["targetPort"] == 80
+        assert spec["clusterIP"].startswith("10.96.") and spec["ipFamilies"] == ["IPv4"]
+        again = await http.post(SERVICES, json=service_body())
+        assert again.status_code == 409 and again.json()["reason"] == "AlreadyExists"
+        assert again.json()["message"] == 'services "payments" already exists'
+        # generateName: the prefix and five characters of the name generator's alphabet.
+        generated = await http.post(
+            SLICES,
+            json={
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {"generateName": "orders-"},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["10.0.0.9"]}],
+            },
+        )
+        name = generated.json()["metadata"]["name"]
+        assert generated.status_code == 201 and len(name) == len("orders-") + 5
+        assert set(name[len("orders-") :]) <= set("bcdfghjklmnpqrstvwxz2456789")
+        invalid = await http.post(SERVICES, json={**service_body("x"), "spec": {}})
+        assert invalid.status_code == 422 and "spec.ports: Required value" in invalid.text
+        strict = await http.post(
+            SERVICES,
+            params={"fieldValidation": "Strict"},
+            json=service_body("y", bogus=1),
+        )
+        assert strict.status_code == 400
+        assert 'strict decoding error: unknown field "spec.bogus"' in strict.json()["message"]
+
+
+async def test_updates_and_deletes_honour_resource_version_preconditions() -> None:
+    fake = seeded()
+    async with client(fake) as http:
+        current = (await http.get(f"{SERVICES}/orders")).json()
+        stale = json.loads(json.dumps(current))
+        stale["metadata"]["resourceVersion"] = "1"
+        conflict = await http.put(f"{SERVICES}/orders", json=stale)
+        # store.go GuaranteedUpdate: errors.NewConflict with OptimisticLockErrorMsg.
+        assert conflict.status_code == 409 and conflict.json()["reason"] == "Conflict"
+        assert "the object has been modified" in conflict.json()["message"]
+        current["metadata"]["labels"] = {"tier": "web"}
+        updated = await http.put(f"{SERVICES}/orders", json=current)
+        assert updated.status_code == 200
+        version = updated.json()["metadata"]["resourceVersion"]
+        merged = await http.patch(
+            f"{SERVICES}/orders",
+            content=json.dumps({"metadata": {"labels": {"tier": None, "team": "a"}}}),
+            headers={"content-type": "application/merge-patch+json"},
+        )
+        assert merged.json()["metadata"]["labels"] == {"team": "a"}
+        strategic = await http.patch(
+            f"{SERVICES}/orders",
+            content=json.dumps(
+                {
+                    "$setElementOrder/ports": [{"port": 9000}, {"port": 80}],
+                    "spec": {"ports": [{"name": "admin", "port": 9000}]},
+                }
+            ),
+            headers={"content-type": "application/strategic-merge-patch+json"},
+        )
+        assert [p["port"] for p in strategic.json()["spec"]["ports"]] == [80, 9000]
+        stale_patch = await http.patch(
+            f"{SERVICES}/orders",
+            content=json.dumps({"metadata": {"resourceVersion": version}}),
+            headers={"content-type": "application/merge-patch+json"},
+        )
+        assert stale_patch.status_code == 409
+        refused = await http.request(
+            "DELETE",
+            f"{SERVICES}/orders",
+            json={"kind": "DeleteOptions", "preconditions": {"resourceVersion": "2"}},
+        )
+        assert refused.status_code == 409 and "Precondition failed" in refused.text
+        deleted = await http.delete(f"{SERVICES}/orders")
+        assert deleted.status_code == 200 and deleted.json()["status"] == "Success"
+        assert (await http.delete(f"{SERVICES}/orders")).status_code == 404
+        unsupported = await http.patch(
+            f"{SLICES}/orders-1", content=b"{}", headers={"content-type": "text/plain"}
+        )
+        assert unsupported.status_code == 415
+        immutable = await http.patch(
+            f"{SLICES}/orders-1",
+            content=json.dumps({"addressType": "IPv6"}),
+            headers={"content-type": "application/merge-patch+json"},
+        )
+        assert immutable.status_code == 422 and "field is immutable" in immutable.text
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("tier in (web, api)", ["orders-1", "orders-2"]),
+        ("tier notin (web)", ["orders-2", "orders-3", "orders-4", "orders-5"]),
+        ("tier!=web", ["orders-2", "orders-3", "orders-4", "orders-5"]),
+        ("tier", ["orders-1", "orders-2"]),
+        ("!tier", ["orders-3", "orders-4", "orders-5"]),
+        ("kubernetes.io/service-name=orders,tier==api", ["orders-2"]),
+    ],
+)
+async def test_set_based_and_inequality_label_selectors(selector: str, expected: list[str]) -> None:
+    fake = seeded()
+    for name, tier in (("orders-1", "web"), ("orders-2", "api")):
+        body = fake.objects["endpointslices"][("default", name)]
+        body["metadata"]["labels"]["tier"] = tier
+        fake.put_slice(body)
+    async with client(fake) as http:
+        listed = await http.get(SLICES, params={"labelSelector": selector})
+        assert [i["metadata"]["name"] for i in listed.json()["items"]] == expected
+        excluded = await http.get(SERVICES, params={"fieldSelector": "metadata.name!=orders"})
+        assert excluded.json()["items"] == []
+        bad = await http.get(SLICES, params={"labelSelector": "tier in (web"})
+        assert bad.status_code == 400
+
+
+@pytest.mark.trio_only
+async def test_list_resource_versions_exact_not_older_than_and_too_large(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = seeded()
+    before = fake.version
+    fake.delete_slice("orders-5")
+    async with client(fake) as http:
+        exact = await http.get(
+            SLICES, params={"resourceVersion": str(before), "resourceVersionMatch": "Exact"}
+        )
+        assert exact.json()["metadata"]["resourceVersion"] == str(before)
+        assert len(exact.json()["items"]) == 5  # the state at that version
+        newer = await http.get(SLICES, params={"resourceVersion": str(before)})
+        assert len(newer.json()["items"]) == 4  # NotOlderThan: the current state
+        forbidden = await http.get(SLICES, params={"resourceVersionMatch": "Exact"})
+        assert forbidden.status_code == 400
+        began = trio.current_time()
+        future = await http.get(SLICES, params={"resourceVersion": str(fake.version + 10)})
+        # storage/errors.go NewTooLargeResourceVersionError after the 3 s blockTimeout.
+        assert future.status_code == 504 and trio.current_time() - began == pytest.approx(3)
+        body = future.json()
+        assert body["reason"] == "Timeout"
+        assert body["details"]["causes"][0]["reason"] == "ResourceVersionTooLarge"
+        watch = await http.get(
+            SLICES, params={"watch": "1", "resourceVersion": str(fake.version + 10)}
+        )
+        assert watch.status_code == 504
+        fake.compact()
+        expired = await http.get(
+            SLICES, params={"resourceVersion": str(before), "resourceVersionMatch": "Exact"}
+        )
+        assert expired.status_code == 410
+
+
+@pytest.mark.trio_only
+async def test_send_initial_events_ends_with_an_annotated_bookmark(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = seeded(bookmark_interval=None)
+    async with client(fake) as http:
+        refused = await http.get(SLICES, params={"watch": "1", "sendInitialEvents": "true"})
+        assert refused.status_code == 422
+        params = {
+            "watch": "1",
+            "sendInitialEvents": "true",
+            "resourceVersionMatch": "NotOlderThan",
+            "allowWatchBookmarks": "true",
+        }
+        async with watching(http, params) as (_, lines):
+            events = await events_of(lines, 6)
+        assert [e["type"] for e in events] == ["ADDED"] * 5 + ["BOOKMARK"]
+        annotations = events[-1]["object"]["metadata"]["annotations"]
+        assert annotations == {"k8s.io/initial-events-end": "true"}
+
+
+@pytest.mark.trio_only
+async def test_bookmarks_come_every_minute_even_while_events_flow(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = seeded()  # 60 s, as the watch cache
+    async with client(fake) as http:
+        params = {
+            "watch": "1",
+            "resourceVersion": str(fake.version),
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": "200",
+        }
+        async with watching(http, params) as (_, lines):
+            seen: list[tuple[float, str]] = []
+            began = trio.current_time()
+
+            async def writer() -> None:
+                for n in range(38):
+                    await trio.sleep(5)
+                    owned = fake.objects["endpointslices"][("default", "orders-1")]
+                    owned["metadata"]["labels"]["n"] = str(n)
+                    fake.put_slice(owned)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer)
+                with contextlib.suppress(StopAsyncIteration):
+                    async for line in lines:
+                        if line:
+                            seen.append((trio.current_time() - began, json.loads(line)["type"]))
+                nursery.cancel_scope.cancel()
+        marks = [round(t) for t, kind in seen if kind == "BOOKMARK"]
+        # One a minute whatever else flows, and one 2 s before the deadline.
+        assert marks == [60, 120, 180, 198]
+        assert sum(1 for _, kind in seen if kind == "MODIFIED") == 38
+
+
+@pytest.mark.trio_only
+async def test_kubectl_writes_reach_the_provider(
+    tmp_path: Path, self_signed_cert: tuple[str, str]
+) -> None:
+    """kubectl apply / create / label / delete / auth can-i against the fake,
+    with strict validation (no --validate=false), and the provider's watch
+    seeing each change."""
+    from nadisc_kubernetes import KubernetesProvider, KubernetesSettings, resolve_access
+
+    from tests.providers.kubernetes.conftest import RecordingSink, context
+
+    need_kubectl()
+    manifest = tmp_path / "orders.yaml"
+
+    def write_manifest(*addresses: str, extra_port: bool = False) -> None:
+        ports = [{"name": "http", "port": 80}] + (
+            [{"name": "admin", "port": 9000}] if extra_port else []
+        )
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "orders"},
+            "spec": {"ports": ports},
+        }
+        mirrored = {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "orders-manual",
+                "labels": {"kubernetes.io/service-name": "orders"},
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [a], "conditions": {"ready": True}} for a in addresses],
+        }
+        import yaml
+
+        manifest.write_text(yaml.safe_dump_all([service, mirrored]))
+
+    async with run_kubernetes_fake(tokens={TOKEN: "alice"}, tls=self_signed_cert) as fake:
+        config = write_kubeconfig(tmp_path / "config", fake.url, ca_file=self_signed_cert[0])
+        settings = KubernetesSettings.model_validate(
+            {
+                "credentials": "kubeconfig",
+                "kubeconfig": str(config),
+                "services": {"orders": {"port": "http"}},
+                "trust_unowned_slices": True,  # kubectl writes hand-made slices
+            }
+        )
+        provider = KubernetesProvider(context(), settings, access=resolve_access(settings, {}))
+        sink = RecordingSink()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(provider.watch, "orders", sink)
+                assert sink.identities == ()
+                write_manifest("10.9.0.1")
+                assert "created" in await kubectl(tmp_path, config, "apply", "-f", str(manifest))
+                with trio.fail_after(20):
+                    await sink.wait_for(lambda: sink.identities == ("IPv4/10.9.0.1:8080",))
+                write_manifest("10.9.0.1", "10.9.0.2", extra_port=True)
+                assert "configured" in await kubectl(tmp_path, config, "apply", "-f", str(manifest))
+                with trio.fail_after(20):
+                    await sink.wait_for(lambda: len(sink.identities) == 2)
+                # A label that moves the slice off the Service: the provider drops it.
+                await kubectl(
+                    tmp_path, config, "label", "--overwrite", "endpointslice", "orders-manual",
+                    "kubernetes.io/service-name=elsewhere",
+                )  # fmt: skip
+                with trio.fail_after(20):
+                    await sink.wait_for(lambda: sink.identities == ())
+                await kubectl(tmp_path, config, "delete", "endpointslice", "orders-manual")
+                write_manifest("10.9.0.3")
+                binary = need_kubectl()
+                env = {
+                    "PATH": os.environ.get("PATH", ""),
+                    "HOME": str(tmp_path),
+                    "KUBECONFIG": str(config),
+                }
+                again = await anyio.run_process(
+                    [binary, "create", "-f", str(manifest), "--cache-dir", str(tmp_path / "cache")],
+                    env=env,
+                    check=False,
+                )
+                # The Service exists (409 AlreadyExists); the slice is created.
+                assert again.returncode != 0 and b"AlreadyExists" in again.stderr
+                with trio.fail_after(20):
+                    await sink.wait_for(lambda: sink.identities == ("IPv4/10.9.0.3:8080",))
+                assert (
+                    await kubectl(tmp_path, config, "auth", "can-i", "watch", "endpointslices")
+                ).strip() == "yes"
+                fake.deny("alice", "delete", "endpointslices")
+                denied = await anyio.run_process(
+                    [
+                        binary,
+                        "auth",
+                        "can-i",
+                        "delete",
+                        "endpointslices",
+                        "--cache-dir",
+                        str(tmp_path / "cache"),
+                    ],
+                    env=env,
+                    check=False,
+                )
+                assert denied.returncode == 1 and denied.stdout.strip() == b"no"
+                await kubectl(tmp_path, config, "delete", "service", "orders")
+                with trio.fail_after(20):
+                    await sink.wait_for(lambda: sink.identities == () and len(sink.published) >= 5)
+                nursery.cancel_scope.cancel()
+        finally:
+            await provider.aclose()
+        validated = [
+            r for r in fake.requests if r.method in ("POST", "PATCH") and "fieldManager" in r.query
+        ]
+        assert validated and all(
+            r.query.get("fieldValidation") == "Strict"
+            for r in validated
+            if r.query["fieldManager"] != "kubectl-label"
+        )
+        assert any(r.path == "/openapi/v3" for r in fake.requests)
