@@ -130,7 +130,10 @@ async def test_exec_plugin_failures_are_typed_and_never_show_stderr(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     config = plugin_kubeconfig(tmp_path, "https://k8s.example", mode=mode)
-    tokens = resolve_access(settings_for(config, exec_timeout=0.5), {}).tokens
+    # Only the sleeping plugin is meant to run out of time: the others (a
+    # Python start, about 0.1 s here, seconds on a loaded machine) get 30 s.
+    timeout = 0.5 if mode == "sleep" else 30.0
+    tokens = resolve_access(settings_for(config, exec_timeout=timeout), {}).tokens
     with pytest.raises(failure, match=text) as caught:
         await tokens.fetch()
     assert SECRET not in str(caught.value)
