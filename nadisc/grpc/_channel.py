@@ -370,6 +370,8 @@ class _Call(Generic[Req, Resp]):
         self._details: str = ""
         self._encoding: bytes | None = None
         self._sender_scope: anyio.CancelScope | None = None
+        #: How many responses arrived compressed (the interop cases check it).
+        self.compressed_received = 0
 
     def _headers(self) -> list[tuple[bytes, bytes]]:
         headers = list(self._owner._base)
@@ -455,6 +457,7 @@ class _Call(Generic[Req, Resp]):
             return None
         compressed, payload = item
         if compressed:
+            self.compressed_received += 1
             if self._encoding != b"gzip":
                 self.abort(grpc.StatusCode.INTERNAL, "a compressed message without grpc-encoding")
                 raise self._error()

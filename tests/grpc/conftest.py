@@ -15,6 +15,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,28 +100,33 @@ class Server:
 
 
 def _start(argv: list[str], tls_files: TLSFiles) -> Iterator[Server]:
-    process = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    assert process.stdout is not None and process.stdin is not None
-    line: list[str] = []
-    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(30)
-    if not line or not line[0].startswith("PORTS"):
-        process.kill()
-        _, err = process.communicate(timeout=10)
-        raise RuntimeError(f"the test server did not start: {err[-2000:]}")
-    ports = line[0].split()[1:]
-    try:
-        yield Server(int(ports[0]), int(ports[1]) if len(ports) > 1 else None, tls_files)
-    finally:
-        process.stdin.close()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
+    with tempfile.TemporaryFile() as errors:
+        process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True
+        )
+        stdin, stdout = process.stdin, process.stdout
+        assert stdin is not None and stdout is not None
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(30)
+        if not line or not line[0].startswith("PORTS"):
             process.kill()
-            process.wait(10)
+            process.communicate(timeout=10)
+            errors.seek(0)
+            err = errors.read().decode(errors="replace")
+            raise RuntimeError(f"the test server did not start: {err[-2000:]}")
+        ports = line[0].split()[1:]
+        try:
+            yield Server(int(ports[0]), int(ports[1]) if len(ports) > 1 else None, tls_files)
+        finally:
+            stdin.close()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+            stdout.close()
 
 
 @pytest.fixture(scope="session")

@@ -69,16 +69,13 @@ async def main(gen_dir: str, cert: str, key: str) -> None:
         async def UnaryCall(self, request, context):
             enter()
             try:
+                # Compression is chosen before the initial metadata goes out.
+                # (grpcio's servicer API does not tell whether the request
+                # was compressed, so expect_compressed is not checked here.)
+                # The server's default is gzip; an uncompressed answer opts out.
+                if not request.response_compressed.value:
+                    context.disable_next_message_compression()
                 await echo_metadata(context)
-                if request.HasField("expect_compressed"):
-                    # grpcio does not say whether a request was compressed; the
-                    # client marks a compressed send in metadata it cannot fake
-                    # on the wire (checked on the loopback h2 server instead).
-                    pass
-                if request.response_compressed.value:
-                    context.set_compression(grpc.Compression.Gzip)
-                else:
-                    context.set_compression(grpc.Compression.NoCompression)
                 await maybe_status(request.response_status, context)
                 if request.response_size == 7:
                     await asyncio.sleep(3600)  # the cancellation storm's slow unary
@@ -124,7 +121,9 @@ async def main(gen_dir: str, cert: str, key: str) -> None:
         async def Stats(self, request, context):
             return pb.ServerStats(active_calls=state["active"], calls_started=state["started"])
 
-    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1000)])
+    server = grpc.aio.server(
+        options=[("grpc.max_concurrent_streams", 1000)], compression=grpc.Compression.Gzip
+    )
     pb_grpc.add_TestServiceServicer_to_server(TestService(), server)
     pb_grpc.add_ControlServicer_to_server(Control(), server)
     health_servicer = health.aio.HealthServicer()
