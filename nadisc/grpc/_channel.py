@@ -681,6 +681,8 @@ class _StreamResponseCall(Generic[Req, Resp]):
     async def _guard(self, fn: Callable[[], Any]) -> Any:
         call = self._call
         try:
+            if call.deadline <= anyio.current_time():
+                raise _deadline_error(call)
             with anyio.CancelScope(deadline=call.deadline):
                 if not self._started:
                     await self._start()
