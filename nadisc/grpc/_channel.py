@@ -580,6 +580,16 @@ class _Call(Generic[Req, Resp]):
                 )
         if scope.cancelled_caught and self.deadline <= anyio.current_time() and not self.done:
             self.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed")
+        # The call consumed the iterator: close it (an async generator's
+        # cleanup runs now, bounded, instead of at garbage collection).
+        aclose = getattr(requests, "aclose", None)
+        if aclose is not None:
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(1.0),
+                contextlib.suppress(Exception),
+            ):
+                await aclose()
 
 
 def _deadline_error(call: _Call[Any, Any]) -> RpcError:

@@ -445,7 +445,12 @@ class Connection:
                     stream.wake()
             elif isinstance(event, h2.events.StreamReset):
                 stream = streams.get(event.stream_id or 0)
-                if stream is not None:
+                if stream is not None and stream.remote_ended and stream.trailers is not None:
+                    # RST_STREAM(NO_ERROR) after the trailers: the response is
+                    # complete and the server wants no more of the request.
+                    stream.local_ended = True
+                    stream.wake()
+                elif stream is not None:
                     stream.remote_ended = stream.local_ended = True
                     code = event.error_code or 0
                     if code == ErrorCodes.REFUSED_STREAM:
