@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import grpc
 import pytest
 
@@ -98,7 +99,7 @@ async def test_random_cancellations_leave_nothing(
         assert sum(outcomes.values()) == CALLS
         assert outcomes["cancelled"] > CALLS // 2
         # The client: no stream, no task beyond the connection's reader and writer.
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         conn = await channel.connection()
         assert conn.streams == {}
         assert grpc_tasks() <= 2
