@@ -13,12 +13,15 @@ from ._channel import (
     UnaryUnaryMultiCallable,
 )
 from ._errors import RpcError, StatusCode
+from ._health import HealthClient, HealthStatus
 from ._wire import DEFAULT_MAX_MESSAGE_LENGTH, DEFAULT_MAX_METADATA_SIZE
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_LENGTH",
     "DEFAULT_MAX_METADATA_SIZE",
     "Channel",
+    "HealthClient",
+    "HealthStatus",
     "RpcError",
     "StatusCode",
     "StreamStreamMultiCallable",
