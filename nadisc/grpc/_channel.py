@@ -166,7 +166,12 @@ class Channel:
         tg, self._tg = self._tg, None
         if tg is None:
             return None
-        return await tg.__aexit__(exc_type, exc, tb)
+        if exc is None or isinstance(exc, anyio.get_cancelled_exc_class()):
+            return await tg.__aexit__(exc_type, exc, tb)
+        # The body's own error goes on as it is, not wrapped in an ExceptionGroup
+        # by the channel's task group (whose tasks only ever end quietly).
+        await tg.__aexit__(None, None, None)
+        return None
 
     async def close(self, grace: float | None = None) -> None:
         """Close the connections (GOAWAY, then at most ``grace`` s, default 1, to send it)."""

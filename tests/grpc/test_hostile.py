@@ -437,3 +437,38 @@ async def test_timeout_header_carries_the_enclosing_deadline() -> None:
     second_timeout = second[b"grpc-timeout"]
     assert first_timeout.endswith(b"u") and 25e6 < int(first_timeout[:-1]) <= 30e6
     assert second_timeout.endswith(b"u") and 4e6 < int(second_timeout[:-1]) <= 5e6
+
+
+async def test_an_error_in_the_channel_body_is_not_wrapped() -> None:
+    with pytest.raises(KeyError):
+        async with Channel("127.0.0.1:1"):
+            raise KeyError("mine")
+
+
+async def test_channel_not_entered_or_closed_is_unavailable() -> None:
+    channel = Channel("127.0.0.1:1")
+    with pytest.raises(RpcError) as caught:
+        await channel.unary_unary(METHOD)(b"")
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    async with channel:
+        pass
+    await channel.close()  # twice is fine
+    with pytest.raises(RpcError):
+        await channel.unary_unary(METHOD)(b"")
+
+
+async def test_connection_refused_is_unavailable() -> None:
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    await listener.aclose()
+    async with Channel(f"127.0.0.1:{port}") as channel:
+        with pytest.raises(RpcError) as caught:
+            await channel.unary_unary(METHOD)(b"", timeout=5)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert str(port) in (caught.value.details() or "")
+
+
+@pytest.mark.parametrize("target", ["nohost", "host:", "host:99999", "[::1:5", ":80"])
+def test_bad_targets_are_refused(target: str) -> None:
+    with pytest.raises(ValueError, match="target"):
+        Channel(target)
