@@ -472,3 +472,58 @@ async def test_connection_refused_is_unavailable() -> None:
 def test_bad_targets_are_refused(target: str) -> None:
     with pytest.raises(ValueError, match="target"):
         Channel(target)
+
+
+async def test_unanswered_keepalive_fails_the_calls() -> None:
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def accept_and_ignore(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await anyio.sleep_forever()
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, accept_and_ignore)
+        async with Channel(
+            f"127.0.0.1:{port}", keepalive_time=0.1, keepalive_timeout=0.2
+        ) as channel:
+            with anyio.fail_after(10), pytest.raises(RpcError) as caught:
+                await channel.unary_unary(METHOD)(b"no deadline")
+        tg.cancel_scope.cancel()
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "keepalive" in (caught.value.details() or "")
+
+
+async def test_max_concurrent_streams_queues_calls() -> None:
+    open_now: set[int] = set()
+    most: list[int] = [0]
+
+    async def scenario(conn: Conn, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            open_now.add(event.stream_id or 0)
+            most[0] = max(most[0], len(open_now))
+        elif isinstance(event, h2.events.StreamEnded):
+            sid = event.stream_id or 0
+            await anyio.sleep(0.01)
+            await conn.respond(sid)
+            await conn.data(sid, frame(b"done"))
+            await conn.trailers(sid)
+            open_now.discard(sid)
+
+    settings: dict[int, int] = {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 2}
+    results: list[bytes] = []
+    async with h2_server(scenario, settings=settings) as server:
+        async with Channel(f"127.0.0.1:{server.port}") as channel:
+            method = channel.unary_unary(METHOD)
+            await method(b"first", timeout=5)  # the server's SETTINGS have arrived
+
+            async def one() -> None:
+                results.append(await method(b"x", timeout=5))
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(8):
+                        tg.start_soon(one)
+        assert server.record.connections == 1
+    assert results == [b"done"] * 8
+    assert most[0] <= 2

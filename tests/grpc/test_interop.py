@@ -317,3 +317,30 @@ async def test_tls_refuses_a_server_without_h2(tls_files: Any) -> None:
         tg.cancel_scope.cancel()
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "ALPN" in (caught.value.details() or "")
+
+
+async def test_large_streams_flow_both_ways(
+    grpcio_server: Server, pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    """24 MB down and 8 MB up through windows of 256 KiB: flow control at both levels."""
+    async with Channel(
+        grpcio_server.target("plain"), stream_window=256 * 1024, connection_window=512 * 1024
+    ) as channel:
+        stub = pb_grpc.TestServiceStub(channel)
+        request = pb.StreamingOutputCallRequest(
+            response_parameters=[pb.ResponseParameters(size=1_000_000) for _ in range(24)]
+        )
+        with anyio.fail_after(60):
+            total = 0
+            async for response in stub.StreamingOutputCall(request):
+                total += len(response.payload.body)
+                # The channel holds at most the window plus the message in progress.
+                conn = await channel.connection()
+                for stream in conn.streams.values():
+                    held = sum(len(payload) for _, payload, _ in stream.deframer.messages)
+                    assert held <= 256 * 1024 + 1_000_100
+            assert total == 24_000_000
+            response = await stub.StreamingInputCall(
+                pb.StreamingInputCallRequest(payload=zeros(pb, 1_000_000)) for _ in range(8)
+            )
+            assert response.aggregated_payload_size == 8_000_000
