@@ -448,10 +448,9 @@ class _Call(Generic[Req, Resp]):
         """The next response, or ``None`` after the status arrived (raised unless OK)."""
         stream = self.stream
         assert stream is not None
-        if self._initial is None:
-            headers = await stream.wait_headers()
-            self._take_headers(headers)
         try:
+            if self._initial is None:
+                self._take_headers(await stream.wait_headers())
             item = await stream.next_message()
         except RpcError as exc:
             self._code = exc.code()

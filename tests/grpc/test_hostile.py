@@ -527,3 +527,23 @@ async def test_max_concurrent_streams_queues_calls() -> None:
         assert server.record.connections == 1
     assert results == [b"done"] * 8
     assert most[0] <= 2
+
+
+async def test_abandoned_streaming_call_is_reset_when_collected() -> None:
+    import gc
+
+    async def answer(conn: Conn, sid: int) -> None:
+        await conn.respond(sid)
+        await conn.data(sid, frame(b"one") + frame(b"two"))
+
+    async with (
+        h2_server(lambda c, e: on_request(c, e, answer)) as server,
+        Channel(f"127.0.0.1:{server.port}") as channel,
+    ):
+        call = channel.unary_stream(METHOD)(b"go", timeout=10)
+        assert await call.read() == b"one"
+        del call  # broken out of, never cancelled
+        gc.collect()
+        await wait_for(reset_seen(server))
+        conn = await channel.connection()
+        assert conn.streams == {}
