@@ -146,7 +146,13 @@ def grpcio_server(grpc_gen: Path, tls_files: TLSFiles) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def grpclib_server(grpc_gen: Path, tls_files: TLSFiles) -> Iterator[Server]:
     yield from _start(
-        [sys.executable, str(HERE / "grpclib_server.py"), str(grpc_gen)],
+        [
+            sys.executable,
+            str(HERE / "grpclib_server.py"),
+            str(grpc_gen),
+            str(tls_files.cert),
+            str(tls_files.key),
+        ],
         tls_files,
     )
 

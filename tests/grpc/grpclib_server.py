@@ -1,7 +1,8 @@
 """A subset of the interop server on grpclib (pure Python, asyncio), run as a subprocess.
 
-``python grpclib_server.py GEN_DIR`` serves plaintext on a loopback port,
-prints ``PORTS <port>`` and exits when its standard input closes.
+``python grpclib_server.py GEN_DIR CERT KEY`` serves on two loopback ports
+(plaintext and TLS with ALPN h2), prints ``PORTS <plain> <tls>`` and exits
+when its standard input closes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import sys
 from typing import Any
 
 
-async def main(gen_dir: str) -> None:
+async def main(gen_dir: str, cert: str, key: str) -> None:
+    import ssl
+
     sys.path.insert(0, gen_dir)
     import interop_grpc
     import interop_pb2 as pb
@@ -80,14 +83,19 @@ async def main(gen_dir: str) -> None:
         async def UnimplementedCall(self, stream: Any) -> None:
             raise GRPCError(Status.UNIMPLEMENTED)
 
-    server = Server([TestService()])
-    await server.start("127.0.0.1", 0)
-    port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    print(f"PORTS {port}", flush=True)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    context.set_alpn_protocols(["h2"])
+    servers = [Server([TestService()]), Server([TestService()])]
+    await servers[0].start("127.0.0.1", 0)
+    await servers[1].start("127.0.0.1", 0, ssl=context)
+    ports = [s._server.sockets[0].getsockname()[1] for s in servers]  # type: ignore[union-attr]
+    print(f"PORTS {ports[0]} {ports[1]}", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    server.close()
-    await server.wait_closed()
+    for server in servers:
+        server.close()
+        await server.wait_closed()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    asyncio.run(main(*sys.argv[1:4]))

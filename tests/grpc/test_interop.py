@@ -282,9 +282,11 @@ GRPCLIB_CASES = (
 
 @pytest.mark.parametrize("case", GRPCLIB_CASES)
 async def test_grpclib_server(
-    case: str, grpclib_server: Server, pb: ModuleType, pb_grpc: ModuleType
+    case: str, transport: str, grpclib_server: Server, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
-    async with Channel(grpclib_server.target("plain")) as channel:
+    async with Channel(
+        grpclib_server.target(transport), ssl_context=grpclib_server.ssl_context(transport)
+    ) as channel:
         with anyio.fail_after(20):
             await CASES[case](pb_grpc.TestServiceStub(channel), pb)
 
