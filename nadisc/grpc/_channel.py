@@ -803,6 +803,24 @@ class _StreamResponseCall(Generic[Req, Resp]):
         return self._call.done
 
 
+class _WritableUnaryCall(_StreamResponseCall[Req, Resp]):
+    """A stream-unary call made without an iterator: ``write()``, ``done_writing()``, await."""
+
+    def __await__(self) -> Generator[Any, None, Resp]:
+        return self._single().__await__()
+
+    async def _single(self) -> Resp:
+        first = await self.read()
+        if first is grpc.aio.EOF:
+            self._call._code = grpc.StatusCode.INTERNAL
+            self._call._details = "the server sent no response message"
+            raise self._call._error()
+        if await self.read() is not grpc.aio.EOF:
+            self._call.abort(grpc.StatusCode.INTERNAL, "the server sent more than one response")
+            raise self._call._error()
+        return first
+
+
 class UnaryUnaryMultiCallable(_MultiCallable[Req, Resp]):
     def __call__(
         self,
@@ -835,15 +853,17 @@ class UnaryUnaryMultiCallable(_MultiCallable[Req, Resp]):
 class StreamUnaryMultiCallable(_MultiCallable[Req, Resp]):
     def __call__(
         self,
-        request_iterator: Iterable[Req] | AsyncIterable[Req],
+        request_iterator: Iterable[Req] | AsyncIterable[Req] | None = None,
         *,
         timeout: float | None = None,
         metadata: MetadataLike | None = None,
         credentials: Any = None,
         wait_for_ready: bool | None = None,
         compression: grpc.Compression | None = None,
-    ) -> _UnaryResponseCall[Req, Resp]:
+    ) -> _UnaryResponseCall[Req, Resp] | _WritableUnaryCall[Req, Resp]:
         call = self._call_args(timeout, metadata, credentials, compression)
+        if request_iterator is None:
+            return _WritableUnaryCall(call, None, None, streaming_request=True)
 
         async def body() -> Resp:
             await call.open()

@@ -104,6 +104,21 @@ async def cancel_after_begin(stub: Any, pb: ModuleType) -> None:
         assert call.cancel()
     assert codes == [grpc.StatusCode.CANCELLED]
 
+    # grpc.aio's own shape: no iterator, cancelled before anything is written.
+    bare = stub.StreamingInputCall()
+    assert bare.cancel()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await bare
+    assert caught.value.code() == grpc.StatusCode.CANCELLED
+
+
+async def client_streaming_by_writes(stub: Any, pb: ModuleType) -> None:
+    call = stub.StreamingInputCall()
+    for size in (27182, 8, 1828, 45904):
+        await call.write(pb.StreamingInputCallRequest(payload=zeros(pb, size)))
+    await call.done_writing()
+    assert (await call).aggregated_payload_size == 74922
+
 
 async def cancel_after_first_response(stub: Any, pb: ModuleType) -> None:
     call = stub.FullDuplexCall()
@@ -226,6 +241,7 @@ CASES = {
         empty_unary,
         large_unary,
         client_streaming,
+        client_streaming_by_writes,
         server_streaming,
         ping_pong,
         empty_stream,
