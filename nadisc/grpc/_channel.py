@@ -622,7 +622,7 @@ class _UnaryResponseCall(Generic[Req, Resp]):
         self._ran = True
         call = self._call
         try:
-            with anyio.CancelScope(deadline=call.deadline) as scope:
+            with anyio.CancelScope(deadline=call.deadline):
                 result: Resp = await self._body()
                 self._result = result
                 return result
@@ -636,7 +636,6 @@ class _UnaryResponseCall(Generic[Req, Resp]):
             raise
         finally:
             call.release()
-            del scope
 
     async def initial_metadata(self) -> grpc.aio.Metadata:
         await self._settle()
