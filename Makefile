@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,grpc]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -59,7 +59,8 @@ unit: venv servers
 # are trio-only by construction (see tests/conftest.py); plain tests already
 # ran on the trio pass.
 ASYNCIO_PATHS := tests/poise tests/nadisc tests/providers tests/fakes tests/docs \
-	tests/observability/test_asyncio.py tests/observability/test_balancer_failures.py
+	tests/observability/test_asyncio.py tests/observability/test_balancer_failures.py \
+	tests/grpc
 asyncio-pass: venv servers
 	TEST_BACKEND=asyncio $(BIN)/pytest $(XDIST) $(ASYNCIO_PATHS) -o trio_mode=false \
 		-m "not trio_only" -q

@@ -1,0 +1,286 @@
+"""gRPC calls per second and client CPU per call: nadisc.grpc next to grpclib and grpcio.aio.
+
+One grpcio (C core) server in another process (``--serve`` of this module,
+on the aio API) answers two methods with raw bytes (no protobuf on either
+side, so the rows measure the channels, not message classes):
+
+- ``/bench.Bench/Unary``: a 10-byte request, a 10-byte response;
+- ``/bench.Bench/Stream``: a 10-byte request, 1,000 responses of 100 bytes.
+
+Rows: unary at concurrency 1, 16 and 64 (that many tasks, each calling in
+turn on one channel), and the 1,000-message server stream (rate in messages
+per second). Clients, interleaved round by round in this one process:
+
+``nadisc.grpc, trio`` and ``nadisc.grpc, asyncio``
+    ``nadisc.grpc.Channel`` (one HTTP/2 connection), on each loop.
+``grpclib``
+    ``grpclib.client.Channel`` with ``UnaryUnaryMethod`` /
+    ``UnaryStreamMethod`` (asyncio; h2 underneath too).
+``grpcio.aio``
+    ``grpc.aio.insecure_channel`` multicallables (asyncio; the C core).
+
+Each cell is the best round's wall-clock rate and, beside it, the client
+process's CPU time per call (``time.process_time`` over the round; for the
+stream row, per message). The server's CPU is in another process and in no
+number. Ratios: ours over grpclib and over grpcio.aio for each loop, and
+trio over asyncio.
+
+Run: ``python -m benchmarks.grpc_throughput [--smoke] [--calls N] [--rounds R]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+UNARY = "/bench.Bench/Unary"
+STREAM = "/bench.Bench/Stream"
+REQUEST = b"0123456789"
+STREAM_MESSAGES = 1000
+
+CLIENTS = ("nadisc.grpc, trio", "nadisc.grpc, asyncio", "grpclib", "grpcio.aio")
+
+
+@dataclass
+class Result:
+    calls: int
+    rounds: int
+    #: (row, client) -> best calls (or messages) per second
+    rate: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (row, client) -> client CPU microseconds per call (or message), of that best round
+    cpu_us: dict[tuple[str, str], float] = field(default_factory=dict)
+    rows: list[str] = field(default_factory=list)
+
+
+# -- the server (a subprocess) --------------------------------------------------
+
+
+async def _serve() -> None:
+    import grpc
+    import grpc.aio
+
+    response = b"y" * 10
+    message = b"z" * 100
+
+    async def unary(request: bytes, context: Any) -> bytes:
+        return response
+
+    async def stream(request: bytes, context: Any) -> Any:
+        for _ in range(STREAM_MESSAGES):
+            yield message
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Bench",
+        {
+            "Unary": grpc.unary_unary_rpc_method_handler(unary),
+            "Stream": grpc.unary_stream_rpc_method_handler(stream),
+        },
+    )
+    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1000)])
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"PORT {port}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await server.stop(0)
+
+
+# -- clients ------------------------------------------------------------------------
+
+
+class Raw(bytes):
+    """A message type for grpclib's codec: the bytes as they are."""
+
+    def SerializeToString(self) -> bytes:
+        return bytes(self)
+
+    @classmethod
+    def FromString(cls, data: bytes) -> Raw:
+        return cls(data)
+
+
+async def _fan(concurrency: int, calls: int, one: Callable[[], Awaitable[Any]]) -> None:
+    per_task = max(1, calls // concurrency)
+
+    async def worker() -> None:
+        for _ in range(per_task):
+            await one()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(worker)
+
+
+async def _ours(port: int, row: str, calls: int) -> int:
+    from nadisc.grpc import Channel
+
+    async with Channel(f"127.0.0.1:{port}") as channel:
+        unary = channel.unary_unary(UNARY)
+        stream = channel.unary_stream(STREAM)
+        await unary(REQUEST)  # connect outside the timing
+        return await _run_row(row, calls, lambda: unary(REQUEST), lambda: stream(REQUEST))
+
+
+async def _grpclib(port: int, row: str, calls: int) -> int:
+    from grpclib.client import Channel, UnaryStreamMethod, UnaryUnaryMethod
+
+    channel = Channel("127.0.0.1", port)
+    try:
+        unary = UnaryUnaryMethod(channel, UNARY, Raw, Raw)
+        stream = UnaryStreamMethod(channel, STREAM, Raw, Raw)
+        await unary(Raw(REQUEST))
+
+        async def stream_call() -> Any:
+            async with stream.open() as call:
+                await call.send_message(Raw(REQUEST), end=True)
+                return [m async for m in call]
+
+        return await _run_row(row, calls, lambda: unary(Raw(REQUEST)), stream_call, aiter=False)
+    finally:
+        channel.close()
+
+
+async def _grpcio(port: int, row: str, calls: int) -> int:
+    import grpc.aio
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        unary: Any = channel.unary_unary(UNARY)
+        stream: Any = channel.unary_stream(STREAM)
+        await unary(REQUEST)
+        return await _run_row(row, calls, lambda: unary(REQUEST), lambda: stream(REQUEST))
+
+
+async def _run_row(
+    row: str,
+    calls: int,
+    unary: Callable[[], Awaitable[Any]],
+    stream: Callable[[], Any],
+    *,
+    aiter: bool = True,
+) -> int:
+    """Run one row; returns how many calls (or messages) it made."""
+    if row.startswith("unary"):
+        concurrency = int(row.rsplit("c=", 1)[1])
+        await _fan(concurrency, calls, unary)
+        return max(1, calls // concurrency) * concurrency
+    streams = max(1, calls // 200)
+    count = 0
+    for _ in range(streams):
+        if aiter:
+            async for _message in stream():
+                count += 1
+        else:
+            count += len(await stream())
+    return count
+
+
+def _measure(client: str, port: int, row: str, calls: int) -> tuple[float, float]:
+    """(rate per second, CPU microseconds per call) of one round of one client."""
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    if client == "nadisc.grpc, trio":
+        count = anyio.run(_ours, port, row, calls, backend="trio")
+    elif client == "nadisc.grpc, asyncio":
+        count = anyio.run(_ours, port, row, calls, backend="asyncio")
+    elif client == "grpclib":
+        count = asyncio.run(_grpclib(port, row, calls))
+    else:
+        count = asyncio.run(_grpcio(port, row, calls))
+    wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
+    return count / wall, cpu / count * 1e6
+
+
+def main(argv: list[str] | None = None) -> Result:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="a few calls per row, one round")
+    parser.add_argument("--calls", type=int, default=2048, help="unary calls per row and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        asyncio.run(_serve())
+        return Result(0, 0)
+    calls, rounds = (32, 1) if args.smoke else (args.calls, args.rounds)
+    rows = ["unary c=1", "unary c=16", "unary c=64", f"stream {STREAM_MESSAGES} msgs"]
+    result = Result(calls, rounds, rows=rows)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        line = server.stdout.readline()
+        if not line.startswith("PORT"):
+            raise RuntimeError("the benchmark's grpcio server did not start")
+        port = int(line.split()[1])
+        if not args.smoke:
+            for client in CLIENTS:  # imports and first connections, outside the timing
+                _measure(client, port, rows[0], 8)
+        for _ in range(rounds):
+            for row in rows:
+                for client in CLIENTS:
+                    rate, cpu = _measure(client, port, row, calls)
+                    key = (row, client)
+                    if rate > result.rate.get(key, 0.0):
+                        result.rate[key] = rate
+                        result.cpu_us[key] = cpu
+    finally:
+        server.stdin.close()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+        server.stdout.close()
+    _print(result)
+    return result
+
+
+def _print(result: Result) -> None:
+    load = os.getloadavg()
+    print(
+        f"gRPC throughput: {result.calls} unary calls per row and round, "
+        f"{result.rounds} round(s), best round shown; load average "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (2 cores, shared machine)"
+    )
+    header = f"{'row':<18}" + "".join(f"{c:>26}" for c in CLIENTS)
+    print(header)
+    for row in result.rows:
+        cells = []
+        for client in CLIENTS:
+            rate = result.rate[(row, client)]
+            cpu_us = result.cpu_us[(row, client)]
+            cells.append(f"{rate:>10.0f}/s {cpu_us:>7.0f} us cpu")
+        print(f"{row:<18}" + "".join(f"{c:>26}" for c in cells))
+    print()
+    print(
+        f"{'row':<18}{'trio/grpclib':>14}{'asyncio/grpclib':>17}{'trio/grpcio':>13}"
+        f"{'asyncio/grpcio':>16}{'trio/asyncio':>14}{'cpu asyncio/grpclib':>21}"
+    )
+    for row in result.rows:
+        r = {c: result.rate[(row, c)] for c in CLIENTS}
+        cpu = {c: result.cpu_us[(row, c)] for c in CLIENTS}
+        print(
+            f"{row:<18}"
+            f"{r[CLIENTS[0]] / r['grpclib']:>14.2f}"
+            f"{r[CLIENTS[1]] / r['grpclib']:>17.2f}"
+            f"{r[CLIENTS[0]] / r['grpcio.aio']:>13.2f}"
+            f"{r[CLIENTS[1]] / r['grpcio.aio']:>16.2f}"
+            f"{r[CLIENTS[0]] / r[CLIENTS[1]]:>14.2f}"
+            f"{cpu[CLIENTS[1]] / cpu['grpclib']:>21.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""gRPC for trio and asyncio: a client channel on anyio byte streams and ``h2``.
+
+See ``docs/grpc.md``. Needs the ``grpc`` extra (``h2``, ``protobuf``, and
+``grpcio`` for the ``grpc`` module that generated stubs import and for the
+``grpc.StatusCode`` / ``grpc.aio.AioRpcError`` types reused here).
+"""
+
+from ._channel import (
+    Channel,
+    StreamStreamMultiCallable,
+    StreamUnaryMultiCallable,
+    UnaryStreamMultiCallable,
+    UnaryUnaryMultiCallable,
+)
+from ._errors import RpcError, StatusCode
+from ._health import HealthClient, HealthStatus
+from ._wire import DEFAULT_MAX_MESSAGE_LENGTH, DEFAULT_MAX_METADATA_SIZE
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_LENGTH",
+    "DEFAULT_MAX_METADATA_SIZE",
+    "Channel",
+    "HealthClient",
+    "HealthStatus",
+    "RpcError",
+    "StatusCode",
+    "StreamStreamMultiCallable",
+    "StreamUnaryMultiCallable",
+    "UnaryStreamMultiCallable",
+    "UnaryUnaryMultiCallable",
+]

@@ -1,0 +1,924 @@
+"""The client channel and its four multicallables, shaped like ``grpc.aio.Channel``'s.
+
+Contract: ``async with Channel("host:port") as channel:`` owns one HTTP/2
+connection at a time (a new one after a GOAWAY or a failure; the old one
+finishes its streams) and every task it starts. ``FooStub(channel)`` from
+``grpcio-tools`` works unchanged: ``channel.unary_unary(path,
+request_serializer=..., response_deserializer=..., _registered_method=...)``
+and the three others return multicallables whose calls take ``timeout=``,
+``metadata=``, ``compression=`` (``wait_for_ready`` and ``credentials=None``
+are accepted and ignored).
+
+- Unary-response calls are awaitable; streaming-response calls are async
+  iterables with ``read()`` (``grpc.aio.EOF`` at the end). Stream-request
+  calls take an iterable or async iterable of requests, or none and then
+  ``write()`` / ``done_writing()``.
+- Deadlines: the earlier of ``timeout=`` (counted from the call) and the
+  caller's cancel-scope deadline goes out as ``grpc-timeout``. The call's own
+  expiry is ``RpcError(DEADLINE_EXCEEDED)``; the enclosing scope's expiry or
+  any other cancellation of the caller is the caller's own cancellation. In
+  both cases the stream is reset (RST_STREAM(CANCEL)) at once and its
+  buffers dropped; a request-sending task is cancelled with it.
+- A call abandoned without being read to its end keeps its stream until
+  ``call.cancel()``, until it is garbage collected, or until the channel
+  closes.
+- Unary-request calls the server never processed (GOAWAY above their stream
+  id, REFUSED_STREAM) are retried on a new connection, up to two times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import ssl
+from collections.abc import AsyncIterable, Callable, Generator, Iterable
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar
+
+import anyio
+import anyio.abc
+import grpc
+import grpc.aio
+from anyio.streams.tls import TLSAttribute
+
+from ._connection import Connection, Stream, Unprocessed
+from ._errors import RpcError, code_from_http_status, code_from_int
+from ._wire import (
+    DEFAULT_MAX_MESSAGE_LENGTH,
+    DEFAULT_MAX_METADATA_SIZE,
+    MetadataLike,
+    decode_grpc_message,
+    decode_metadata,
+    encode_message,
+    encode_metadata,
+    encode_timeout,
+    gunzip_bounded,
+    gzip_bytes,
+)
+
+__all__ = [
+    "Channel",
+    "StreamStreamMultiCallable",
+    "StreamUnaryMultiCallable",
+    "UnaryStreamMultiCallable",
+    "UnaryUnaryMultiCallable",
+]
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+_USER_AGENT = b"nadisc-grpc/0.1"
+_RETRIES = 2
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _split_target(target: str) -> tuple[str, int]:
+    host = target.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:")
+    if host.startswith("["):
+        end = host.find("]")
+        if end < 0 or host[end + 1 : end + 2] != ":":
+            raise ValueError(f"gRPC target {target!r} is not [address]:port")
+        name, port = host[1:end], host[end + 2 :]
+    else:
+        name, sep, port = host.rpartition(":")
+        if not sep or not name:
+            raise ValueError(f"gRPC target {target!r} is not host:port")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"gRPC target {target!r} has no valid port")
+    return name, int(port)
+
+
+class Channel:
+    """A gRPC client channel to one address; see the module docstring."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        authority: str | None = None,
+        max_send_message_length: int = DEFAULT_MAX_MESSAGE_LENGTH,
+        max_receive_message_length: int = DEFAULT_MAX_MESSAGE_LENGTH,
+        max_metadata_size: int = DEFAULT_MAX_METADATA_SIZE,
+        compression: grpc.Compression | None = None,
+        stream_window: int = 1024 * 1024,
+        connection_window: int = 8 * 1024 * 1024,
+        keepalive_time: float | None = None,
+        keepalive_timeout: float = 20.0,
+        keepalive_without_calls: bool = False,
+    ) -> None:
+        self._host, self._port = _split_target(target)
+        self.target = target
+        for name, value in (
+            ("max_send_message_length", max_send_message_length),
+            ("max_receive_message_length", max_receive_message_length),
+            ("max_metadata_size", max_metadata_size),
+        ):
+            if value <= 0:
+                raise ValueError(f"Channel({target!r}): {name} must be positive, not {value}")
+        if not 65535 <= stream_window < 2**31 or not 65535 <= connection_window < 2**31:
+            raise ValueError(f"Channel({target!r}): windows must be in [65535, 2**31)")
+        if keepalive_time is not None and keepalive_time <= 0:
+            raise ValueError(f"Channel({target!r}): keepalive_time must be positive")
+        self._ssl = ssl_context
+        if ssl_context is not None:
+            ssl_context.set_alpn_protocols(["h2"])
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        self.authority = authority or f"{host}:{self._port}"
+        self._scheme = b"https" if ssl_context is not None else b"http"
+        self.max_send = max_send_message_length
+        self.max_receive = max_receive_message_length
+        self.max_metadata = max_metadata_size
+        self.compression = compression
+        self._stream_window = stream_window
+        self._connection_window = connection_window
+        self.keepalive_time = keepalive_time
+        self._keepalive_timeout = keepalive_timeout
+        self._keepalive_without_calls = keepalive_without_calls
+        self._conn: Connection | None = None
+        self._lock = anyio.Lock()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Channel({self.target!r}, tls={self._ssl is not None})"
+
+    # -- lifetime ------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._tg is not None or self._closed:
+            raise RuntimeError(f"{self!r} can be entered once")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        await self.close()
+        tg, self._tg = self._tg, None
+        if tg is None:
+            return None
+        if exc is None or isinstance(exc, anyio.get_cancelled_exc_class()):
+            return await tg.__aexit__(exc_type, exc, tb)
+        # The body's own error goes on as it is, not wrapped in an ExceptionGroup
+        # by the channel's task group (whose tasks only ever end quietly).
+        await tg.__aexit__(None, None, None)
+        return None
+
+    async def close(self, grace: float | None = None) -> None:
+        """Close the connections (GOAWAY, then at most ``grace`` s, default 1, to send it)."""
+        if self._closed:
+            return
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+        tg = self._tg
+        if tg is not None:
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(1.0 if grace is None else grace),
+            ):
+                if conn is not None:
+                    await conn.done.wait()
+            tg.cancel_scope.cancel()
+
+    # -- connections ---------------------------------------------------------
+
+    async def connection(self) -> Connection:
+        """The current connection, opened (under the caller's deadline) when there is none."""
+        conn = self._conn
+        if conn is not None and conn.usable:
+            return conn
+        async with self._lock:
+            conn = self._conn
+            if conn is not None and conn.usable:
+                return conn
+            if self._closed or self._tg is None:
+                raise RpcError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the channel is not open (use `async with Channel(...)`)",
+                    where=self.target,
+                )
+            if conn is not None and conn.too_many_pings and self.keepalive_time is not None:
+                # grpc's client keepalive rule: the server said too_many_pings, so double.
+                self.keepalive_time *= 2
+            conn = await self._connect()
+            self._conn = conn
+            self._tg.start_soon(conn.run)
+            return conn
+
+    async def _connect(self) -> Connection:
+        try:
+            stream: anyio.abc.ByteStream
+            if self._ssl is None:
+                stream = await anyio.connect_tcp(self._host, self._port)
+            else:
+                stream = await anyio.connect_tcp(
+                    self._host,
+                    self._port,
+                    ssl_context=self._ssl,
+                    tls_hostname=self.authority.rpartition(":")[0].strip("[]"),
+                    tls_standard_compatible=False,
+                )
+        except ssl.SSLError as exc:
+            raise RpcError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"TLS handshake with {self.target} failed: {exc.reason or type(exc).__name__}",
+                where=self.target,
+            ) from None
+        except OSError as exc:
+            raise RpcError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"cannot connect to {self.target}: {exc.strerror or type(exc).__name__}",
+                where=self.target,
+            ) from None
+        if self._ssl is not None:
+            alpn = stream.extra(TLSAttribute.alpn_protocol, None)
+            if alpn != "h2":
+                await anyio.aclose_forcefully(stream)
+                raise RpcError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"{self.target} did not negotiate HTTP/2 over TLS (ALPN gave {alpn!r})",
+                    where=self.target,
+                )
+        return Connection(
+            stream,
+            name=self.target,
+            max_receive=self.max_receive,
+            max_metadata_size=self.max_metadata,
+            stream_window=self._stream_window,
+            connection_window=self._connection_window,
+            keepalive_time=self.keepalive_time,
+            keepalive_timeout=self._keepalive_timeout,
+            keepalive_without_calls=self._keepalive_without_calls,
+        )
+
+    def start_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._tg is None:
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, "the channel is closed", where=self.target)
+        self._tg.start_soon(fn, *args)
+
+    # -- multicallables (grpc.aio.Channel's shape) ----------------------------
+
+    def unary_unary(
+        self,
+        method: str,
+        request_serializer: Callable[[Any], bytes] | None = None,
+        response_deserializer: Callable[[bytes], Any] | None = None,
+        _registered_method: bool | None = False,
+    ) -> UnaryUnaryMultiCallable[Any, Any]:
+        return UnaryUnaryMultiCallable(self, method, request_serializer, response_deserializer)
+
+    def unary_stream(
+        self,
+        method: str,
+        request_serializer: Callable[[Any], bytes] | None = None,
+        response_deserializer: Callable[[bytes], Any] | None = None,
+        _registered_method: bool | None = False,
+    ) -> UnaryStreamMultiCallable[Any, Any]:
+        return UnaryStreamMultiCallable(self, method, request_serializer, response_deserializer)
+
+    def stream_unary(
+        self,
+        method: str,
+        request_serializer: Callable[[Any], bytes] | None = None,
+        response_deserializer: Callable[[bytes], Any] | None = None,
+        _registered_method: bool | None = False,
+    ) -> StreamUnaryMultiCallable[Any, Any]:
+        return StreamUnaryMultiCallable(self, method, request_serializer, response_deserializer)
+
+    def stream_stream(
+        self,
+        method: str,
+        request_serializer: Callable[[Any], bytes] | None = None,
+        response_deserializer: Callable[[bytes], Any] | None = None,
+        _registered_method: bool | None = False,
+    ) -> StreamStreamMultiCallable[Any, Any]:
+        return StreamStreamMultiCallable(self, method, request_serializer, response_deserializer)
+
+
+class _MultiCallable(Generic[Req, Resp]):
+    def __init__(
+        self,
+        channel: Channel,
+        method: str,
+        serializer: Callable[[Req], bytes] | None,
+        deserializer: Callable[[bytes], Resp] | None,
+    ) -> None:
+        if not method.startswith("/"):
+            raise ValueError(f"gRPC method {method!r} must be a path such as /pkg.Service/Method")
+        self._channel = channel
+        self._method = method
+        self._serializer: Callable[[Req], bytes] = serializer or _identity
+        self._deserializer: Callable[[bytes], Resp] = deserializer or _identity
+        self._base = [
+            (b":method", b"POST"),
+            (b":scheme", channel._scheme),
+            (b":path", method.encode("ascii")),
+            (b":authority", channel.authority.encode("ascii")),
+            (b"te", b"trailers"),
+            (b"content-type", b"application/grpc"),
+            (b"user-agent", _USER_AGENT),
+            (b"grpc-accept-encoding", b"identity,gzip"),
+        ]
+
+    def _call_args(
+        self,
+        timeout: float | None,
+        metadata: MetadataLike | None,
+        credentials: Any,
+        compression: grpc.Compression | None,
+    ) -> _Call[Req, Resp]:
+        if credentials is not None:
+            raise ValueError(
+                f"{self._method}: per-call credentials are not supported "
+                "(give the Channel an ssl_context; send tokens as metadata)"
+            )
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"{self._method}: timeout must be >= 0 seconds, not {timeout!r}")
+        extra = encode_metadata(metadata, self._channel.max_metadata)
+        if compression is None:
+            compression = self._channel.compression
+        return _Call(self, timeout, extra, compression == grpc.Compression.Gzip)
+
+
+class _Call(Generic[Req, Resp]):
+    """The state every call kind shares: headers, deadline, one stream, the final status."""
+
+    def __init__(
+        self,
+        owner: _MultiCallable[Req, Resp],
+        timeout: float | None,
+        metadata: list[tuple[bytes, bytes]],
+        gzip: bool,
+    ) -> None:
+        self._owner = owner
+        self._channel = owner._channel
+        now = anyio.current_time()
+        self.deadline = now + timeout if timeout is not None else math.inf
+        self._header_deadline = min(self.deadline, anyio.current_effective_deadline())
+        self._metadata = metadata
+        self._gzip = gzip
+        self.stream: Stream | None = None
+        self._initial: grpc.aio.Metadata | None = None
+        self._trailing: grpc.aio.Metadata | None = None
+        self._code: grpc.StatusCode | None = None
+        self._details: str = ""
+        self._encoding: bytes | None = None
+        self._sender_scope: anyio.CancelScope | None = None
+        #: How many responses arrived compressed (the interop cases check it).
+        self.compressed_received = 0
+
+    def _headers(self) -> list[tuple[bytes, bytes]]:
+        headers = list(self._owner._base)
+        if self._header_deadline != math.inf:
+            headers.append(
+                (b"grpc-timeout", encode_timeout(self._header_deadline - anyio.current_time()))
+            )
+        if self._gzip:
+            headers.append((b"grpc-encoding", b"gzip"))
+        headers.extend(self._metadata)
+        return headers
+
+    def frame(self, request: Req) -> bytes:
+        try:
+            payload = self._owner._serializer(request)
+        except Exception as exc:
+            raise RpcError(
+                grpc.StatusCode.INTERNAL,
+                f"{self._owner._method}: the request did not serialize ({type(exc).__name__})",
+                where="send",
+            ) from exc
+        limit = self._channel.max_send
+        if len(payload) > limit:
+            raise RpcError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self._owner._method}: a {len(payload)}-byte request is over the "
+                f"{limit}-byte send limit",
+                where="send",
+            )
+        if self._gzip:
+            return encode_message(gzip_bytes(payload), True)
+        return encode_message(payload, False)
+
+    async def open(self, first: bytes | None = None) -> Stream:
+        """Open the stream; with ``first`` (a unary request), send it and await the headers.
+
+        Unary requests the server never processed are retried on a new connection.
+        """
+        attempt = 0
+        while True:
+            conn = await self._channel.connection()
+            try:
+                stream = await conn.open_stream(self._headers(), end=False)
+            except Unprocessed:
+                continue
+            self.stream = stream
+            if first is None:
+                return stream
+            try:
+                await stream.send(first, end=True)
+                await stream.wait_headers()
+                return stream
+            except RpcError:
+                if stream.unprocessed and attempt < _RETRIES:
+                    attempt += 1
+                    stream.release()
+                    self.stream = None
+                    continue
+                self._finish_from_error()
+                raise
+
+    def _finish_from_error(self) -> None:
+        stream = self.stream
+        if stream is not None and stream.error is not None and self._code is None:
+            self._code = stream.error.code()
+            self._details = stream.error.details() or ""
+
+    async def read(self) -> Resp | None:
+        """The next response, or ``None`` after the status arrived (raised unless OK)."""
+        stream = self.stream
+        assert stream is not None
+        try:
+            if self._initial is None:
+                self._take_headers(await stream.wait_headers())
+            item = await stream.next_message()
+        except RpcError as exc:
+            self._code = exc.code()
+            self._details = exc.details() or ""
+            raise self._error(exc) from None
+        if item is None:
+            self._finish()
+            return None
+        compressed, payload = item
+        if compressed:
+            self.compressed_received += 1
+            if self._encoding != b"gzip":
+                self.abort(grpc.StatusCode.INTERNAL, "a compressed message without grpc-encoding")
+                raise self._error()
+            try:
+                payload = gunzip_bounded(payload, self._channel.max_receive)
+            except RpcError as exc:
+                self.abort(exc.code(), exc.details() or "")
+                raise self._error() from None
+        try:
+            return self._owner._deserializer(payload)
+        except Exception as exc:
+            self.abort(
+                grpc.StatusCode.INTERNAL,
+                f"a response did not deserialize ({type(exc).__name__})",
+            )
+            raise self._error() from exc
+
+    def _take_headers(self, headers: list[tuple[bytes, bytes]]) -> None:
+        self._initial = decode_metadata(headers)
+        for key, value in headers:
+            if key == b"grpc-encoding":
+                self._encoding = value
+
+    def _finish(self) -> None:
+        """Status from the trailers (or trailers-only headers, or the HTTP status)."""
+        stream = self.stream
+        assert stream is not None
+        headers = stream.headers or []
+        trailers = stream.trailers
+        if trailers is None:
+            self._code = grpc.StatusCode.INTERNAL
+            self._details = "the server ended the stream without trailers"
+        else:
+            http = b""
+            content_type = b""
+            for key, value in headers:
+                if key == b":status":
+                    http = value
+                elif key == b"content-type":
+                    content_type = value
+            status: bytes | None = None
+            message = b""
+            for key, value in trailers:
+                if key == b"grpc-status":
+                    status = value
+                elif key == b"grpc-message":
+                    message = value
+            if status is not None and status.isdigit():
+                self._code = code_from_int(int(status))
+                self._details = decode_grpc_message(message)
+            elif http != b"200":
+                code = int(http) if http.isdigit() else 0
+                self._code = code_from_http_status(code)
+                self._details = f"the server answered HTTP {code} without grpc-status"
+            elif not content_type.startswith(b"application/grpc"):
+                self._code = grpc.StatusCode.UNKNOWN
+                self._details = "the response is not application/grpc"
+            else:
+                self._code = grpc.StatusCode.UNKNOWN
+                self._details = "the server's trailers have no valid grpc-status"
+            self._trailing = decode_metadata(trailers)
+        if self._initial is None:
+            self._initial = grpc.aio.Metadata()
+        self.release()
+        if self._code != grpc.StatusCode.OK:
+            raise self._error()
+
+    def _error(self, cause: RpcError | None = None) -> RpcError:
+        code = self._code or (cause.code() if cause else grpc.StatusCode.UNKNOWN)
+        return RpcError(
+            code,
+            self._details,
+            initial_metadata=self._initial,
+            trailing_metadata=self._trailing,
+            where=self._owner._method,
+        )
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        """End the call locally with ``code`` (synchronous): reset the stream, stop the sender."""
+        if self._code is None:
+            self._code = code
+            self._details = details
+        stream = self.stream
+        if stream is not None:
+            stream.fail(RpcError(code, details, where=self._owner._method), reset=True)
+        self.release()
+
+    def release(self) -> None:
+        if self._sender_scope is not None:
+            self._sender_scope.cancel()
+        if self.stream is not None:
+            self.stream.release()
+
+    @property
+    def done(self) -> bool:
+        return self._code is not None
+
+    async def send_all(
+        self, requests: Iterable[Req] | AsyncIterable[Req], scope: anyio.CancelScope
+    ) -> None:
+        """Send every request, then END_STREAM; failures end the call, never raise."""
+        stream = self.stream
+        assert stream is not None
+        with scope:
+            try:
+                if isinstance(requests, AsyncIterable):
+                    async for request in requests:
+                        await stream.send(self.frame(request), end=False)
+                else:
+                    for request in requests:
+                        await stream.send(self.frame(request), end=False)
+                await stream.send(b"", end=True)
+            except RpcError as exc:
+                if stream.error is None:
+                    self.abort(exc.code(), exc.details() or "")
+            except Exception as exc:
+                self.abort(
+                    grpc.StatusCode.CANCELLED,
+                    f"the request iterator raised {type(exc).__name__}",
+                )
+        if scope.cancelled_caught and self.deadline <= anyio.current_time() and not self.done:
+            self.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed")
+        # The call consumed the iterator: close it (an async generator's
+        # cleanup runs now, bounded, instead of at garbage collection).
+        aclose = getattr(requests, "aclose", None)
+        if aclose is not None:
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(1.0),
+                contextlib.suppress(Exception),
+            ):
+                await aclose()
+
+
+def _deadline_error(call: _Call[Any, Any]) -> RpcError:
+    call.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed")
+    return call._error()
+
+
+class _UnaryResponseCall(Generic[Req, Resp]):
+    """An awaitable unary-response call (``UnaryUnaryCall`` / ``StreamUnaryCall``)."""
+
+    def __init__(self, call: _Call[Req, Resp], body: Callable[[], Any]) -> None:
+        self._call = call
+        self._body = body
+        self._result: Resp | None = None
+        self._ran = False
+        self._error: RpcError | None = None
+
+    def __await__(self) -> Generator[Any, None, Resp]:
+        return self._run().__await__()
+
+    async def _run(self) -> Resp:
+        if self._ran:
+            if self._error is not None:
+                raise self._error
+            return self._result  # type: ignore[return-value]
+        self._ran = True
+        call = self._call
+        try:
+            with anyio.CancelScope(deadline=call.deadline):
+                result: Resp = await self._body()
+                self._result = result
+                return result
+            self._error = _deadline_error(call)
+            raise self._error
+        except RpcError as exc:
+            self._error = exc
+            raise
+        except BaseException:
+            call.abort(grpc.StatusCode.CANCELLED, "the caller was cancelled")
+            raise
+        finally:
+            call.release()
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        await self._settle()
+        return self._call._initial or grpc.aio.Metadata()
+
+    async def trailing_metadata(self) -> grpc.aio.Metadata:
+        await self._settle()
+        return self._call._trailing or grpc.aio.Metadata()
+
+    async def code(self) -> grpc.StatusCode:
+        await self._settle()
+        return self._call._code or grpc.StatusCode.UNKNOWN
+
+    async def details(self) -> str:
+        await self._settle()
+        return self._call._details
+
+    async def _settle(self) -> None:
+        with contextlib.suppress(RpcError):
+            await self._run()
+
+    def cancel(self) -> bool:
+        if self._call.done:
+            return False
+        self._call.abort(grpc.StatusCode.CANCELLED, "cancelled by the caller")
+        self._ran = True
+        self._error = self._call._error()
+        return True
+
+    def done(self) -> bool:
+        return self._call.done
+
+
+class _StreamResponseCall(Generic[Req, Resp]):
+    """A streaming-response call (``UnaryStreamCall`` / ``StreamStreamCall``)."""
+
+    def __init__(
+        self,
+        call: _Call[Req, Resp],
+        request: Req | None,
+        requests: Iterable[Req] | AsyncIterable[Req] | None,
+        streaming_request: bool,
+    ) -> None:
+        self._call = call
+        self._request = request
+        self._requests = requests
+        self._streaming_request = streaming_request
+        self._started = False
+
+    def __del__(self) -> None:
+        call = self.__dict__.get("_call")
+        if call is not None and not call.done and call.stream is not None:
+            with contextlib.suppress(Exception):  # interpreter shutdown
+                call.release()
+
+    async def _guard(self, fn: Callable[[], Any]) -> Any:
+        call = self._call
+        try:
+            if call.deadline <= anyio.current_time():
+                raise _deadline_error(call)
+            with anyio.CancelScope(deadline=call.deadline):
+                if not self._started:
+                    await self._start()
+                return await fn()
+            raise _deadline_error(call)
+        except RpcError:
+            call.release()
+            raise
+        except BaseException:
+            call.abort(grpc.StatusCode.CANCELLED, "the caller was cancelled")
+            raise
+
+    async def _start(self) -> None:
+        self._started = True
+        call = self._call
+        if not self._streaming_request:
+            await call.open(call.frame(self._request))  # type: ignore[arg-type]
+            return
+        await call.open()
+        if self._requests is not None:
+            scope = anyio.CancelScope(deadline=call.deadline)
+            call._sender_scope = scope
+            call._channel.start_soon(call.send_all, self._requests, scope)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Resp:
+        message = await self.read()
+        if message is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return message
+
+    async def read(self) -> Resp | Any:
+        """The next response, or ``grpc.aio.EOF``; raises ``RpcError`` unless the status is OK."""
+        if self._call.done and self._call._code == grpc.StatusCode.OK:
+            return grpc.aio.EOF
+        if self._call.done:
+            raise self._call._error()
+        message = await self._guard(self._call.read)
+        return grpc.aio.EOF if message is None else message
+
+    async def write(self, request: Req) -> None:
+        """Send one request (stream-request calls made without an iterator)."""
+        if not self._streaming_request or self._requests is not None:
+            raise RuntimeError(
+                "write() is for stream-request calls made without a request iterator"
+            )
+        frame = self._call.frame(request)
+
+        async def send() -> None:
+            assert self._call.stream is not None
+            await self._call.stream.send(frame, end=False)
+
+        await self._guard(send)
+
+    async def done_writing(self) -> None:
+        async def end() -> None:
+            assert self._call.stream is not None
+            await self._call.stream.send(b"", end=True)
+
+        await self._guard(end)
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        call = self._call
+
+        async def headers() -> None:
+            assert call.stream is not None
+            if call._initial is None:
+                call._take_headers(await call.stream.wait_headers())
+
+        await self._guard(headers)
+        return call._initial or grpc.aio.Metadata()
+
+    async def wait_for_connection(self) -> None:
+        await self.initial_metadata()
+
+    async def _drain(self) -> None:
+        try:
+            while await self.read() is not grpc.aio.EOF:
+                pass
+        except RpcError:
+            pass
+
+    async def trailing_metadata(self) -> grpc.aio.Metadata:
+        await self._drain()
+        return self._call._trailing or grpc.aio.Metadata()
+
+    async def code(self) -> grpc.StatusCode:
+        await self._drain()
+        return self._call._code or grpc.StatusCode.UNKNOWN
+
+    async def details(self) -> str:
+        await self._drain()
+        return self._call._details
+
+    def cancel(self) -> bool:
+        if self._call.done:
+            return False
+        self._call.abort(grpc.StatusCode.CANCELLED, "cancelled by the caller")
+        return True
+
+    def done(self) -> bool:
+        return self._call.done
+
+
+class _WritableUnaryCall(_StreamResponseCall[Req, Resp]):
+    """A stream-unary call made without an iterator: ``write()``, ``done_writing()``, await."""
+
+    def __await__(self) -> Generator[Any, None, Resp]:
+        return self._single().__await__()
+
+    async def _single(self) -> Resp:
+        first = await self.read()
+        if first is grpc.aio.EOF:
+            self._call._code = grpc.StatusCode.INTERNAL
+            self._call._details = "the server sent no response message"
+            raise self._call._error()
+        if await self.read() is not grpc.aio.EOF:
+            self._call.abort(grpc.StatusCode.INTERNAL, "the server sent more than one response")
+            raise self._call._error()
+        return first
+
+
+class UnaryUnaryMultiCallable(_MultiCallable[Req, Resp]):
+    def __call__(
+        self,
+        request: Req,
+        *,
+        timeout: float | None = None,
+        metadata: MetadataLike | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: grpc.Compression | None = None,
+    ) -> _UnaryResponseCall[Req, Resp]:
+        call = self._call_args(timeout, metadata, credentials, compression)
+        frame = call.frame(request)
+
+        async def body() -> Resp:
+            await call.open(frame)
+            response = await call.read()
+            if response is None:
+                call._code = grpc.StatusCode.INTERNAL
+                call._details = "the server sent no response message"
+                raise call._error()
+            if await call.read() is not None:
+                call.abort(grpc.StatusCode.INTERNAL, "the server sent more than one response")
+                raise call._error()
+            return response
+
+        return _UnaryResponseCall(call, body)
+
+
+class StreamUnaryMultiCallable(_MultiCallable[Req, Resp]):
+    def __call__(
+        self,
+        request_iterator: Iterable[Req] | AsyncIterable[Req] | None = None,
+        *,
+        timeout: float | None = None,
+        metadata: MetadataLike | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: grpc.Compression | None = None,
+    ) -> _UnaryResponseCall[Req, Resp] | _WritableUnaryCall[Req, Resp]:
+        call = self._call_args(timeout, metadata, credentials, compression)
+        if request_iterator is None:
+            return _WritableUnaryCall(call, None, None, streaming_request=True)
+
+        async def body() -> Resp:
+            await call.open()
+            scope = anyio.CancelScope(deadline=call.deadline)
+            call._sender_scope = scope
+            result: list[Resp] = []
+            failure: list[RpcError] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call.send_all, request_iterator, scope)
+                try:
+                    response = await call.read()
+                    if response is None:
+                        call._code = grpc.StatusCode.INTERNAL
+                        call._details = "the server sent no response message"
+                        raise call._error()
+                    if await call.read() is not None:
+                        call.abort(
+                            grpc.StatusCode.INTERNAL, "the server sent more than one response"
+                        )
+                        raise call._error()
+                    result.append(response)
+                except RpcError as exc:
+                    failure.append(exc)
+                scope.cancel()
+            if failure:
+                raise failure[0]
+            return result[0]
+
+        return _UnaryResponseCall(call, body)
+
+
+class UnaryStreamMultiCallable(_MultiCallable[Req, Resp]):
+    def __call__(
+        self,
+        request: Req,
+        *,
+        timeout: float | None = None,
+        metadata: MetadataLike | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: grpc.Compression | None = None,
+    ) -> _StreamResponseCall[Req, Resp]:
+        call = self._call_args(timeout, metadata, credentials, compression)
+        return _StreamResponseCall(call, request, None, streaming_request=False)
+
+
+class StreamStreamMultiCallable(_MultiCallable[Req, Resp]):
+    def __call__(
+        self,
+        request_iterator: Iterable[Req] | AsyncIterable[Req] | None = None,
+        *,
+        timeout: float | None = None,
+        metadata: MetadataLike | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: grpc.Compression | None = None,
+    ) -> _StreamResponseCall[Req, Resp]:
+        call = self._call_args(timeout, metadata, credentials, compression)
+        return _StreamResponseCall(call, None, request_iterator, streaming_request=True)
