@@ -224,8 +224,10 @@ class _Source:
     def __call__(self, node: ast.AST | None) -> str:
         if node is None or not hasattr(node, "end_lineno"):
             return ""
-        first, last = node.lineno - 1, node.end_lineno - 1  # type: ignore[attr-defined]
-        start, end = node.col_offset, node.end_col_offset  # type: ignore[attr-defined]
+        first: int = node.lineno - 1  # type: ignore[attr-defined]
+        last: int = node.end_lineno - 1
+        start: int = node.col_offset  # type: ignore[attr-defined]
+        end: int = node.end_col_offset  # type: ignore[attr-defined]
         if first == last:
             return self.lines[first][start:end].decode()
         pieces = [self.lines[first][start:], *self.lines[first + 1 : last]]
