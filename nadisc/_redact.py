@@ -19,7 +19,9 @@ __all__ = ["redacted_excerpt"]
 
 _CREDENTIAL = re.compile(
     r"(?i)(bearer|basic|token|secret|password|passwd|authorization|x-consul-token|api[-_]?key)"
-    r"([\"']?\s*[:=]?\s*[\"']?)([^\s\"',;&}<]+)"
+    # The value, with an auth scheme in front of it taken along
+    # (``Authorization: Bearer <token>`` masks the token, not the word).
+    r"([\"']?\s*[:=]?\s*[\"']?)((?:(?:bearer|basic|digest)\s+)?[^\s\"',;&}<]+)"
 )
 #: Words that say what happened to a credential rather than being one: after
 #: a credential word and a space only (no ``:``, ``=`` or quote), they stay,
