@@ -53,7 +53,6 @@ def _mask(match: re.Match[str]) -> str:
     return f"{match.group(1)}{match.group(2)}***"
 
 
-
 def redacted_excerpt(body: bytes | str, secrets: Iterable[str] = (), *, limit: int = 200) -> str:
     """A short, filtered excerpt of ``body`` that is safe to put in a message."""
     if isinstance(body, bytes):
