@@ -321,8 +321,8 @@ class NacosProvider:
         rules = heartbeat_rules(metadata)
         if isinstance(rules, str):
             raise RegistrationRejected(f"registration {record.registration!r}: {rules}")
-        if self._ephemeral(record):
-            self._note_interval(rules[HEART_BEAT_INTERVAL] / 1000, record.registration)
+        if self._ephemeral(record) and HEART_BEAT_INTERVAL in metadata:
+            self._adopt(rules[HEART_BEAT_INTERVAL] / 1000, record.registration)
         params.update(
             weight=repr(float(record.weight)),
             enabled="true",
@@ -433,7 +433,9 @@ class NacosProvider:
             if answer.client_beat_interval:
                 # The instance's ``preserved.heart.beat.interval`` (or the
                 # server's default): adopted as the pace of renewals.
-                self._note_interval(answer.client_beat_interval / 1000.0, record.registration)
+                seconds = answer.client_beat_interval / 1000.0
+                self.server_beat_interval = seconds
+                self._adopt(seconds, record.registration)
             if answer.code == INSTANCE_NOT_FOUND_V1:
                 raise LeaseLost(f"{what}: Nacos no longer holds the instance (code 20404)")
             return registered
@@ -447,13 +449,12 @@ class NacosProvider:
             raise OutcomeUnknown(f"{what}: Nacos answered HTTP {response.status} code {code}")
         return registered
 
-    def _note_interval(self, seconds: float, registration: str) -> None:
+    def _adopt(self, seconds: float, registration: str) -> None:
         """Adopt a beat interval the server expects (``clientBeatInterval``,
         i.e. the instance's ``preserved.heart.beat.interval``): a shorter one
         than the current pace shortens ``capabilities.renew_within``."""
         if not (math.isfinite(seconds) and seconds > 0):
             return
-        self.server_beat_interval = seconds
         if seconds < self._renew_within:
             logger.warning(
                 "nacos connection %r: registration %r is expected to beat every %.1fs, "

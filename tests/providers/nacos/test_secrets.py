@@ -15,6 +15,7 @@ import anyio
 import httpx
 import pytest
 from nadisc_nacos import NacosProvider, NacosSettings
+from nadisc_nacos._http import NacosHttp, NacosResponse
 from prometheus_client import CollectorRegistry, generate_latest
 
 from nadisc import (
@@ -260,3 +261,14 @@ async def test_owner_over_loopback_with_an_echoing_server(
     texts += [record.getMessage() for record in debug_logs.records] + [debug_logs.text]
     assert_clean(texts, [PASSWORD, *tokens])
     assert isinstance(IdentityRevoked("x"), ProviderFailure | DiscoveryError)
+
+
+async def test_a_response_repr_shows_no_body() -> None:
+    response = NacosResponse(403, f"password={PASSWORD}".encode())
+    assert repr(response) == f"NacosResponse(status=403, {len(response.body)} bytes)"
+    http = NacosHttp(
+        NacosSettings.model_validate({"username": USER, "password": PASSWORD}),
+        max_response_bytes=1024,
+    )
+    assert_clean([repr(response), http.quote(response)], [PASSWORD])
+    await http.aclose()
