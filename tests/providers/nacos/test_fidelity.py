@@ -280,3 +280,20 @@ def test_cluster_names_nacos_refuses_fail_validation(cluster: str) -> None:
     assert caught.value.errors()[0]["loc"] == ("cluster",)
     assert "0-9a-zA-Z-" in str(caught.value)
     assert NacosSettings.model_validate({"cluster": "eu-west-1"}).cluster == "eu-west-1"
+
+
+@pytest.mark.parametrize("api", ["v1", "v3"])
+async def test_a_deep_listing_in_a_registration_check_is_incomplete(
+    autojump_clock: object, api: str
+) -> None:
+    fake = NacosFake(v3=api == "v3")
+    provider = in_process(fake, api=api, ephemeral=False)
+    await provider.prepare(soon())
+    registered = await provider.register(record(), soon())
+    nest = b"[" * 200_000 + b"]" * 200_000
+    body = b'{"hosts":' + nest + b"}" if api == "v1" else b'{"code":0,"data":' + nest + b"}"
+    path = "/v1/ns/instance/list" if api == "v1" else "/v3/client/ns/instance/list"
+    fake.inject(path, Fault("body", body=body))
+    with pytest.raises(IncompleteSnapshot, match="nested too deeply"):
+        await provider.check(registered, soon())
+    await provider.aclose()
