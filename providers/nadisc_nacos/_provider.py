@@ -71,7 +71,7 @@ from nadisc import (
 from nadisc._jsonguard import loads_guarded
 
 from ._http import NOT_SERVED, NacosHttp, NacosResponse, NotDelivered
-from ._settings import HEART_BEAT_INTERVAL, NacosSettings, heartbeat_rules
+from ._settings import HEART_BEAT_INTERVAL, HEART_BEAT_TIMEOUT, NacosSettings, heartbeat_rules
 from ._wire import (
     INSTANCE_NOT_FOUND_V1,
     INSTANCE_NOT_FOUND_V3,
@@ -321,6 +321,16 @@ class NacosProvider:
         rules = heartbeat_rules(metadata)
         if isinstance(rules, str):
             raise RegistrationRejected(f"registration {record.registration!r}: {rules}")
+        if self._ephemeral(record) and rules[HEART_BEAT_TIMEOUT] / 1000 <= self._renew_within:
+            logger.warning(
+                "nacos connection %r: registration %r may go %.1fs between beats, its "
+                "preserved.heart.beat.timeout is %.1fs: the server will mark it unhealthy "
+                "between beats; set the interval in the connection's metadata",
+                self._context.name,
+                record.registration,
+                self._renew_within,
+                rules[HEART_BEAT_TIMEOUT] / 1000,
+            )
         if self._ephemeral(record) and HEART_BEAT_INTERVAL in metadata:
             self._adopt(rules[HEART_BEAT_INTERVAL] / 1000, record.registration)
         params.update(
@@ -458,9 +468,10 @@ class NacosProvider:
         if seconds < self._renew_within:
             logger.warning(
                 "nacos connection %r: registration %r is expected to beat every %.1fs, "
-                "shorter than the %.1fs renewals were paced at; renewals are paced by it "
-                "from now (registrations already running keep their pace until they "
-                "re-register: set nacos.beat_interval or the connection's metadata to match)",
+                "shorter than the %.1fs this connection's renewals were paced at; "
+                "registrations planned from now are paced by it, those already planned "
+                "(this one included) keep their pace: set nacos.beat_interval or the "
+                "connection's metadata preserved.heart.beat.interval to match",
                 self._context.name,
                 registration,
                 seconds,

@@ -215,7 +215,9 @@ async def test_v1_on_3x_defaults_through_the_owner(autojump_clock: object) -> No
 # -- 4. beats: the server's interval paces renewals; a refused connection is not unknown -----
 
 
-async def test_heartbeat_rules_pace_renewals(autojump_clock: object) -> None:
+async def test_heartbeat_rules_pace_renewals(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
     async with open_nacos_fake(v3=False) as fake:
         rules = {"preserved.heart.beat.interval": "3000", "preserved.heart.beat.timeout": "9000"}
         provider = in_process(fake, api="v1", metadata=rules)
@@ -231,6 +233,10 @@ async def test_heartbeat_rules_pace_renewals(autojump_clock: object) -> None:
         await provider.renew(registered, soon())
         assert provider.server_beat_interval == 1.0
         assert provider.capabilities.renew_within == 1.0
+        # a registration whose own timeout the current pace would overrun is named
+        tight = {"preserved.heart.beat.interval": "500", "preserved.heart.beat.timeout": "900"}
+        await provider.register(record(port=8081, metadata=tight), soon())
+        assert "will mark it unhealthy between beats" in caplog.text
         await provider.aclose()
     backwards = {"preserved.heart.beat.interval": "20000"}  # above the 15 s default timeout
     with pytest.raises(ValidationError, match="must not exceed"):
