@@ -248,9 +248,23 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _check_text(value: Any, path: str) -> None:
+#: Deeper mappings/lists than this are refused before any recursive walk
+#: (Python's own stack ends near 1,000 frames; no config is this deep).
+MAX_NESTING = 100
+
+
+def _too_deep(path: str) -> ConfigError:
+    shown = path if len(path) <= 120 else path[:117] + "..."
+    return ConfigError(shown or "<document>", f"nested more than {MAX_NESTING} levels deep")
+
+
+def _check_text(value: Any, path: str, depth: int = 0) -> None:
     """Refuse lone surrogates anywhere (keys too): they are not text and
-    break every later encoding (``model_dump_json``, logs, the wire)."""
+    break every later encoding (``model_dump_json``, logs, the wire); and
+    refuse nesting over ``MAX_NESTING`` levels (a typed error, never a
+    ``RecursionError``)."""
+    if depth > MAX_NESTING and isinstance(value, Mapping | list | tuple):
+        raise _too_deep(path)
     if isinstance(value, str):
         if _SURROGATE.search(value):
             raise ConfigError(path or "<document>", "contains a lone surrogate (not valid text)")
@@ -259,10 +273,10 @@ def _check_text(value: Any, path: str) -> None:
             where = _join(path, str(key) if not _is_bad_text(key) else "?")
             if _is_bad_text(key):
                 raise ConfigError(where, "a key contains a lone surrogate (not valid text)")
-            _check_text(item, where)
+            _check_text(item, where, depth + 1)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            _check_text(item, f"{path}[{index}]")
+            _check_text(item, f"{path}[{index}]", depth + 1)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -272,13 +286,17 @@ def _is_bad_text(value: object) -> bool:
     return isinstance(value, str) and _SURROGATE.search(value) is not None
 
 
-def _warn_literal_secrets(value: Any, path: str, secret: bool = False) -> None:
+def _warn_literal_secrets(value: Any, path: str, secret: bool = False, depth: int = 0) -> None:
+    if depth > MAX_NESTING and isinstance(value, Mapping | list | tuple):
+        raise _too_deep(path)
     if isinstance(value, Mapping):
         for key, item in value.items():
-            _warn_literal_secrets(item, _join(path, str(key)), secret or is_secret_key(str(key)))
+            _warn_literal_secrets(
+                item, _join(path, str(key)), secret or is_secret_key(str(key)), depth + 1
+            )
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            _warn_literal_secrets(item, f"{path}[{index}]", secret)
+            _warn_literal_secrets(item, f"{path}[{index}]", secret, depth + 1)
     elif secret and isinstance(value, str) and _VARIABLE.search(value):
         warnings.warn(
             f"{path}: a secret field holds a literal ${{...}} placeholder; nadisc expands "

@@ -19,8 +19,38 @@ __all__ = ["redacted_excerpt"]
 
 _CREDENTIAL = re.compile(
     r"(?i)(bearer|basic|token|secret|password|passwd|authorization|x-consul-token|api[-_]?key)"
-    r"([\"']?\s*[:=]?\s*[\"']?)([^\s\"',;&}<]+)"
+    # The value, with an auth scheme in front of it taken along
+    # (``Authorization: Bearer <token>`` masks the token, not the word).
+    r"([\"']?\s*[:=]?\s*[\"']?)((?:(?:bearer|basic|digest)\s+)?[^\s\"',;&}<]+)"
 )
+#: Words that say what happened to a credential rather than being one: after
+#: a credential word and a space only (no ``:``, ``=`` or quote), they stay,
+#: so a registry's own verdict (``token expired!``, ``authorization
+#: failed!``, ``Invalid signature``) remains readable.
+_VERDICTS = frozenset(
+    {
+        "expired",
+        "invalid",
+        "failed",
+        "refused",
+        "denied",
+        "required",
+        "missing",
+        "not",
+        "is",
+        "was",
+        "has",
+        "mismatch",
+        "rejected",
+        "unknown",
+    }
+)
+
+
+def _mask(match: re.Match[str]) -> str:
+    if not match.group(2).strip() and match.group(3).lower().rstrip("!.?") in _VERDICTS:
+        return match.group(0)
+    return f"{match.group(1)}{match.group(2)}***"
 
 
 def redacted_excerpt(body: bytes | str, secrets: Iterable[str] = (), *, limit: int = 200) -> str:
@@ -32,6 +62,6 @@ def redacted_excerpt(body: bytes | str, secrets: Iterable[str] = (), *, limit: i
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
-    text = _CREDENTIAL.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
+    text = _CREDENTIAL.sub(_mask, text)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -12,21 +12,31 @@ Auth (only with ``username``/``password``)::
         200 {accessToken, tokenTtl}  token, refresh_at = now + ttl - margin
         403/401                      IdentityRevoked (a refused login is revocation)
         other / transport            IncompleteSnapshot
-    request --403 "token expired!" / "token invalid!"--> forget that token,
-        one re-login, one retry; a second 403 is IdentityRevoked
+    request --403 "token expired!" / "token invalid!" / "Invalid signature" /
+        "unsupported signature algorithm"--> forget that token, one re-login,
+        one retry; a second 403 is IdentityRevoked (a rotated token key, or
+        servers with different keys, answer "Invalid signature": the token,
+        not the identity, is refused)
     request --403 anything else (authorization failed!)--> IdentityRevoked
 
 The token travels in the ``Authorization: Bearer`` and ``accessToken``
 headers (Nacos reads either), never in a URL; the password only in the login
-form body. Neither ever appears in a message.
+form body. Neither ever appears in a message: every quote of a server's
+answer goes through :func:`nadisc._redact.redacted_excerpt` with this
+connection's password (as sent, form- and JSON-encoded) and its issued tokens
+masked, so a server that echoes the request cannot put them into an error or
+a log line; ``repr(NacosResponse)`` shows the status and size only.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import ssl
+from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from urllib.parse import quote, quote_plus
 
 import anyio
 import httpx
@@ -38,11 +48,12 @@ from nadisc import (
     IncompleteSnapshot,
     tls_context_for,
 )
+from nadisc._redact import redacted_excerpt
 
 from ._settings import NacosSettings
 from ._wire import decode_login
 
-__all__ = ["LOGIN_PATHS", "NacosHttp", "NacosResponse"]
+__all__ = ["LOGIN_PATHS", "NacosHttp", "NacosResponse", "NotDelivered"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +62,18 @@ LOGIN_PATHS = {"v3": "/v3/auth/user/login", "v1": "/v1/auth/login"}
 #: Statuses of a path the server does not serve (Nacos 3 answers 410 for
 #: turned-off compatibility APIs, Spring 404/405 for unknown ones).
 NOT_SERVED = frozenset({404, 405, 410, 501})
-_TOKEN_MARKERS = ("token expired", "token invalid")
+#: 403 texts that refuse the token, not the identity (the default auth
+#: plugin's ``NacosSignatureAlgorithm.verify``: a token of another key is
+#: "Invalid signature", an unknown header "unsupported signature algorithm",
+#: a malformed one "token invalid!", an old one "token expired!").
+_TOKEN_MARKERS = (
+    "token expired",
+    "token invalid",
+    "invalid signature",
+    "unsupported signature algorithm",
+)
+#: Tokens kept for masking after they were replaced (an echo may quote an old one).
+_TOKENS_REMEMBERED = 4
 #: Connections per connection's pool, and requests in flight at once. Callers
 #: beyond it wait at our own FIFO gate, not in httpcore's pool queue: the pool
 #: re-scans its whole queue on every request it finishes, which with hundreds
@@ -60,14 +82,23 @@ POOL_SIZE = 32
 _TEXT_LIMIT = 200
 
 
+class NotDelivered(IncompleteSnapshot):
+    """No server of the connection took the request (every connect refused or
+    timed out): a write certainly did not apply, unlike a failure after sending."""
+
+
 @dataclass(frozen=True, slots=True)
 class NacosResponse:
     status: int
-    body: bytes
+    #: Never in the repr: a server may echo the request (the password, the token).
+    body: bytes = field(repr=False)
 
-    def text(self) -> str:
-        text = self.body[:_TEXT_LIMIT].decode("utf-8", "replace").strip()
-        return " ".join(text.split())
+    def __repr__(self) -> str:
+        return f"NacosResponse(status={self.status}, {len(self.body)} bytes)"
+
+    # No ``text()``: quoting a body needs the connection's secrets
+    # (:meth:`NacosHttp.quote`); a generic mask cannot know where a password
+    # with a space in it ends.
 
 
 def token_problem(body: bytes) -> bool:
@@ -116,6 +147,7 @@ class NacosHttp:
         )
         self._gate = anyio.CapacityLimiter(POOL_SIZE)
         self._token: str | None = None
+        self._issued: deque[str] = deque(maxlen=_TOKENS_REMEMBERED)
         self._refresh_at = 0.0
         self._login_lock = anyio.Lock()
         #: Which API generation's login path to use (set by the provider's probe).
@@ -136,6 +168,22 @@ class NacosHttp:
         """The server the next request goes to first (host:port, no credentials)."""
         url = self._settings.server_addr[self._current]
         return f"{url.host}:{url.port}"
+
+    def _secrets(self) -> list[str]:
+        secrets = list(self._issued)
+        password = self._settings.password
+        if password is not None:
+            raw = password.get_secret_value()
+            # As sent (form-encoded) and as a JSON echo would escape it.
+            secrets += [raw, quote_plus(raw), quote(raw, safe=""), json.dumps(raw)[1:-1]]
+        # The longest first: a secret containing another is masked whole.
+        return sorted(set(secrets), key=len, reverse=True)
+
+    def quote(self, response: NacosResponse | bytes | str) -> str:
+        """A server's answer, safe to put in a message: short, one line, this
+        connection's password and tokens masked, credential-looking values cut."""
+        body = response.body if isinstance(response, NacosResponse) else response
+        return redacted_excerpt(body, self._secrets(), limit=_TEXT_LIMIT)
 
     # -- auth ---------------------------------------------------------------
     async def token(self, budget: float) -> str | None:
@@ -179,13 +227,14 @@ class NacosHttp:
             self._token = None
             raise IdentityRevoked(
                 f"login of user {settings.username!r} refused by Nacos "
-                f"(HTTP {response.status}): {response.text()}"
+                f"(HTTP {response.status}): {self.quote(response)}"
             )
         if response.status != 200:
             raise IncompleteSnapshot(f"login: Nacos answered HTTP {response.status}")
         answer = decode_login(response.body, max_bytes=self._max_bytes)
         margin = min(settings.token_refresh_margin, answer.token_ttl / 2)
         self._token = answer.access_token
+        self._issued.append(answer.access_token)
         self._refresh_at = anyio.current_time() + answer.token_ttl - margin
         logger.debug("nacos: logged in, token refreshed in %.0fs", answer.token_ttl - margin)
         return answer.access_token
@@ -216,11 +265,13 @@ class NacosHttp:
                 return response
             if token is not None and attempt == 1 and token_problem(response.body):
                 logger.info(
-                    "nacos: %s: the token was refused (%s); logging in again", what, response.text()
+                    "nacos: %s: the token was refused (%s); logging in again",
+                    what,
+                    self.quote(response),
                 )
                 self._forget(token)
                 continue
-            raise IdentityRevoked(f"{what}: denied by Nacos (403): {response.text()}")
+            raise IdentityRevoked(f"{what}: denied by Nacos (403): {self.quote(response)}")
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- transport ----------------------------------------------------------
@@ -241,6 +292,7 @@ class NacosHttp:
         if token is not None:
             headers = {"Authorization": f"Bearer {token}", "accessToken": token}
         failures: list[str] = []
+        delivered = False
         deadline = anyio.current_time() + budget
         count = len(self._bases)
         for step in range(count):
@@ -261,11 +313,13 @@ class NacosHttp:
                 )
             except IncompleteSnapshot as exc:
                 failures.append(str(exc))
+                delivered = delivered or not isinstance(exc, NotDelivered)
                 continue
             self._current = index
             return response
         self._current = (self._current + 1) % count
-        raise IncompleteSnapshot("; ".join(failures) or f"{what}: no time left for a request")
+        message = "; ".join(failures) or f"{what}: no time left for a request"
+        raise (NotDelivered if failures and not delivered else IncompleteSnapshot)(message)
 
     async def _once(
         self,
@@ -297,6 +351,10 @@ class NacosHttp:
         except TimeoutError as exc:
             raise IncompleteSnapshot(
                 f"{what}: no complete answer from {host} within {budget:.1f}s"
+            ) from exc
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise NotDelivered(
+                f"{what}: could not connect to {host} ({type(exc).__name__})"
             ) from exc
         except httpx.TimeoutException as exc:
             raise IncompleteSnapshot(f"{what}: {host} timed out ({type(exc).__name__})") from exc

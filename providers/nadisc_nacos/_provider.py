@@ -68,9 +68,10 @@ from nadisc import (
     RegistrationRecord,
     RegistrationRejected,
 )
+from nadisc._jsonguard import loads_guarded
 
-from ._http import NOT_SERVED, NacosHttp, NacosResponse
-from ._settings import NacosSettings
+from ._http import NOT_SERVED, NacosHttp, NacosResponse, NotDelivered
+from ._settings import HEART_BEAT_INTERVAL, HEART_BEAT_TIMEOUT, NacosSettings, heartbeat_rules
 from ._wire import (
     INSTANCE_NOT_FOUND_V1,
     INSTANCE_NOT_FOUND_V3,
@@ -123,15 +124,17 @@ class NacosProvider:
         self._previous: dict[str, ProviderSnapshot] = {}
         self._cache_seconds: dict[str, float] = {}
         self._digests: dict[str, bytes] = {}
-        self._capabilities = Capabilities(
-            evidence=EvidenceKind.REGISTRY_HEALTH,
-            registration=True,
-            watch_streams=0,
-            idempotent_renewal=True,
-            renew_within=settings.beat_interval,
-        )
+        # The connection's metadata may set the instances' heartbeat rules
+        # (``preserved.heart.beat.interval``): the server then expects beats
+        # that often, so renewals are paced by it from the start.
+        rules = heartbeat_rules(settings.metadata)
+        assert not isinstance(rules, str)  # the settings validated them
+        self._renew_within = min(settings.beat_interval, rules[HEART_BEAT_INTERVAL] / 1000)
         #: The server's last ``clientBeatInterval`` answer (seconds), if any.
         self.server_beat_interval: float | None = None
+        #: Whether the v1 instance detail read is served (None: not tried).
+        #: Nacos 3.x makes it admin API, answered 410 by default.
+        self.detail_served: bool | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -142,7 +145,17 @@ class NacosProvider:
 
     @property
     def capabilities(self) -> Capabilities:
-        return self._capabilities
+        """Renewals within the shortest beat interval known: ``beat_interval``,
+        the connection metadata's ``preserved.heart.beat.interval``, or a
+        shorter ``clientBeatInterval`` a beat answer or a registration's own
+        metadata asked for (registrations frozen afterwards take it)."""
+        return Capabilities(
+            evidence=EvidenceKind.REGISTRY_HEALTH,
+            registration=True,
+            watch_streams=0,
+            idempotent_renewal=True,
+            renew_within=self._renew_within,
+        )
 
     @property
     def settings(self) -> NacosSettings:
@@ -183,7 +196,7 @@ class NacosProvider:
             budget=_remaining(deadline),
             what="probe of the v3 client API",
         )
-        if v3.status == 200 and _is_envelope(v3.body):
+        if v3.status == 200 and _is_envelope(v3.body, "probe of the v3 client API"):
             self._api = "v3"
             return
         v1 = await self._http.call(
@@ -197,8 +210,9 @@ class NacosProvider:
             self._api = "v1"
             return
         if v3.status not in NOT_SERVED and v3.status != 200:
+            said = self._http.quote(v3)
             raise IncompleteSnapshot(
-                f"probe of {self._http.server}: v3 answered HTTP {v3.status}: {v3.text()}"
+                f"probe of {self._http.server}: v3 answered HTTP {v3.status}: {said}"
             )
         raise IncompleteSnapshot(
             f"{self._http.server} offers neither the Nacos v3 client API "
@@ -238,12 +252,12 @@ class NacosProvider:
         )
         if response.status != 200:
             if api == "v3" and response.status in (400, 404):
-                code, message, _ = _safe_envelope(response, self._http.max_response_bytes)
+                code, message, _ = _safe_envelope(response, self._http)
                 if code == 21008:  # service not exist: Nacos's explicit "no such service"
                     return NacosResponse(200, b'{"code":0,"message":"success","data":[]}')
                 raise IncompleteSnapshot(f"{what}: HTTP {response.status} code {code} {message}")
             raise IncompleteSnapshot(
-                f"{what}: Nacos answered HTTP {response.status}: {response.text()}"
+                f"{what}: Nacos answered HTTP {response.status}: {self._http.quote(response)}"
             )
         return response
 
@@ -304,6 +318,21 @@ class NacosProvider:
             )
         params = self._instance_params(record, api)
         metadata = {**self._settings.metadata, **record.metadata}
+        rules = heartbeat_rules(metadata)
+        if isinstance(rules, str):
+            raise RegistrationRejected(f"registration {record.registration!r}: {rules}")
+        if self._ephemeral(record) and rules[HEART_BEAT_TIMEOUT] / 1000 <= self._renew_within:
+            logger.warning(
+                "nacos connection %r: registration %r may go %.1fs between beats, its "
+                "preserved.heart.beat.timeout is %.1fs: the server will mark it unhealthy "
+                "between beats; set the interval in the connection's metadata",
+                self._context.name,
+                record.registration,
+                self._renew_within,
+                rules[HEART_BEAT_TIMEOUT] / 1000,
+            )
+        if self._ephemeral(record) and HEART_BEAT_INTERVAL in metadata:
+            self._adopt(rules[HEART_BEAT_INTERVAL] / 1000, record.registration)
         params.update(
             weight=repr(float(record.weight)),
             enabled="true",
@@ -323,6 +352,9 @@ class NacosProvider:
             return await self._http.call(
                 method, path, params, budget=_remaining(deadline), what=what
             )
+        except NotDelivered as exc:
+            # No server took the request: it certainly did not apply.
+            raise IncompleteSnapshot(f"{exc}; the write was not sent") from exc
         except IncompleteSnapshot as exc:
             raise OutcomeUnknown(f"{exc}; the write may or may not have applied") from exc
 
@@ -331,16 +363,17 @@ class NacosProvider:
             if api == "v1" and response.body.strip() == b"ok":
                 return
             if api == "v3":
-                code, message, _ = _safe_envelope(response, self._http.max_response_bytes)
+                code, message, _ = _safe_envelope(response, self._http)
                 if code == 0:
                     return
                 raise RegistrationRejected(f"{what}: Nacos answered code {code} ({message})")
             if api == "v1":
-                raise OutcomeUnknown(f"{what}: unexpected answer {response.text()!r}")
+                raise OutcomeUnknown(f"{what}: unexpected answer {self._http.quote(response)!r}")
         if response.status == 400:
-            raise RegistrationRejected(f"{what}: rejected by Nacos (400): {response.text()}")
+            said = self._http.quote(response)
+            raise RegistrationRejected(f"{what}: rejected by Nacos (400): {said}")
         raise OutcomeUnknown(
-            f"{what}: Nacos answered HTTP {response.status}: {response.text()}; "
+            f"{what}: Nacos answered HTTP {response.status}: {self._http.quote(response)}; "
             "the write may or may not have applied"
         )
 
@@ -351,22 +384,22 @@ class NacosProvider:
         and whether the answer was past the protect threshold."""
         s = self._settings
         response = await self._list(api, record.service, deadline)
-        try:
-            document = json.loads(response.body)
-        except ValueError as exc:
-            raise IncompleteSnapshot(f"list {record.service!r}: not JSON") from exc
-        protected = False
-        if api == "v1":
-            if not isinstance(document, dict):
-                raise IncompleteSnapshot(f"list {record.service!r}: not a ServiceInfo object")
-            hosts = document.get("hosts") or []
-            protected = bool(document.get("reachProtectionThreshold"))
-        else:
-            data = document.get("data") if isinstance(document, dict) else None
-            if isinstance(data, dict):
-                protected = bool(data.get("reachProtectionThreshold"))
-                data = data.get("hosts")
-            hosts = data if isinstance(data, list) else []
+        what = f"list {record.service!r}"
+        document = loads_guarded(response.body, what)
+        # The same shape rules as a query: no ``hosts`` array (v1), or a v3
+        # answer whose code is not 0 or whose data is no list, is no listing
+        # (never "our instance is gone").
+        info: object = document
+        if api == "v3":
+            if not isinstance(document, dict) or document.get("code") != 0:
+                raise IncompleteSnapshot(f"{what}: not a successful Nacos result envelope")
+            info = document.get("data")
+            if isinstance(info, list):
+                info = {"hosts": info}
+        if not isinstance(info, dict) or not isinstance(info.get("hosts"), list):
+            raise IncompleteSnapshot(f"{what}: the answer carries no instance list")
+        hosts = info["hosts"]
+        protected = info.get("reachProtectionThreshold") is True
         for host in hosts:
             if (
                 isinstance(host, dict)
@@ -384,9 +417,8 @@ class NacosProvider:
         s = self._settings
         fallback = default_instance_id(record.host, record.port, s.cluster, s.group, record.service)
         try:
-            if api == "v1":
-                host = await self._detail(record, deadline)
-            else:
+            host = await self._detail(record, deadline) if api == "v1" else _UNSERVED
+            if host is _UNSERVED:
                 host, _ = await self._find(record, api, deadline)
         except (ProviderFailure, DeadlineExceeded):
             return fallback
@@ -409,71 +441,100 @@ class NacosProvider:
                 self._write_ok(response, api, what)
             answer = decode_beat(response.body, max_bytes=self._http.max_response_bytes)
             if answer.client_beat_interval:
-                self._note_interval(answer.client_beat_interval / 1000.0)
+                # The instance's ``preserved.heart.beat.interval`` (or the
+                # server's default): adopted as the pace of renewals.
+                seconds = answer.client_beat_interval / 1000.0
+                self.server_beat_interval = seconds
+                self._adopt(seconds, record.registration)
             if answer.code == INSTANCE_NOT_FOUND_V1:
                 raise LeaseLost(f"{what}: Nacos no longer holds the instance (code 20404)")
             return registered
         params["heartBeat"] = "true"
         response = await self._write("POST", _PATHS["v3"]["beat"], params, deadline, what)
-        code, message, _ = _safe_envelope(response, self._http.max_response_bytes)
+        code, message, _ = _safe_envelope(response, self._http)
         if code == INSTANCE_NOT_FOUND_V3:
-            logger.info("nacos: %s: %s", what, message)
+            logger.info("nacos: %s: %s", what, message)  # quoted safely by _safe_envelope
             raise LeaseLost(f"{what}: Nacos no longer holds the instance (code 21003)")
         if response.status != 200 or code != 0:
             raise OutcomeUnknown(f"{what}: Nacos answered HTTP {response.status} code {code}")
         return registered
 
-    def _note_interval(self, seconds: float) -> None:
-        if seconds > 0 and seconds != self.server_beat_interval:
-            self.server_beat_interval = seconds
-            if seconds < self._settings.beat_interval:
-                logger.warning(
-                    "nacos connection %r: the server asks for a beat every %.1fs, shorter than "
-                    "beat_interval=%.1fs; set nacos.beat_interval to match",
-                    self._context.name,
-                    seconds,
-                    self._settings.beat_interval,
-                )
+    def _adopt(self, seconds: float, registration: str) -> None:
+        """Adopt a beat interval the server expects (``clientBeatInterval``,
+        i.e. the instance's ``preserved.heart.beat.interval``): a shorter one
+        than the current pace shortens ``capabilities.renew_within``."""
+        if not (math.isfinite(seconds) and seconds > 0):
+            return
+        if seconds < self._renew_within:
+            logger.warning(
+                "nacos connection %r: registration %r is expected to beat every %.1fs, "
+                "shorter than the %.1fs this connection's renewals were paced at; "
+                "registrations planned from now are paced by it, those already planned "
+                "(this one included) keep their pace: set nacos.beat_interval or the "
+                "connection's metadata preserved.heart.beat.interval to match",
+                self._context.name,
+                registration,
+                seconds,
+                self._renew_within,
+            )
+            self._renew_within = seconds
 
     async def check(self, registered: Registered, deadline: float) -> HealthStatus:
         api = self._require_api()
         record = registered.record
         host, protected = await self._find(record, api, deadline)
         if host is not None:
+            healthy = host.get("healthy", True) is True
             if protected and api == "v1":
+                # Past the protect threshold every listed host says healthy:
+                # the detail read tells the truth where it is served.
                 detail = await self._detail(record, deadline)
-                healthy = bool(detail.get("healthy")) if detail is not None else False
-            else:
-                healthy = bool(host.get("healthy", True))
-            if not host.get("enabled", True):
+                if detail is not _UNSERVED:
+                    healthy = detail is not None and detail.get("healthy") is True
+            if host.get("enabled", True) is False:
                 return HealthStatus.DISABLED
             return HealthStatus.HEALTHY if healthy else HealthStatus.UNHEALTHY
         if api == "v1":
-            return (
-                HealthStatus.DISABLED
-                if await self._detail(record, deadline)
-                else (HealthStatus.MISSING)
-            )
+            detail = await self._detail(record, deadline)
+            if detail is None:
+                return HealthStatus.MISSING
+            # Held but not listed (disabled), or no detail read to tell (Nacos
+            # 3.x admin API off): as on v3, never re-register over an
+            # operator's disable; a reaped ephemeral instance comes back
+            # through the beat's 20404.
+            return HealthStatus.DISABLED
         return HealthStatus.DISABLED
 
     async def _detail(
         self, record: RegistrationRecord, deadline: float
     ) -> dict[str, object] | None:
-        """v1 ``GET /v1/ns/instance``: the instance whatever its state, or None."""
+        """v1 ``GET /v1/ns/instance``: the instance whatever its state, None
+        when the server holds no such instance, or ``_UNSERVED`` when the
+        server does not serve the read (Nacos 3.x: admin API, 410 unless
+        ``nacos.core.api.compatibility.admin.enabled=true``; asked once)."""
+        if self.detail_served is False:
+            return _UNSERVED
+        what = f"detail of {record.registration!r}"
         params = self._instance_params(record, "v1")
         response = await self._http.call(
-            "GET",
-            _PATHS["v1"]["instance"],
-            params,
-            budget=_remaining(deadline),
-            what=f"detail of {record.registration!r}",
+            "GET", _PATHS["v1"]["instance"], params, budget=_remaining(deadline), what=what
         )
+        if response.status in NOT_SERVED and response.status != 404:
+            if self.detail_served is None:
+                logger.info(
+                    "nacos connection %r: the v1 instance detail read is not served "
+                    "(HTTP %d, Nacos 3.x admin API); checks use the listing alone",
+                    self._context.name,
+                    response.status,
+                )
+            self.detail_served = False
+            return _UNSERVED
         if response.status == 200:
-            try:
-                document = json.loads(response.body)
-            except ValueError:
-                return None
-            return document if isinstance(document, dict) else None
+            self.detail_served = True
+            document = loads_guarded(response.body, what)
+            if not isinstance(document, dict) or "ip" not in document:
+                raise IncompleteSnapshot(f"{what}: the answer is not an instance")
+            return document
         if response.status in (400, 404, 500) and (
             b"no ips found" in response.body
             or b"no matched ip" in response.body
@@ -498,19 +559,28 @@ class NacosProvider:
         await self._http.aclose()
 
 
-def _is_envelope(body: bytes) -> bool:
+#: ``_detail``'s answer when the server does not serve the detail read.
+_UNSERVED: dict[str, object] = {}
+
+
+def _is_envelope(body: bytes, what: str) -> bool:
     try:
-        document = json.loads(body)
-    except ValueError:
+        document = loads_guarded(body, what)
+    except IncompleteSnapshot:
         return False
     return isinstance(document, dict) and "code" in document and "data" in document
 
 
-def _safe_envelope(response: NacosResponse, max_bytes: int) -> tuple[int, str, bytes | None]:
+def _safe_envelope(response: NacosResponse, http: NacosHttp) -> tuple[int, str, bytes | None]:
+    """(code, message, data) of a v3 envelope; the message is quoted safely
+    (a server may echo the request into it). Not an envelope: code -1."""
     try:
-        return decode_envelope(response.body, max_bytes=max_bytes, what="answer")
+        code, message, data = decode_envelope(
+            response.body, max_bytes=http.max_response_bytes, what="answer"
+        )
     except ProviderFailure:
-        return -1, response.text(), None
+        return -1, http.quote(response), None
+    return code, http.quote(message), data
 
 
 def _remaining(deadline: float) -> float:

@@ -31,6 +31,42 @@ __all__ = ["NacosServiceBinding", "NacosSettings"]
 #: own group separator).
 _NAME = re.compile(r"^[^@#\s]+(?:@(?!@)[^@#\s]*)*$")
 DEFAULT_CONTEXT_PATH = "/nacos"
+#: Cluster names Nacos accepts (``Constants.CLUSTER_NAME_PATTERN_STRING``,
+#: checked by ``NamingUtils.checkInstanceIsLegal`` on every registration):
+#: letters, digits and '-' only.
+_CLUSTER = re.compile(r"^[0-9a-zA-Z-]+$")
+#: Instance metadata keys the server reads as the instance's heartbeat rules
+#: (``PreservedMetadataKeys``), in milliseconds.
+HEART_BEAT_INTERVAL = "preserved.heart.beat.interval"
+HEART_BEAT_TIMEOUT = "preserved.heart.beat.timeout"
+IP_DELETE_TIMEOUT = "preserved.ip.delete.timeout"
+#: Nacos's defaults for them (``Constants.DEFAULT_HEART_BEAT_*``, ms).
+HEART_BEAT_DEFAULTS = {
+    HEART_BEAT_INTERVAL: 5000,
+    HEART_BEAT_TIMEOUT: 15000,
+    IP_DELETE_TIMEOUT: 30000,
+}
+
+
+def heartbeat_rules(metadata: dict[str, str]) -> dict[str, int] | str:
+    """The heartbeat rules ``metadata`` sets (ms, defaults filled in), or why
+    Nacos would refuse them: each a whole number of ms > 0, and the interval
+    not above either timeout (``NamingUtils.checkInstanceIsLegal``)."""
+    rules = dict(HEART_BEAT_DEFAULTS)
+    for key in rules:
+        text = metadata.get(key)
+        if text is None:
+            continue
+        if not text.strip().isdigit() or int(text) <= 0:
+            return f"metadata {key!r} must be a whole number of milliseconds > 0"
+        rules[key] = int(text)
+    interval = rules[HEART_BEAT_INTERVAL]
+    if rules[HEART_BEAT_TIMEOUT] < interval or rules[IP_DELETE_TIMEOUT] < interval:
+        return (
+            f"metadata {HEART_BEAT_INTERVAL!r} must not exceed {HEART_BEAT_TIMEOUT!r} "
+            f"and {IP_DELETE_TIMEOUT!r} (Nacos refuses such an instance)"
+        )
+    return rules
 
 
 class NacosServiceBinding(BaseModel):
@@ -207,11 +243,20 @@ class NacosSettings(BaseModel):
                 raise ValueError("server_addr takes no query or fragment")
         return value
 
-    @field_validator("group", "namespace", "cluster")
+    @field_validator("group", "namespace")
     @classmethod
     def _plain_name(cls, value: str) -> str:
         if "@@" in value or not _NAME.match(value):
             raise ValueError("may not contain '@@', '#' or whitespace")
+        return value
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        if not _CLUSTER.match(value):
+            raise ValueError(
+                "Nacos takes cluster names of letters, digits and '-' only (0-9a-zA-Z-)"
+            )
         return value
 
     @field_validator("services", mode="before")
@@ -249,6 +294,9 @@ class NacosSettings(BaseModel):
                 raise ValueError(
                     "metadata keys must be 1-128 characters, values at most 1024 characters"
                 )
+        rules = heartbeat_rules(value)
+        if isinstance(rules, str):
+            raise ValueError(rules)
         return value
 
     @model_validator(mode="after")

@@ -70,6 +70,8 @@ from nadisc import (
     ProviderSnapshot,
 )
 from nadisc._instance import _trusted_instances
+from nadisc._jsonguard import decode_guarded, depth_guard
+from nadisc._redact import redacted_excerpt
 
 __all__ = [
     "INSTANCE_NOT_FOUND_V1",
@@ -106,7 +108,11 @@ class WireInstance(msgspec.Struct, rename="camel", kw_only=True, gc=False):
 
 
 class _ServiceInfo(msgspec.Struct, rename="camel", kw_only=True):
-    hosts: list[WireInstance] | None = None
+    # Required and not null: Nacos writes ``hosts`` in every ServiceInfo
+    # (an empty array for an empty service), so an object without it (``{}``,
+    # ``{"hosts": null}``, a Spring error body answered with 200) is not a
+    # listing at all, never "no instances".
+    hosts: list[WireInstance]
     name: str | None = None
     cache_millis: int = 0
     checksum: str = ""
@@ -114,7 +120,7 @@ class _ServiceInfo(msgspec.Struct, rename="camel", kw_only=True):
 
 
 class _LooseServiceInfo(msgspec.Struct, rename="camel", kw_only=True):
-    hosts: list[msgspec.Raw] | None = None
+    hosts: list[msgspec.Raw]
     name: str | None = None
     cache_millis: int = 0
     checksum: str = ""
@@ -241,9 +247,10 @@ def decode_instance_list(
     if paused:
         gc.disable()
     try:
-        listing = _fast_list(body, api, service, group, max_instances, previous, what)
-        if listing is None:
-            listing = _careful_list(body, api, service, group, max_instances, previous, what)
+        with depth_guard(what):
+            listing = _fast_list(body, api, service, group, max_instances, previous, what)
+            if listing is None:
+                listing = _careful_list(body, api, service, group, max_instances, previous, what)
         return listing
     finally:
         if paused:
@@ -280,7 +287,7 @@ class _FastHost(msgspec.Struct, rename="camel", kw_only=True, gc=False):
 
 
 class _FastServiceInfo(msgspec.Struct, rename="camel", kw_only=True):
-    hosts: list[_FastHost] | None = None
+    hosts: list[_FastHost]
     cache_millis: int = 0
     checksum: str = ""
     reach_protection_threshold: bool = False
@@ -310,13 +317,21 @@ def _unwrap(
     raises, and the v3 envelope's error code."""
     if api == "v1":
         info = v1.decode(body)
-        return info.hosts or [], info.cache_millis, info.checksum, info.reach_protection_threshold
+        return info.hosts, info.cache_millis, info.checksum, info.reach_protection_threshold
     envelope = v3.decode(body)
     _check_code(envelope.code, envelope.message, what)
-    data = envelope.data
+    data = _listed(envelope.data, what)
     if isinstance(data, info_type):
-        return data.hosts or [], data.cache_millis, data.checksum, data.reach_protection_threshold  # type: ignore[attr-defined]
-    return data or [], 0, "", False
+        return data.hosts, data.cache_millis, data.checksum, data.reach_protection_threshold  # type: ignore[attr-defined]
+    return data, 0, "", False
+
+
+def _listed(data: Any, what: str) -> Any:
+    """A v3 ``data`` of a successful answer: a null one says nothing (Nacos
+    answers ``[]`` for a service without instances), so it is no listing."""
+    if data is None:
+        raise IncompleteSnapshot(f"{what}: the answer's data is null (no instance list)")
+    return data
 
 
 _all_metadata = msgspec.json.Decoder(list[dict[str, str]])
@@ -505,7 +520,8 @@ def _careful_list(
 
 def _check_code(code: int, message: str | None, what: str) -> None:
     if code != 0:
-        raise IncompleteSnapshot(f"{what}: Nacos answered code {code} ({message or 'no message'})")
+        said = redacted_excerpt(message) if message else "no message"
+        raise IncompleteSnapshot(f"{what}: Nacos answered code {code} ({said})")
 
 
 def _loose(body: bytes, api: str, what: str) -> tuple[list[msgspec.Raw], int, str, bool]:
@@ -513,7 +529,7 @@ def _loose(body: bytes, api: str, what: str) -> tuple[list[msgspec.Raw], int, st
         if api == "v1":
             info = _v1_loose.decode(body)
             return (
-                info.hosts or [],
+                info.hosts,
                 info.cache_millis,
                 info.checksum,
                 info.reach_protection_threshold,
@@ -524,10 +540,10 @@ def _loose(body: bytes, api: str, what: str) -> tuple[list[msgspec.Raw], int, st
             f"{what}: the answer is not a Nacos instance list ({exc})"
         ) from None
     _check_code(envelope.code, envelope.message, what)
-    data = envelope.data
+    data = _listed(envelope.data, what)
     if isinstance(data, _LooseServiceInfo):
-        return data.hosts or [], data.cache_millis, data.checksum, data.reach_protection_threshold
-    return data or [], 0, "", False
+        return data.hosts, data.cache_millis, data.checksum, data.reach_protection_threshold
+    return data, 0, "", False
 
 
 def _careful_snapshot(
@@ -591,7 +607,7 @@ def decode_login(body: bytes, *, max_bytes: int) -> LoginAnswer:
     which would carry the token)."""
     _bounded(body, max_bytes, "login")
     try:
-        answer = _login.decode(body)
+        answer = decode_guarded(_login, body, "login")
     except (msgspec.ValidationError, msgspec.DecodeError):
         raise IncompleteSnapshot("login: the answer carries no accessToken") from None
     if not answer.access_token or not (math.isfinite(answer.token_ttl) and answer.token_ttl > 0):
@@ -602,7 +618,7 @@ def decode_login(body: bytes, *, max_bytes: int) -> LoginAnswer:
 def decode_beat(body: bytes, *, max_bytes: int) -> BeatAnswer:
     _bounded(body, max_bytes, "beat")
     try:
-        return _beat.decode(body)
+        return decode_guarded(_beat, body, "beat")
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise IncompleteSnapshot(f"beat: unexpected answer ({exc})") from None
 
@@ -611,7 +627,7 @@ def decode_envelope(body: bytes, *, max_bytes: int, what: str) -> tuple[int, str
     """A v2/v3 ``{code, message, data}`` envelope: (code, message, raw data)."""
     _bounded(body, max_bytes, what)
     try:
-        envelope = _any.decode(body)
+        envelope = decode_guarded(_any, body, what)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise IncompleteSnapshot(f"{what}: not a Nacos result envelope ({exc})") from None
     data = bytes(envelope.data)

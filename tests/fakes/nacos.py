@@ -7,13 +7,31 @@ source (``InstanceController``, ``InstanceOpenApiController``,
 
 * v1 (``/v1/ns/instance``, ``/instance/list``, ``/instance/beat``,
   ``/v1/auth/login``) and v3 (``/v3/client/ns/instance``, ``/instance/list``,
-  ``/v3/auth/user/login``) each switchable off: an API generation that is off
-  answers 410 (Nacos 3 with compatibility off) or 404 (older servers that
-  never had it), as a Spring JSON error.
+  ``/v3/auth/user/login``). Nacos 3.x sorts the v1 paths in two kinds
+  (``@Compatibility`` in ``naming/.../controllers/InstanceController.java``,
+  enforced by ``core/.../compatibility/ApiCompatibilityFilter.java``): the
+  open API (list, register, deregister, beat: ``v1``, on by default,
+  ``nacos.core.api.compatibility.client.enabled``) and the admin API (detail
+  ``GET``, update ``PUT``, ``PATCH``: ``v1_admin``, *off* by default on 3.x,
+  ``...admin.enabled=false``, on for 1.x/2.x servers, i.e. ``v3=False``).
+  A kind that is off answers 410 with the ``Result`` JSON (code 40000) as the
+  Spring error's message; ``v1_off_status=404`` models an old server.
 * Namespaces, groups (``GROUP@@name`` or ``groupName``) and clusters. v1
   register answers text ``ok``; v3 answers ``{"code":0,"message":"success",
   "data":"ok"}``. Instance ids follow the ``simple`` generator
-  ``ip#port#cluster#group@@service``.
+  ``ip#port#cluster#group@@service``. A service holds one instance per
+  ``ip:port`` (``IpPortBasedClient``: one client per address publishes one
+  instance per service; registering it in another cluster replaces it), and
+  one kind: a service of ephemeral instances refuses a persistent one and
+  the reverse (``EphemeralClientOperationServiceImpl`` /
+  ``PersistentClientOperationServiceImpl``: 400 "Current service ... is
+  persistent service, can't register ephemeral instance."), until it is
+  empty. Cluster names are ``^[0-9a-zA-Z-]+$`` (``NamingUtils
+  .checkInstanceIsLegal``). Booleans are read as ``ConvertUtils.toBoolean``
+  reads them: ``true``/``t``/``yes``/``y``/``on`` in any case are true,
+  anything else false. Errors: v1 answers the exception's text
+  (``naming/.../exception/ResponseExceptionHandler.java``), v3 a ``Result``
+  envelope (``core/.../exception/NacosApiExceptionHandler.java``).
 * Lists leave disabled instances out. With a service protect threshold set
   (:meth:`NacosFake.set_protect_threshold`; a service without metadata has
   none, as in the source), when ``healthy / listed <= threshold`` every
@@ -28,17 +46,30 @@ source (``InstanceController``, ``InstanceOpenApiController``,
   without beats turns unhealthy after 15 s and is deleted after 30 s
   (``Constants.DEFAULT_HEART_BEAT_TIMEOUT`` / ``DEFAULT_IP_DELETE_TIMEOUT``;
   the server's checker runs every 5 s, the fake applies the rule exactly at
-  every request and background tick). Persistent instances have no beat and
+  every request and background tick), or after the instance metadata's
+  ``preserved.heart.beat.timeout`` / ``preserved.ip.delete.timeout`` (ms,
+  ``UnhealthyInstanceChecker`` / ``ExpiredInstanceChecker``); the beat
+  answer's ``clientBeatInterval`` is its ``preserved.heart.beat.interval``
+  (``InstanceOperatorClientImpl.getHeartBeatInterval``). ``lastRefTime`` is
+  epoch milliseconds (``epoch`` + the loop clock). Persistent instances have no beat and
   stay until deleted; their health is set by :meth:`set_healthy` (the
   server's own TCP/HTTP probe).
 * Auth (``users=``): login with ``username``/``password`` form fields →
-  ``{"accessToken","tokenTtl","globalAdmin","username"}``; tokens from the
-  ``Authorization: Bearer`` header, the ``accessToken`` header or the query
-  parameter; an expired token is a 403 ``token expired!``, an unknown one
-  ``token invalid!``, no token or a deleted user ``user not found!``, a
-  denied user ``authorization failed!`` (Spring's JSON error body with that
-  ``message``). A refused login is a 403. As with Nacos's JWT tokens,
-  changing a password does not invalidate issued tokens: only expiry does.
+  ``{"accessToken","tokenTtl","globalAdmin","username"}``. Tokens are JWTs
+  signed with HMAC-SHA256 under ``token_key`` (``NacosJwtParser`` /
+  ``NacosSignatureAlgorithm``), stateless: they survive a restart (a new
+  fake with the same key), and :meth:`NacosFake.rotate_key` makes every
+  issued token fail with ``Invalid signature``. A token comes from the
+  ``Authorization: Bearer`` header, the ``accessToken`` header or parameter;
+  without one the request's own ``username``/``password`` parameters are
+  checked (``AbstractAuthenticationManager.authenticate(request)``). 403
+  texts as the source words them: not three dot-separated parts ``token
+  invalid!``, an unknown header ``unsupported signature algorithm``, another
+  key ``Invalid signature``, past ``exp`` ``token expired!``, no token and no
+  matching credentials "User not found! Please check user exist or password
+  is right!", a deleted or denied user ``authorization failed!`` (Spring's
+  JSON error body with that ``message``). A refused login is a 403. Changing
+  a password does not invalidate issued tokens: only expiry does.
 
 Fault injection (:meth:`NacosFake.inject`): status answers, dropped
 connections, truncated bodies, hangs, arbitrary bodies. State changes are
@@ -49,8 +80,10 @@ serves it on a loopback port.
 
 from __future__ import annotations
 
-import itertools
+import base64
+import hmac
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -73,7 +106,45 @@ Send = Callable[[Message], Awaitable[None]]
 HEART_BEAT_TIMEOUT = 15.0
 IP_DELETE_TIMEOUT = 30.0
 CLIENT_BEAT_INTERVAL_MS = 5000
+#: ``AbstractAuthenticationManager.USER_NOT_FOUND_MESSAGE``.
 LOGIN_FAILED = "User not found! Please check user exist or password is right!"
+#: ``PreservedMetadataKeys``: the instance's own heartbeat rules (ms).
+PRESERVED_INTERVAL = "preserved.heart.beat.interval"
+PRESERVED_TIMEOUT = "preserved.heart.beat.timeout"
+PRESERVED_DELETE = "preserved.ip.delete.timeout"
+#: ``Constants.CLUSTER_NAME_PATTERN_STRING``.
+CLUSTER_NAME = re.compile(r"^[0-9a-zA-Z-]+$")
+#: ``ConvertUtils.TRUE_SET`` (compared lower-cased; everything else is false).
+TRUE_WORDS = frozenset({"y", "yes", "on", "true", "t"})
+#: 2026-01-01T00:00:00Z: the fake's wall clock is ``epoch`` + the loop clock,
+#: so MockClock tests stay deterministic while the wire carries epoch times.
+DEFAULT_EPOCH = 1_767_225_600.0
+#: ``ApiCompatibilityFilter``'s refusal texts (``MESSAGE_REPLACED_API``).
+_DEPRECATED = (
+    "Current API will be deprecated, please use API(s) `{alternative}` instead, "
+    "or set `nacos.core.api.compatibility.{kind}.enabled=true` in application.properties."
+)
+
+
+def to_boolean(value: str | None, default: bool) -> bool:
+    """``ConvertUtils.toBoolean(WebUtils.optional(request, name, default))``:
+    a missing or blank value is the default; otherwise only a TRUE_SET word
+    (any case) is true."""
+    if value is None or not value.strip():
+        return default
+    return value.lower() in TRUE_WORDS
+
+
+def _b64(data: bytes) -> str:
+    # ``Base64.getUrlEncoder().withoutPadding()`` as NacosSignatureAlgorithm uses.
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+_JWT_HEADER = _b64(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
 
 
 class FakeError(Exception):
@@ -114,6 +185,12 @@ class FakeInstance:
     metadata: dict[str, str] = field(default_factory=dict)
     last_beat: float = 0.0
 
+    def rule(self, key: str, default_ms: float) -> float:
+        """A preserved heartbeat rule in seconds (``ConvertUtils.toLong`` of the
+        metadata value; a missing or unparsable one is the default)."""
+        text = self.metadata.get(key, "")
+        return int(text) / 1000 if text.strip().isdigit() else default_ms / 1000
+
 
 @dataclass
 class _Service:
@@ -123,7 +200,12 @@ class _Service:
     #: None: the service has no metadata record (no protection), as for a
     #: service created by an instance registration.
     protect_threshold: float | None = None
-    instances: dict[tuple[str, int, str], FakeInstance] = field(default_factory=dict)
+    #: One instance per ``ip:port`` (the cluster is the instance's attribute).
+    instances: dict[tuple[str, int], FakeInstance] = field(default_factory=dict)
+
+    @property
+    def grouped(self) -> str:
+        return f"{self.group}@@{self.name}"
 
 
 @dataclass
@@ -144,27 +226,32 @@ class NacosFake:
         context_path: str = "/nacos",
         v1: bool = True,
         v3: bool = True,
+        v1_admin: bool | None = None,
         v1_off_status: int = 410,
         users: dict[str, str] | None = None,
         token_ttl: int = 18000,
+        token_key: bytes = b"nadisc-fake-nacos-token-secret-key-0123456789",
+        epoch: float = DEFAULT_EPOCH,
         cache_millis: int = 10000,
         url: str = "http://nacos.fake:8848",
     ) -> None:
         self.context_path = context_path.rstrip("/")
         self.v1 = v1
         self.v3 = v3
+        #: The v1 admin paths: off by default where the v3 API exists (3.x).
+        self.v1_admin = (not v3) if v1_admin is None else v1_admin
         self.v1_off_status = v1_off_status
         self.auth = users is not None
         self.users: dict[str, str] = dict(users or {})
         self.denied: set[str] = set()
         self.token_ttl = token_ttl
+        self.token_key = token_key
+        self.epoch = epoch
         self.cache_millis = cache_millis
-        self.tokens: dict[str, tuple[str, float]] = {}
         self.services: dict[tuple[str, str, str], _Service] = {}
         self.requests: list[RequestRecord] = []
         self.logins = 0
         self._faults: list[tuple[str, Fault, int]] = []
-        self._counter = itertools.count(1)
         self.origin = url
         self._changed = anyio.Event()
 
@@ -172,6 +259,10 @@ class NacosFake:
     def url(self) -> str:
         """The base URL with the context path (what ``server_addr`` takes)."""
         return self.origin + self.context_path
+
+    def wall(self, now: float) -> float:
+        """The server's wall clock (epoch seconds) at loop time ``now``."""
+        return self.epoch + now
 
     # ----------------------------------------------------------- state (sync)
     def service(self, namespace: str, group: str, name: str) -> _Service:
@@ -196,11 +287,41 @@ class NacosFake:
         ephemeral: bool = True,
         metadata: dict[str, str] | None = None,
     ) -> FakeInstance:
-        service = self.service(namespace, group, name)
+        """Register (or replace) the instance at ``ip:port``; refused (400,
+        ``FakeError``) as the server refuses it: a bad cluster name, heartbeat
+        rules out of order, or the other kind than the service holds."""
         instance = FakeInstance(
             ip, port, cluster, weight, healthy, enabled, ephemeral, dict(metadata or {}), now
         )
-        service.instances[(ip, port, cluster)] = instance
+        if not CLUSTER_NAME.match(cluster):
+            raise FakeError(
+                400,
+                "Instance 'clusterName' should be characters with only 0-9a-zA-Z-. "
+                f"(current: {cluster})",
+                text=True,
+            )
+        interval = instance.rule(PRESERVED_INTERVAL, CLIENT_BEAT_INTERVAL_MS)
+        if (
+            instance.rule(PRESERVED_TIMEOUT, HEART_BEAT_TIMEOUT * 1000) < interval
+            or instance.rule(PRESERVED_DELETE, IP_DELETE_TIMEOUT * 1000) < interval
+        ):
+            raise FakeError(
+                400,
+                "Instance 'heart beat interval' must less than 'heart beat timeout' "
+                "and 'ip delete timeout'.",
+                text=True,
+            )
+        service = self.service(namespace, group, name)
+        held = {i.ephemeral for i in service.instances.values() if (i.ip, i.port) != (ip, port)}
+        if held and ephemeral not in held:
+            kind, other = ("persistent", "ephemeral") if ephemeral else ("ephemeral", "persistent")
+            raise FakeError(
+                400,
+                f"Current service {service.grouped} is {kind} service, "
+                f"can't register {other} instance.",
+                text=True,
+            )
+        service.instances[(ip, port)] = instance
         self._poke()
         return instance
 
@@ -214,8 +335,10 @@ class NacosFake:
         group: str = "DEFAULT_GROUP",
         cluster: str = "DEFAULT",
     ) -> bool:
+        """Remove the instance at ``ip:port`` (whatever its cluster, as the
+        server's client removes its published instance of the service)."""
         service = self.services.get((namespace, group, name))
-        removed = None if service is None else service.instances.pop((ip, port, cluster), None)
+        removed = None if service is None else service.instances.pop((ip, port), None)
         self._poke()
         return removed is not None
 
@@ -227,10 +350,14 @@ class NacosFake:
         *,
         namespace: str = "public",
         group: str = "DEFAULT_GROUP",
-        cluster: str = "DEFAULT",
+        cluster: str | None = None,
     ) -> FakeInstance | None:
+        """The instance at ``ip:port`` (with ``cluster``: only in that cluster)."""
         service = self.services.get((namespace, group, name))
-        return None if service is None else service.instances.get((ip, port, cluster))
+        instance = None if service is None else service.instances.get((ip, port))
+        if instance is not None and cluster is not None and instance.cluster != cluster:
+            return None
+        return instance
 
     def beat(
         self,
@@ -244,7 +371,7 @@ class NacosFake:
         cluster: str = "DEFAULT",
     ) -> bool:
         """A light beat: False (code 20404 / 21003) when the instance is gone."""
-        instance = self.find(name, ip, port, namespace=namespace, group=group, cluster=cluster)
+        instance = self.find(name, ip, port, namespace=namespace, group=group)
         if instance is None or not instance.ephemeral:
             return False
         instance.last_beat = now
@@ -254,16 +381,20 @@ class NacosFake:
         return True
 
     def tick(self, now: float) -> None:
-        """The heartbeat checkers: unhealthy after 15 s, deleted after 30 s."""
+        """The heartbeat checkers: unhealthy after the instance's heartbeat
+        timeout (15 s), deleted after its delete timeout (30 s)."""
         for service in self.services.values():
             for key, instance in list(service.instances.items()):
                 if not instance.ephemeral:
                     continue
                 silent = now - instance.last_beat
-                if silent > IP_DELETE_TIMEOUT:
+                if silent > instance.rule(PRESERVED_DELETE, IP_DELETE_TIMEOUT * 1000):
                     del service.instances[key]
                     self._poke()
-                elif silent > HEART_BEAT_TIMEOUT and instance.healthy:
+                elif (
+                    silent > instance.rule(PRESERVED_TIMEOUT, HEART_BEAT_TIMEOUT * 1000)
+                    and instance.healthy
+                ):
                     instance.healthy = False
                     self._poke()
 
@@ -318,34 +449,66 @@ class NacosFake:
         return hosts, False
 
     # ------------------------------------------------------------ auth (sync)
+    def issue_token(self, username: str, now: float) -> str:
+        """A JWT as ``NacosJwtParser.jwtBuilder()`` compacts it: ``sub`` and an
+        ``exp`` in epoch seconds, HMAC-SHA256 under the current key."""
+        exp = int(self.wall(now)) + self.token_ttl
+        payload = _b64(json.dumps({"sub": username, "exp": exp}, separators=(",", ":")).encode())
+        signed = f"{_JWT_HEADER}.{payload}".encode("ascii")
+        return f"{_JWT_HEADER}.{payload}.{_b64(hmac.digest(self.token_key, signed, 'sha256'))}"
+
+    def rotate_key(self, key: bytes) -> None:
+        """A new ``nacos.core.auth.plugin.nacos.token.secret.key``: every token
+        issued so far fails with ``Invalid signature``."""
+        self.token_key = key
+
     def login(self, username: str | None, password: str | None, now: float) -> dict[str, Any]:
         self.logins += 1
-        if username is None or self.users.get(username) != password or password is None:
+        if not username or not password or self.users.get(username) != password:
             raise FakeError(403, LOGIN_FAILED, text=True)
-        token = f"tok-{next(self._counter)}-{username}"
-        self.tokens[token] = (username, now + self.token_ttl)
         return {
-            "accessToken": token,
+            "accessToken": self.issue_token(username, now),
             "tokenTtl": self.token_ttl,
             "globalAdmin": False,
             "username": username,
         }
 
-    def identity(self, token: str | None, now: float) -> str | None:
-        """The auth filter: None when allowed, else the 403 message."""
+    def _verify(self, token: str, now: float) -> str:
+        """``NacosSignatureAlgorithm.verify``: the user, or AccessException's text."""
+        parts = token.split(".")
+        if len(parts) != 3:
+            raise FakeError(403, "token invalid!")
+        header, payload, signature = parts
+        if header != _JWT_HEADER:
+            raise FakeError(403, "unsupported signature algorithm")
+        expected = _b64(hmac.digest(self.token_key, f"{header}.{payload}".encode(), "sha256"))
+        if not hmac.compare_digest(expected, signature):
+            raise FakeError(403, "Invalid signature")
+        claims = json.loads(_unb64(payload))
+        if int(claims["exp"]) >= int(self.wall(now)):
+            return str(claims["sub"])
+        raise FakeError(403, "token expired!")
+
+    def identity(
+        self, token: str | None, now: float, query: dict[str, str] | None = None
+    ) -> str | None:
+        """The auth filter: None when allowed, else the 403 message. Without a
+        token, the request's ``username``/``password`` parameters are tried."""
         if not self.auth:
             return None
-        if not token:
-            return "user not found!"
-        known = self.tokens.get(token)
-        if known is None:
-            return "token invalid!"
-        user, expires = known
-        if now >= expires:
-            return "token expired!"
-        if user not in self.users:
-            return "user not found!"
-        if user in self.denied:
+        query = query or {}
+        if token:
+            try:
+                user = self._verify(token, now)
+            except FakeError as refused:
+                return str(refused.body)
+        else:
+            user = query.get("username", "")
+            password = query.get("password", "")
+            if not user or not password or self.users.get(user) != password:
+                return LOGIN_FAILED
+        # ``authorize``: a deleted user has no roles left, a denied one no permission.
+        if user not in self.users or user in self.denied:
             return "authorization failed!"
         return None
 
@@ -392,9 +555,15 @@ class NacosFake:
             "clusterName": instance.cluster,
             "serviceName": grouped,
             "metadata": instance.metadata,
-            "instanceHeartBeatInterval": CLIENT_BEAT_INTERVAL_MS,
-            "instanceHeartBeatTimeOut": int(HEART_BEAT_TIMEOUT * 1000),
-            "ipDeleteTimeout": int(IP_DELETE_TIMEOUT * 1000),
+            "instanceHeartBeatInterval": int(
+                instance.rule(PRESERVED_INTERVAL, CLIENT_BEAT_INTERVAL_MS) * 1000
+            ),
+            "instanceHeartBeatTimeOut": int(
+                instance.rule(PRESERVED_TIMEOUT, HEART_BEAT_TIMEOUT * 1000) * 1000
+            ),
+            "ipDeleteTimeout": int(
+                instance.rule(PRESERVED_DELETE, IP_DELETE_TIMEOUT * 1000) * 1000
+            ),
             "instanceIdGenerator": "simple",
         }
 
@@ -490,6 +659,30 @@ class NacosFake:
             },
         )
 
+    def _gone(self, path: str, kind: str, alternative: str) -> FakeError:
+        """``ApiCompatibilityFilter.responseReject``: ``sendError(410, Result JSON)``."""
+        result = {
+            "code": 40000,
+            "message": _DEPRECATED.format(
+                alternative=f"{alternative} {self.context_path}", kind=kind
+            ),
+            "data": None,
+        }
+        return self._spring_error(410, path, json.dumps(result))
+
+    #: v1 routes by the ``@Compatibility`` kind ``InstanceController`` gives them.
+    _V1_OPEN = {
+        ("POST", "/v1/ns/instance"): "POST /v3/client/ns/instance",
+        ("DELETE", "/v1/ns/instance"): "DELETE /v3/client/ns/instance",
+        ("GET", "/v1/ns/instance/list"): "GET /v3/client/ns/instance/list",
+        ("PUT", "/v1/ns/instance/beat"): "POST /v3/client/ns/instance?heartBeat=true",
+    }
+    _V1_ADMIN = {
+        ("GET", "/v1/ns/instance"): "GET /v3/admin/ns/instance",
+        ("PUT", "/v1/ns/instance"): "PUT /v3/admin/ns/instance",
+        ("PATCH", "/v1/ns/instance"): "PUT /v3/admin/ns/instance/partial",
+    }
+
     def _dispatch(
         self, method: str, path: str, query: dict[str, str], token: str | None, now: float
     ) -> tuple[int, Any]:
@@ -497,7 +690,13 @@ class NacosFake:
             raise self._spring_error(404, path, "")
         route = path[len(self.context_path) :]
         generation = route.split("/")[1] if route.count("/") >= 1 else ""
+        if generation == "v1" and (method, route) in self._V1_ADMIN and not self.v1_admin:
+            if self.v3:
+                raise self._gone(path, "admin", self._V1_ADMIN[(method, route)])
+            raise self._spring_error(self.v1_off_status, path, "api is not supported")
         if generation == "v1" and not self.v1:
+            if self.v1_off_status == 410 and (method, route) in self._V1_OPEN:
+                raise self._gone(path, "client", self._V1_OPEN[(method, route)])
             raise self._spring_error(self.v1_off_status, path, "api is not supported")
         if generation == "v3" and not self.v3:
             raise self._spring_error(404, path, "")
@@ -520,10 +719,23 @@ class NacosFake:
         handler = handlers.get(route)
         if handler is None:
             raise self._spring_error(404, path, "")
-        denied = self.identity(token, now)
+        denied = self.identity(token, now, query)
         if denied is not None:
             raise self._spring_error(403, path, denied)
-        return handler(method, query, now)
+        if generation != "v3":
+            return handler(method, query, now)
+        try:
+            return handler(method, query, now)
+        except FakeError as error:
+            if not error.text:
+                raise
+            # ``NacosApiExceptionHandler``: every v3 error is a Result envelope.
+            code = 10000 if "required" in str(error.body) else 20002
+            if "service" in str(error.body) and "can't register" in str(error.body):
+                code = 30000
+            raise FakeError(
+                error.status, {"code": code, "message": "parameter error", "data": error.body}
+            ) from None
 
     # -- parameter helpers
     @staticmethod
@@ -548,14 +760,11 @@ class NacosFake:
             port = int(self._required(query, "port"))
         except ValueError:
             raise FakeError(400, "port is not a number", text=True) from None
-        return ip, port, query.get("clusterName") or "DEFAULT"
+        # ``clusterName``, else ``cluster``, else DEFAULT (HttpRequestInstanceBuilder.setCluster).
+        return ip, port, query.get("clusterName") or query.get("cluster") or "DEFAULT"
 
-    def _write_instance(self, method: str, query: dict[str, str], now: float) -> None:
-        namespace, group, name = self._names(query)
-        ip, port, cluster = self._address(query)
-        if method == "DELETE":
-            self.deregister(name, ip, port, namespace=namespace, group=group, cluster=cluster)
-            return
+    @staticmethod
+    def _weight_and_metadata(query: dict[str, str]) -> tuple[float, dict[str, str]]:
         try:
             weight = float(query.get("weight") or 1.0)
             metadata = json.loads(query["metadata"]) if query.get("metadata") else {}
@@ -563,6 +772,23 @@ class NacosFake:
             raise FakeError(400, "instance format invalid", text=True) from None
         if not (0 <= weight <= 10000) or not isinstance(metadata, dict):
             raise FakeError(400, "weight or metadata invalid", text=True)
+        return weight, {str(k): str(v) for k, v in metadata.items()}
+
+    @staticmethod
+    def _enabled(query: dict[str, str]) -> bool:
+        # ``setEnabled``: ``enabled``, else the older ``enable``, else true.
+        enabled = query.get("enabled", "")
+        if not enabled.strip():
+            return to_boolean(query.get("enable"), True)
+        return to_boolean(enabled, True)
+
+    def _write_instance(self, method: str, query: dict[str, str], now: float) -> None:
+        namespace, group, name = self._names(query)
+        ip, port, cluster = self._address(query)
+        if method == "DELETE":
+            self.deregister(name, ip, port, namespace=namespace, group=group, cluster=cluster)
+            return
+        weight, metadata = self._weight_and_metadata(query)
         self.register(
             name,
             ip,
@@ -572,15 +798,46 @@ class NacosFake:
             group=group,
             cluster=cluster,
             weight=weight,
-            healthy=query.get("healthy", "true") != "false",
-            enabled=query.get("enabled", query.get("enable", "true")) != "false",
-            ephemeral=query.get("ephemeral", "true") != "false",
-            metadata={str(k): str(v) for k, v in metadata.items()},
+            healthy=to_boolean(query.get("healthy"), True),
+            enabled=self._enabled(query),
+            ephemeral=to_boolean(query.get("ephemeral"), True),
+            metadata=metadata,
         )
+
+    def _update_instance(self, method: str, query: dict[str, str]) -> None:
+        """v1 ``PUT`` (``update``: the request's weight, enabled and metadata
+        replace the instance's, defaults for what is missing) and ``PATCH``
+        (only the parameters given). Either needs the instance."""
+        namespace, group, name = self._names(query)
+        ip, port, cluster = self._address(query)
+        if (namespace, group, name) not in self.services:
+            raise FakeError(
+                400, f"service not found, namespace: {namespace}, service: {name}", text=True
+            )
+        instance = self.find(name, ip, port, namespace=namespace, group=group)
+        if instance is None:
+            raise FakeError(400, "no matched ip found!", text=True)
+        if method == "PUT":
+            if not CLUSTER_NAME.match(cluster):
+                raise FakeError(400, "Instance 'clusterName' is invalid", text=True)
+            instance.weight, instance.metadata = self._weight_and_metadata(query)
+            instance.enabled = self._enabled(query)
+        else:
+            weight, metadata = self._weight_and_metadata(query)
+            if query.get("weight"):
+                instance.weight = weight
+            if query.get("metadata"):
+                instance.metadata = metadata
+            if query.get("enabled", "").strip() or query.get("enable", "").strip():
+                instance.enabled = self._enabled(query)
+        self._poke()
 
     def _v1_instance(self, method: str, query: dict[str, str], now: float) -> tuple[int, Any]:
         if method in ("POST", "DELETE"):
             self._write_instance(method, query, now)
+            return 200, "ok"
+        if method in ("PUT", "PATCH"):
+            self._update_instance(method, query)
             return 200, "ok"
         if method == "GET":
             namespace, group, name = self._names(query)
@@ -611,7 +868,7 @@ class NacosFake:
         return service, hosts, protected, f"{group}@@{name}", group
 
     def _v1_list(self, method: str, query: dict[str, str], now: float) -> tuple[int, Any]:
-        healthy_only = query.get("healthyOnly", "false").lower() == "true"
+        healthy_only = to_boolean(query.get("healthyOnly"), False)
         service, hosts, protected, grouped, group = self._listing(query, healthy_only, "clusters")
         return 200, {
             "name": grouped,
@@ -619,7 +876,8 @@ class NacosFake:
             "clusters": query.get("clusters", ""),
             "cacheMillis": self.cache_millis,
             "hosts": [self._instance_json(service, h) for h in hosts] if service else [],
-            "lastRefTime": int(now * 1000),
+            # ``ServiceInfo.lastRefTime``: ``System.currentTimeMillis()``.
+            "lastRefTime": int(self.wall(now) * 1000),
             "checksum": "",
             "allIPs": False,
             "reachProtectionThreshold": protected,
@@ -635,7 +893,7 @@ class NacosFake:
             info = json.loads(full)
             ip, port = str(info["ip"]), int(info["port"])
             cluster = str(info.get("cluster") or query.get("clusterName") or "DEFAULT")
-            if self.find(name, ip, port, namespace=namespace, group=group, cluster=cluster) is None:
+            if self.find(name, ip, port, namespace=namespace, group=group) is None:
                 self.register(
                     name,
                     ip,
@@ -652,14 +910,19 @@ class NacosFake:
         found = self.beat(
             name, ip, port, now=now, namespace=namespace, group=group, cluster=cluster
         )
+        # ``getHeartBeatInterval``: the instance's preserved interval, else the default.
+        instance = self.find(name, ip, port, namespace=namespace, group=group)
+        interval = CLIENT_BEAT_INTERVAL_MS
+        if instance is not None:
+            interval = int(instance.rule(PRESERVED_INTERVAL, CLIENT_BEAT_INTERVAL_MS) * 1000)
         return 200, {
-            "clientBeatInterval": CLIENT_BEAT_INTERVAL_MS,
+            "clientBeatInterval": interval,
             "code": 10200 if found else 20404,
             "lightBeatEnabled": True,
         }
 
     def _v3_instance(self, method: str, query: dict[str, str], now: float) -> tuple[int, Any]:
-        if method == "POST" and query.get("heartBeat", "false") == "true":
+        if method == "POST" and to_boolean(query.get("heartBeat"), False):
             namespace, group, name = self._names(query)
             ip, port, cluster = self._address(query)
             if not self.beat(

@@ -13,13 +13,24 @@ a misunderstanding. Time rules run in-process under trio's MockClock.
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 import httpx
 import pytest
 import trio
 
-from tests.fakes.nacos import Fault, NacosFake, open_nacos_fake, run_nacos_fake
+from tests.fakes.nacos import (
+    DEFAULT_EPOCH,
+    LOGIN_FAILED,
+    FakeError,
+    Fault,
+    NacosFake,
+    open_nacos_fake,
+    run_nacos_fake,
+    to_boolean,
+)
 
 pytestmark = pytest.mark.trio_only
 
@@ -198,7 +209,8 @@ async def test_login_tokens_and_the_filters_403_texts(autojump_clock: object) ->
         token = login["accessToken"]
         params = {"serviceName": "s"}
         none = await http.get("/v1/ns/instance/list", params=params)
-        assert none.status_code == 403 and none.json()["message"] == "user not found!"
+        # no token and no credentials: AbstractAuthenticationManager's USER_NOT_FOUND_MESSAGE
+        assert none.status_code == 403 and none.json()["message"] == LOGIN_FAILED
         ok = await http.get("/v1/ns/instance/list", params={**params, "accessToken": token})
         assert ok.status_code == 200
         bearer = await http.get(
@@ -211,7 +223,7 @@ async def test_login_tokens_and_the_filters_403_texts(autojump_clock: object) ->
         assert (
             await http.get("/v1/ns/instance/list", params={**params, "accessToken": token})
         ).status_code == 200
-        await trio.sleep(100)
+        await trio.sleep(101)  # NacosSignatureAlgorithm.verify: valid while exp >= now (s)
         expired = await http.get("/v1/ns/instance/list", params={**params, "accessToken": token})
         assert expired.status_code == 403 and expired.json()["message"] == "token expired!"
         v3 = await http.post("/v3/auth/user/login", data={"username": "nacos", "password": "x"})
@@ -229,3 +241,207 @@ async def test_faults_over_loopback() -> None:
         ).status_code == 503
         ok = await http.get("/v1/ns/instance/list", params={"serviceName": "s"})
         assert ok.status_code == 200 and ok.json()["hosts"] == []
+
+
+# -- fidelity points each pinned to the alibaba/nacos source ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        *[("true", True), ("TRUE", True), ("Yes", True), ("on", True), ("t", True)],
+        *[("false", False), ("no", False), ("nope", False), ("1", False), ("true ", False)],
+    ],
+)
+def test_booleans_read_as_convert_utils_reads_them(text: str, value: bool) -> None:
+    """``common/.../utils/ConvertUtils.java``: ``toBoolean`` is true only for
+    ``TRUE_SET`` (y, yes, on, true, t; case-insensitive), unknown words false."""
+    assert to_boolean(text, default=True) is value
+    assert to_boolean("", default=True) is True and to_boolean(None, default=False) is False
+
+
+async def test_registration_booleans_unknown_words_are_false(autojump_clock: object) -> None:
+    # ``HttpRequestInstanceBuilder.setAttributesToBuilder`` reads healthy,
+    # ephemeral and enabled with ConvertUtils.toBoolean.
+    fake = NacosFake()
+    async with client(fake) as http:
+        await register(http, healthy="TRUE", enabled="nope", ephemeral="Off")
+    instance = fake.find(SERVICE, "10.10.10.10", 8888)
+    assert instance is not None
+    assert (instance.healthy, instance.enabled, instance.ephemeral) == (True, False, False)
+
+
+async def test_one_instance_per_address_per_service(autojump_clock: object) -> None:
+    """``naming/.../core/v2/client/impl/IpPortBasedClient.java``: one client per
+    ``ip:port`` publishes one instance per service, so the same address in
+    another cluster replaces the first."""
+    fake = NacosFake()
+    async with client(fake) as http:
+        await register(http, clusterName="c1")
+        await register(http, clusterName="c2")
+        listing = (await http.get("/v1/ns/instance/list", params={"serviceName": SERVICE})).json()
+        assert [h["clusterName"] for h in listing["hosts"]] == ["c2"]
+        await http.delete(
+            "/v1/ns/instance",
+            params={"serviceName": SERVICE, "ip": "10.10.10.10", "port": "8888"},
+        )
+        assert fake.find(SERVICE, "10.10.10.10", 8888) is None  # whatever its cluster
+
+
+async def test_a_service_holds_one_kind_of_instance(autojump_clock: object) -> None:
+    """``EphemeralClientOperationServiceImpl.registerInstance`` (and the
+    persistent twin): 400 "Current service ... is persistent service, can't
+    register ephemeral instance."; v1 answers the text
+    (``ResponseExceptionHandler``), v3 a Result envelope
+    (``NacosApiExceptionHandler``)."""
+    fake = NacosFake()
+    async with client(fake) as http:
+        await register(http, ephemeral="false")
+        mixed = await http.post(
+            "/v1/ns/instance", params={"serviceName": SERVICE, "ip": "10.0.0.2", "port": "1"}
+        )
+        assert mixed.status_code == 400
+        assert mixed.text == (
+            "Current service DEFAULT_GROUP@@nacos.test.1 is persistent service, "
+            "can't register ephemeral instance."
+        )
+        v3 = await http.post(
+            "/v3/client/ns/instance", params={"serviceName": SERVICE, "ip": "10.0.0.2", "port": "1"}
+        )
+        assert v3.status_code == 400 and v3.json()["code"] == 30000
+        assert "persistent service" in v3.json()["data"]
+    with pytest.raises(FakeError):
+        fake.register(SERVICE, "10.0.0.3", 1, now=0)  # the sync API keeps the rule too
+
+
+async def test_cluster_names_are_checked(autojump_clock: object) -> None:
+    """``api/.../naming/utils/NamingUtils.java`` ``checkInstanceIsLegal``:
+    ``CLUSTER_NAME_PATTERN_STRING = "^[0-9a-zA-Z-]+$"``."""
+    async with client(NacosFake()) as http:
+        bad = await register(http, clusterName="eu_west.1")
+        assert bad.status_code == 400 and "0-9a-zA-Z-" in bad.text
+        assert (await register(http, clusterName="eu-west-1")).status_code == 200
+
+
+async def test_v3_parameter_errors_are_enveloped(autojump_clock: object) -> None:
+    # ``NacosApiExceptionHandler``: a v3 error is {code, message, data}, never bare text.
+    async with client(NacosFake()) as http:
+        missing = await http.get("/v3/client/ns/instance/list", params={})
+        assert missing.status_code == 400
+        body = missing.json()
+        assert body["code"] == 10000 and "serviceName" in body["data"]
+
+
+async def test_last_ref_time_is_epoch_milliseconds(autojump_clock: object) -> None:
+    # ``ServiceInfo.lastRefTime`` is ``System.currentTimeMillis()``.
+    async with client(NacosFake()) as http:
+        await trio.sleep(7)
+        listing = (await http.get("/v1/ns/instance/list", params={"serviceName": SERVICE})).json()
+    assert listing["lastRefTime"] == int((DEFAULT_EPOCH + trio.current_time()) * 1000)
+
+
+async def test_v1_admin_paths_are_gone_on_3x_defaults(autojump_clock: object) -> None:
+    """``InstanceController``: detail ``GET``, ``PUT`` and ``PATCH`` carry
+    ``@Compatibility(apiType = ADMIN_API)``; ``ApiCompatibilityConfig``
+    defaults ``nacos.core.api.compatibility.admin.enabled`` to false, and
+    ``ApiCompatibilityFilter`` answers 410 with a Result of code 40000. The
+    open paths (list, register, deregister, beat) stay served."""
+    fake = NacosFake()
+    async with client(fake) as http:
+        assert (await register(http)).status_code == 200
+        where = {"serviceName": SERVICE, "ip": "10.10.10.10", "port": "8888"}
+        for method in ("GET", "PUT", "PATCH"):
+            gone = await http.request(method, "/v1/ns/instance", params=where)
+            assert gone.status_code == 410, method
+            result = json.loads(gone.json()["message"])
+            assert result["code"] == 40000
+            assert "nacos.core.api.compatibility.admin.enabled=true" in result["message"]
+        beat = await http.put("/v1/ns/instance/beat", params=where)
+        assert beat.status_code == 200
+    assert NacosFake(v3=False).v1_admin and not NacosFake().v1_admin
+
+
+async def test_v1_update_and_patch(autojump_clock: object) -> None:
+    """``InstanceController.update`` (``PUT``: the request's weight, enabled and
+    metadata replace the instance's) and ``patch`` (only what is given)."""
+    fake = NacosFake(v3=False)
+    async with client(fake) as http:
+        await register(http, metadata='{"a":"1"}', weight="3")
+        where = {"serviceName": SERVICE, "ip": "10.10.10.10", "port": "8888"}
+        patched = await http.patch("/v1/ns/instance", params={**where, "weight": "5"})
+        assert patched.status_code == 200 and patched.text == "ok"
+        instance = fake.find(SERVICE, "10.10.10.10", 8888)
+        assert instance is not None
+        assert (instance.weight, instance.metadata, instance.enabled) == (5.0, {"a": "1"}, True)
+        put = await http.put("/v1/ns/instance", params={**where, "enabled": "false"})
+        assert put.status_code == 200
+        assert (instance.weight, instance.metadata, instance.enabled) == (1.0, {}, False)
+        nobody = await http.put("/v1/ns/instance", params={**where, "ip": "10.9.9.9"})
+        assert nobody.status_code == 400
+
+
+async def test_per_request_credentials_and_jwt_tokens(autojump_clock: object) -> None:
+    """``AbstractAuthenticationManager.authenticate(request)``: without a token
+    the request's username/password are checked. ``NacosSignatureAlgorithm
+    .verify``: a token of another key is "Invalid signature", a token that is
+    not three parts "token invalid!", an unknown header "unsupported signature
+    algorithm". Tokens are stateless JWTs: another server (or a restarted one)
+    with the same key accepts them."""
+    fake = NacosFake(users={"nacos": "secret"})
+    params = {"serviceName": "s"}
+    async with client(fake) as http:
+        own = await http.get(
+            "/v1/ns/instance/list", params={**params, "username": "nacos", "password": "secret"}
+        )
+        assert own.status_code == 200
+        wrong = await http.get(
+            "/v1/ns/instance/list", params={**params, "username": "nacos", "password": "x"}
+        )
+        assert wrong.status_code == 403 and wrong.json()["message"] == LOGIN_FAILED
+        token = (
+            await http.post("/v1/auth/login", data={"username": "nacos", "password": "secret"})
+        ).json()["accessToken"]
+    _, payload, _ = token.split(".")
+    assert (
+        json.loads(base64.urlsafe_b64decode(payload + "==="))["exp"]
+        == int(DEFAULT_EPOCH + trio.current_time()) + 18000
+    )
+    restarted = NacosFake(users={"nacos": "secret"})
+    assert restarted.identity(token, trio.current_time()) is None
+    other = NacosFake(users={"nacos": "secret"}, token_key=b"a-different-key-of-thirty-two-bytes")
+    assert other.identity(token, trio.current_time()) == "Invalid signature"
+    restarted.rotate_key(b"rotated-key-of-at-least-thirty-two-b")
+    assert restarted.identity(token, trio.current_time()) == "Invalid signature"
+    assert fake.identity("a.b", 0) == "token invalid!"
+    assert fake.identity(f"eyJhbGciOiJub25lIn0.{payload}.x", 0) == "unsupported signature algorithm"
+    fake.denied.add("nacos")
+    assert fake.identity(token, 0) == "authorization failed!"
+    del fake.users["nacos"]
+    assert fake.identity(token, 0) == "authorization failed!"  # a deleted user has no roles
+
+
+async def test_preserved_heartbeat_metadata(autojump_clock: object) -> None:
+    """``UnhealthyInstanceChecker`` / ``ExpiredInstanceChecker`` read the
+    instance's ``preserved.heart.beat.timeout`` / ``preserved.ip.delete.timeout``;
+    ``InstanceOperatorClientImpl.getHeartBeatInterval`` answers its
+    ``preserved.heart.beat.interval`` as the beat's ``clientBeatInterval``;
+    ``checkInstanceIsLegal`` refuses an interval above either timeout."""
+    rules = {
+        "preserved.heart.beat.interval": "1000",
+        "preserved.heart.beat.timeout": "3000",
+        "preserved.ip.delete.timeout": "6000",
+    }
+    async with open_nacos_fake() as fake, client(fake) as http:
+        await register(http, metadata=json.dumps(rules))
+        where = {"serviceName": SERVICE, "ip": "10.10.10.10", "port": "8888"}
+        beat = (await http.put("/v1/ns/instance/beat", params=where)).json()
+        assert beat["clientBeatInterval"] == 1000
+        await trio.sleep(3.6)
+        instance = fake.find(SERVICE, "10.10.10.10", 8888)
+        assert instance is not None and not instance.healthy
+        await trio.sleep(3)
+        assert fake.find(SERVICE, "10.10.10.10", 8888) is None
+        backwards = await register(
+            http, metadata=json.dumps({**rules, "preserved.heart.beat.timeout": "500"})
+        )
+        assert backwards.status_code == 400 and "heart beat interval" in backwards.text

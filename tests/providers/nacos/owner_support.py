@@ -29,6 +29,13 @@ def connection(
     return out
 
 
+#: Metadata of an ephemeral instance a test registers directly (no beats):
+#: the server's heartbeat rules for it are an hour long. One service holds
+#: one kind of instance, so such a neighbour of an ephemeral registration
+#: must be ephemeral too.
+LONG_LIVED = {"preserved.heart.beat.timeout": "3600000", "preserved.ip.delete.timeout": "3600000"}
+
+
 def config(
     url: str,
     *,

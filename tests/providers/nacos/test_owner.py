@@ -16,7 +16,7 @@ from nadisc import (
 from tests.fakes.nacos import NacosFake, open_nacos_fake
 from tests.nadisc.owner_support import all_tasks
 
-from .owner_support import config, identities, providers_for, refusal, until
+from .owner_support import LONG_LIVED, config, identities, providers_for, refusal, until
 
 pytestmark = pytest.mark.trio_only
 
@@ -69,7 +69,9 @@ async def test_a_process_that_stops_beating_disappears_after_the_timers(
 ) -> None:
     async with open_nacos_fake() as fake:
         fake.register("order-worker", "10.0.0.9", 80, now=trio.current_time())  # beats once
-        fake.register("order-worker", "10.0.0.8", 80, now=trio.current_time(), ephemeral=False)
+        # One service holds one kind (the server refuses a persistent instance in an
+        # ephemeral service): the survivor is ephemeral with an hour-long timeout.
+        fake.register("order-worker", "10.0.0.8", 80, now=trio.current_time(), metadata=LONG_LIVED)
         cfg = config(fake.url)
         async with open_discovery(cfg, providers=providers_for(cfg, {"primary": fake})) as owner:
             observation = await owner.client().observe("orders", soon())
@@ -137,7 +139,7 @@ async def test_token_expiry_mid_watch_is_one_relogin_and_no_gap(autojump_clock: 
 
 async def test_password_changed_on_the_server_is_revocation(autojump_clock: object) -> None:
     async with open_nacos_fake(users={"svc": "pw"}, token_ttl=60) as fake:
-        fake.register("order-worker", "10.0.0.1", 80, now=0, ephemeral=False)
+        fake.register("order-worker", "10.0.0.1", 80, now=0, metadata=LONG_LIVED)
         cfg = config(
             fake.url, registration={}, username="svc", password="pw", token_refresh_margin=0
         )
@@ -165,7 +167,7 @@ async def test_v1_only_and_v3_only_servers_work_with_api_auto(
     autojump_clock: object, options: dict[str, bool]
 ) -> None:
     async with open_nacos_fake(**options) as fake:
-        fake.register("order-worker", "10.0.0.1", 80, now=0, ephemeral=False)
+        fake.register("order-worker", "10.0.0.1", 80, now=0, metadata=LONG_LIVED)
         cfg = config(fake.url, registration={})
         providers = providers_for(cfg, {"primary": fake})
         async with open_discovery(

@@ -147,9 +147,8 @@ async def test_login_refresh_single_flight_and_one_relogin(autojump_clock: objec
         for _ in range(20):
             group.start_soon(provider.query, "s", soon())
     assert fake.logins == 2  # twenty callers, one login
-    # the server forgets the token early (restart with a new secret): one re-login, no failure
-    for token in list(fake.tokens):
-        fake.tokens[token] = (fake.tokens[token][0], trio.current_time())
+    # the server's token key rotates: "Invalid signature", one re-login, no failure
+    fake.rotate_key(b"another-key-of-at-least-thirty-two-bytes")
     await provider.query("s", soon())
     assert fake.logins == 3
     # a permission denial is revocation, not a re-login
@@ -174,9 +173,15 @@ async def test_password_change_revokes_at_the_next_login(autojump_clock: object)
     await provider.aclose()
 
 
-@pytest.mark.parametrize("api", ["v1", "v3"])
-async def test_ephemeral_registration_beats_and_loss(autojump_clock: object, api: str) -> None:
-    async with open_nacos_fake() as fake:
+@pytest.mark.parametrize(
+    ("api", "server"),
+    [("v1", {"v3": False}), ("v1", {}), ("v3", {})],
+    ids=["v1-on-2.x", "v1-on-3.x-defaults", "v3"],
+)
+async def test_ephemeral_registration_beats_and_loss(
+    autojump_clock: object, api: str, server: dict[str, bool]
+) -> None:
+    async with open_nacos_fake(**server) as fake:
         provider = in_process(fake, api=api, group="BUSINESS", metadata={"team": "a"})
         await provider.prepare(soon())
         assert provider.capabilities.renew_within == 5.0
@@ -195,8 +200,10 @@ async def test_ephemeral_registration_beats_and_loss(autojump_clock: object, api
         await trio.sleep(20)
         assert await provider.check(registered, soon()) is HealthStatus.UNHEALTHY
         await trio.sleep(15)
-        # deleted after 30 s silent; v3 has no detail read to tell missing from disabled
-        expected = HealthStatus.MISSING if api == "v1" else HealthStatus.DISABLED
+        # deleted after 30 s silent; v3 has no detail read to tell missing from
+        # disabled, nor has v1 on 3.x defaults (the detail read is admin API: 410)
+        expected = HealthStatus.MISSING if fake.v1_admin else HealthStatus.DISABLED
+        assert provider.detail_served is (fake.v1_admin if api == "v1" else None)
         assert await provider.check(registered, soon()) is expected
         with pytest.raises(LeaseLost):
             await provider.renew(registered, soon())
@@ -206,8 +213,11 @@ async def test_ephemeral_registration_beats_and_loss(autojump_clock: object, api
         await provider.aclose()
 
 
-async def test_persistent_registration_and_operator_disable(autojump_clock: object) -> None:
-    async with open_nacos_fake() as fake:
+@pytest.mark.parametrize("server", [{"v3": False}, {}], ids=["2.x", "3.x-defaults"])
+async def test_persistent_registration_and_operator_disable(
+    autojump_clock: object, server: dict[str, bool]
+) -> None:
+    async with open_nacos_fake(**server) as fake:
         provider = in_process(fake, api="v1", ephemeral=False)
         await provider.prepare(soon())
         registered = await provider.register(record(), soon())
@@ -219,7 +229,10 @@ async def test_persistent_registration_and_operator_disable(autojump_clock: obje
         fake.set_enabled("orders", "10.0.0.7", 8080, False)
         assert await provider.check(registered, soon()) is HealthStatus.DISABLED
         await provider.deregister(registered, soon())
-        assert await provider.check(registered, soon()) is HealthStatus.MISSING
+        # Without the detail read (3.x defaults) not listed reads as disabled:
+        # never a re-registration over an operator's disable.
+        gone = HealthStatus.MISSING if fake.v1_admin else HealthStatus.DISABLED
+        assert await provider.check(registered, soon()) is gone
         await provider.aclose()
 
 

@@ -106,9 +106,7 @@ def test_v3_envelope_with_the_bare_list() -> None:
     listing = decode({"code": 0, "message": "success", "data": DOC_EXAMPLE["hosts"]}, api="v3")
     assert listing.snapshot.identities() == ("b",)
     assert listing.cache_seconds == 0
-    assert (
-        decode({"code": 0, "message": "success", "data": None}, api="v3").snapshot.instances == ()
-    )
+    assert decode({"code": 0, "message": "success", "data": []}, api="v3").snapshot.instances == ()
     with pytest.raises(IncompleteSnapshot, match="code 30000"):
         decode({"code": 30000, "message": "server error", "data": None}, api="v3")
 
