@@ -61,6 +61,8 @@ __all__ = ["Hedging", "LatencyWindow", "hedged_call"]
 
 T = TypeVar("T")
 
+_DISCARD_SECONDS = 5.0
+
 
 class LatencyWindow:
     """Rolling latencies (seconds) of completed attempts; percentiles by rank.
@@ -245,6 +247,7 @@ async def hedged_call(
     idempotent: bool,
     budget: RetryBudget | None = None,
     clock: Callable[[], float] = anyio.current_time,
+    discard: Callable[[T], Awaitable[object]] | None = None,
 ) -> T:
     """Run ``attempt(0)``, hedged by ``attempt(1)``... per ``hedging``; the first success wins.
 
@@ -252,6 +255,9 @@ async def hedged_call(
     for a request not ``idempotent``, or before the window has enough
     samples, this is ``await attempt(0)``. The losers are cancelled when the
     winner answers; the task group is this call's own, so nothing outlives it.
+    A loser that answered anyway (in the same instant) is handed to
+    ``discard`` (e.g. closing a response, which ends its load guard),
+    shielded and bounded to 5 s.
     """
     started = clock()
     if hedging is not None and idempotent:
@@ -271,7 +277,11 @@ async def hedged_call(
         except Exception as error:
             race.errors.append(error)
         else:
-            if not race.won:
+            if race.won:
+                if discard is not None:
+                    with anyio.move_on_after(_DISCARD_SECONDS, shield=True):
+                        await discard(value)
+            else:
                 race.won = True
                 race.result = value
                 now = clock()
