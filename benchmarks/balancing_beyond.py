@@ -11,7 +11,9 @@ Four experiments, each on the real poise parts.
     second attempt when the first has been out longer than the route's
     rolling p95 of completed attempts (:class:`poise.Hedging`, at most one
     hedge, charged to a 20% + 10/s :class:`poise.RetryBudget`), keep the
-    first answer and cancel the loser (:func:`poise.hedged_call`). The last
+    first answer and cancel the loser (:func:`poise.hedged_call`). A hedge
+    goes to another backend than the first attempt (the backend declines it,
+    nothing sent, and the balance picks again). The last
     row cancels the same way but with ``PeakEwma(cancel_evidence=False)``:
     a cancelled loser then says nothing about its backend, which looks as
     fast as its last completed answer and keeps attracting attempts (the
@@ -59,6 +61,7 @@ import trio.testing
 
 from poise import (
     Balance,
+    CallDeclined,
     Endpoint,
     Hedging,
     LatencyWindow,
@@ -145,9 +148,19 @@ def run_hedge(
     slow_attempts = 0
     attempts = 0
 
-    def endpoint(index: int) -> Endpoint[int, int]:
-        async def serve(request: int) -> int:
+    # Backends the attempts of each request went to: a hedge declines them
+    # (nothing sent, no evidence) and the balance picks again, as nadisc's
+    # transport skips the instances a call already tried.
+    used: dict[int, set[int]] = {}
+
+    def endpoint(index: int) -> Endpoint[tuple[int, int], int]:
+        async def serve(request: tuple[int, int]) -> int:
             nonlocal slow_attempts, attempts
+            n, k = request
+            taken = used.setdefault(n, set())
+            if k and index in taken and len(taken) < BACKENDS:
+                raise CallDeclined("a hedge goes to another backend")
+            taken.add(index)
             attempts += 1
             now = trio.current_time()
             if index == 0 and slow_from <= now < slow_to:
@@ -169,7 +182,7 @@ def run_hedge(
     latencies: list[float] = []
 
     async def main() -> None:
-        balance: Balance[int, int] = Balance(
+        balance: Balance[tuple[int, int], int] = Balance(
             PowerOfTwoChoices(random.Random(seed + 1)), [endpoint(i) for i in range(BACKENDS)]
         )
 
@@ -178,10 +191,15 @@ def run_hedge(
             budget.deposit(sent)
 
             async def attempt(k: int) -> int:
-                return await balance.dispatch(n)
+                while True:
+                    try:
+                        return await balance.dispatch((n, k))
+                    except CallDeclined:
+                        continue
 
             await hedged_call(attempt, hedging, idempotent=True, budget=budget)
             latencies.append(trio.current_time() - sent)
+            del used[n]
 
         async with trio.open_nursery() as nursery:
             t = 0.0
