@@ -16,11 +16,13 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
-from nadisc import ConfigError, DiscoveryTransport, Instance, RestOptions
+from nadisc import ConfigError, DiscoveryOwner, DiscoveryTransport, Instance, RestOptions
 from nadisc._balancing import RouteBalancing, instance_zone
 from nadisc._config import BalancingConfig
 from nadisc._route import Route
+from nadisc.observability import DiscoveryCollector
 from nadisc.testing import MemoryProvider
 from tests.nadisc.owner_support import memory_owner, policy
 
@@ -52,7 +54,7 @@ def zoned(identity: str, octet: int, zone: str) -> Instance:
 @asynccontextmanager
 async def transport(
     pool: Pool, instances: list[Instance], options: RestOptions | None = None, **balancing: Any
-) -> AsyncIterator[tuple[httpx.AsyncClient, DiscoveryTransport]]:
+) -> AsyncIterator[tuple[httpx.AsyncClient, DiscoveryTransport, DiscoveryOwner]]:
     memory = MemoryProvider(services={SERVICE: SERVICE})
     memory.set(SERVICE, instances)
     policies = {"primary": policy(balancing=balancing)}
@@ -61,7 +63,7 @@ async def transport(
         DiscoveryTransport(owner, options=options, transport=pool) as discovery,
         httpx.AsyncClient(mounts={"nadisc://": discovery}, timeout=None) as http,
     ):
-        yield http, discovery
+        yield http, discovery, owner
 
 
 def route_of(discovery: DiscoveryTransport) -> Route:
@@ -73,7 +75,7 @@ def route_of(discovery: DiscoveryTransport) -> Route:
 async def test_equal_zones_keep_calls_in_the_callers_zone() -> None:
     fleet = [zoned(f"{z}{i}", 10 * n + i, z) for n, z in enumerate("abc", 1) for i in range(3)]
     pool = Pool(ok)
-    async with transport(pool, fleet, zone="b") as (http, discovery):
+    async with transport(pool, fleet, zone="b") as (http, discovery, _):
         for _ in range(30):
             assert (await http.get(URL)).status_code == 200
         assert set(pool.hosts) == {"10.0.0.20", "10.0.0.21", "10.0.0.22"}
@@ -86,7 +88,7 @@ async def test_a_depleted_zone_spills_to_every_zone() -> None:
         zoned(f"{z}{i}", 10 * n + i, z) for n, z in enumerate("bc", 2) for i in range(3)
     ]
     pool = Pool(ok)
-    async with transport(pool, fleet, zone="a") as (http, discovery):
+    async with transport(pool, fleet, zone="a") as (http, discovery, _):
         for _ in range(70):
             await http.get(URL)
         assert len(set(pool.hosts)) == 7
@@ -99,7 +101,7 @@ async def test_a_subset_mirrors_only_its_instances() -> None:
     fleet = [Instance(f"i{n}", f"10.0.1.{n}", 80) for n in range(20)]
     pool = Pool(ok)
     subset = {"size": 4, "client_index": 2, "client_count": 5}
-    async with transport(pool, fleet, subset=subset) as (http, discovery):
+    async with transport(pool, fleet, subset=subset) as (http, discovery, _):
         for _ in range(40):
             await http.get(URL)
         route = route_of(discovery)
@@ -117,7 +119,7 @@ async def test_a_slow_instance_is_hedged_and_the_loser_released(autojump_clock: 
     pool = Pool(handler)
     options = RestOptions(lb_strategy="round_robin", request_timeout=30.0, connect_timeout=1.0)
     hedge = {"delay_ms": 300}
-    async with transport(pool, fleet, options, hedge=hedge) as (http, discovery):
+    async with transport(pool, fleet, options, hedge=hedge) as (http, discovery, _):
         answers = [(await http.get(URL)).text for _ in range(4)]
         route = route_of(discovery)
         assert answers == ["10.0.0.2"] * 4  # a hedge won every call sent to the slow one
@@ -139,13 +141,20 @@ async def test_the_retry_budget_stops_retries_once_spent() -> None:
     pool = Pool(unavailable)
     options = RestOptions(max_attempts=4, retry_get_head_on_retryable_status=True)
     budget = {"percent": 50, "min_per_second": 0}
-    async with transport(pool, fleet, options, retry_budget=budget) as (http, discovery):
+    async with transport(pool, fleet, options, retry_budget=budget) as (http, discovery, owner):
         for _ in range(20):
             assert (await http.get(URL)).status_code == 503
         stats = route_of(discovery).balancing.statistics()
         # 20 calls earn 10 retries; without the budget each would take 4 attempts.
         assert len(pool.hosts) <= 20 + 10
         assert stats.budget_refused >= 10
+        # Counted in the metrics too.
+        registry = CollectorRegistry()
+        registry.register(DiscoveryCollector(owner.observer(), transports=[discovery]))
+        refused = registry.get_sample_value(
+            "nadisc_discovery_balancer_retry_budget_refused_total", {"connection": "primary"}
+        )
+        assert refused == stats.budget_refused
 
 
 def test_instance_zones_from_each_providers_metadata() -> None:
