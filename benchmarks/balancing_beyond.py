@@ -388,7 +388,7 @@ def format_budget(results: list[BudgetResult], rate: float, duration: float) -> 
             (
                 r.name,
                 f"{r.requests}",
-                f"{r.per_request:.3f}",
+                f"{r.per_request:.4f}",
                 f"{r.failed_requests / r.requests:.1%}",
                 f"{r.refused}",
             )
@@ -396,7 +396,9 @@ def format_budget(results: list[BudgetResult], rate: float, duration: float) -> 
     note = (
         f"max_attempts {MAX_ATTEMPTS}, budget {BUDGET_PERCENT:.0%} + {BUDGET_MIN_PER_SECOND:g}/s, "
         f"failing backends answer an error in {FAIL_LATENCY * 1e3:g} ms; {rate:g} req/s for "
-        f"{duration:g} s (virtual clock); target <= {TARGET_ATTEMPTS} attempts/request"
+        f"{duration:g} s (virtual clock); target <= {TARGET_ATTEMPTS} attempts/request; "
+        f"the budget's bound is 1 + {BUDGET_PERCENT:g} + {BUDGET_MIN_PER_SECOND:g} x seconds / "
+        "requests (1.21 at exactly 1000 req/s)"
     )
     return "\n".join([*_align(rows), note])
 
@@ -503,7 +505,7 @@ Assignment = dict[int, dict[str, float]]  # client -> backend -> load weight
 def poise_subsets(backends: Sequence[str], clients: int, size: int) -> Assignment:
     out: Assignment = {}
     for client in range(clients):
-        chosen = subset(backends, client, clients, size)
+        chosen = subset(backends, client, size)
         out[client] = dict.fromkeys(chosen, 1.0 / len(chosen))
     return out
 
@@ -560,7 +562,7 @@ class SubsetResult:
     mean_conn: float
     load_low: float  # min load / mean load
     load_high: float
-    churn: dict[str, tuple[int, int]]  # event -> (opened, closed) by existing clients
+    churn: dict[str, tuple[float, float]]  # event -> mean (opened, closed) by existing clients
 
 
 def _spread(assignment: Assignment, backends: Sequence[str]) -> tuple[list[int], list[float]]:
@@ -584,27 +586,39 @@ def _churn(before: Assignment, after: Assignment, gone: str | None) -> tuple[int
 
 
 def run_subsets(
-    clients: int, members: int, size: int, seed: int
+    clients: int, members: int, size: int, seed: int, events: int = 8
 ) -> tuple[list[SubsetResult], dict[str, float]]:
+    """Churn is the mean over ``events`` random leaves and joins (one each time)."""
     rng = random.Random(seed)
     backends = [f"10.{i // 250}.{i % 250}.{rng.randrange(1, 250)}:8080" for i in range(members)]
-    leaving = backends[rng.randrange(members)]
-    fewer = [b for b in backends if b != leaving]
-    more = [*backends, "10.99.0.1:8080"]
+    leaving = [backends[i] for i in rng.sample(range(members), events)]
+    joining = [f"10.99.{n}.{rng.randrange(1, 250)}:8080" for n in range(events)]
     algorithms: list[tuple[str, Callable[[Sequence[str], int, int], Assignment]]] = [
         ("poise.subset", poise_subsets),
         ("SRE deterministic subsetting", sre_subsets),
         ("Finagle deterministic aperture", aperture_subsets),
     ]
+
+    def mean(pairs: list[tuple[int, int]]) -> tuple[float, float]:
+        return (
+            sum(p[0] for p in pairs) / len(pairs),
+            sum(p[1] for p in pairs) / len(pairs),
+        )
+
     results = []
     for name, algorithm in algorithms:
         base = algorithm(backends, clients, size)
         conns, load = _spread(base, backends)
         mean_load = sum(load) / len(load)
+        leaves = [
+            _churn(base, algorithm([b for b in backends if b != gone], clients, size), gone)
+            for gone in leaving
+        ]
+        joins = [_churn(base, algorithm([*backends, new], clients, size), None) for new in joining]
         churn = {
-            "backend leaves": _churn(base, algorithm(fewer, clients, size), leaving),
-            "backend joins": _churn(base, algorithm(more, clients, size), None),
-            "client joins": _churn(base, algorithm(backends, clients + 1, size), None),
+            "backend leaves": mean(leaves),
+            "backend joins": mean(joins),
+            "client joins": mean([_churn(base, algorithm(backends, clients + 1, size), None)]),
         }
         results.append(
             SubsetResult(
@@ -648,15 +662,15 @@ def format_subsets(
                 f"{r.connections}",
                 f"{r.min_conn}/{r.mean_conn:.2f}/{r.max_conn}",
                 f"{r.load_low:.3f}..{r.load_high:.3f}",
-                *(f"{r.churn[e][0]}+{r.churn[e][1]}" for e in events),
+                *(f"{r.churn[e][0]:.1f}+{r.churn[e][1]:.1f}" for e in events),
             )
         )
     rows.append(("least possible", "", "", "", *(f"~{minimum[e]:.0f} opened" for e in events)))
     note = (
         f"{clients} clients x {members} backends, subset {size} (full mesh: "
         f"{clients * members:,} connections); churn counts the connections opened and closed "
-        "by the clients already there; target: every backend within +-1 of the mean, load "
-        "within +-5%, churn no worse than the aperture"
+        "by the clients already there, mean of 8 random leaves and 8 random joins; target: "
+        "every backend within +-1 of the mean, load within +-5%, churn no worse than the aperture"
     )
     return "\n".join([*_align(rows), note])
 

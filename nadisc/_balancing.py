@@ -31,8 +31,8 @@ when the identity is Nacos's default ``ip#port#cluster#group@@service``.
 Kubernetes hints come from metadata ``hints.for_zones`` (comma-separated).
 
 The caller's zone is ``balancing.zone``, else the environment variable
-``NADISC_ZONE``; the subset's client identity is ``subset.client_index`` /
-``subset.client_count``, else ``NADISC_CLIENT_INDEX`` / ``NADISC_CLIENT_COUNT``.
+``NADISC_ZONE``; the subset's client identity is ``subset.client_index``,
+else ``NADISC_CLIENT_INDEX``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ __all__ = ["BalancingStatistics", "RouteBalancing", "instance_zone"]
 
 ZONE_ENV = "NADISC_ZONE"
 CLIENT_INDEX_ENV = "NADISC_CLIENT_INDEX"
-CLIENT_COUNT_ENV = "NADISC_CLIENT_COUNT"
 
 
 def instance_zone(instance: Instance) -> str | None:
@@ -133,27 +132,18 @@ class RouteBalancing:
         self._min_size = config.zone_min_size
         self._plan: ZonePlan | None = None
         self._size: int | None = None
-        self._identity: tuple[int, int] | None = None
+        self._identity: int | None = None
         if config.subset is not None:
             sub = config.subset
             index = sub.client_index
             if index is None:
                 index = _env_int(env, CLIENT_INDEX_ENV, 0)
-            count = sub.client_count
-            if count is None:
-                count = _env_int(env, CLIENT_COUNT_ENV, 1)
-            if index is None or count is None:
+            if index is None:
                 raise ConfigError(
-                    f"{path}.subset",
-                    "a subset needs client_index and client_count (or "
-                    f"{CLIENT_INDEX_ENV} and {CLIENT_COUNT_ENV})",
-                )
-            if index >= count:
-                raise ConfigError(
-                    f"{path}.subset.client_index", f"{index} is outside 0..{count - 1}"
+                    f"{path}.subset", f"a subset needs client_index (or {CLIENT_INDEX_ENV})"
                 )
             self._size = sub.size
-            self._identity = (index, count)
+            self._identity = index
         hedge = config.hedge
         self.hedging: Hedging | None = None
         if hedge is not None:
@@ -189,8 +179,7 @@ class RouteBalancing:
         chosen = instances
         if self._identity is not None and self._size is not None and chosen:
             by_identity = {i.identity: i for i in chosen}
-            index, count = self._identity
-            keep = subset(list(by_identity), index, count, self._size)
+            keep = subset(list(by_identity), self._identity, self._size)
             chosen = [by_identity[k] for k in keep]
         zone = self._zone
         if zone is not None and chosen:

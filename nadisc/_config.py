@@ -412,23 +412,14 @@ Percentile = Annotated[float, Strict(), Field(gt=0, lt=100, allow_inf_nan=False)
 class SubsetConfig(_Frozen):
     """Deterministic subsetting (``connections.<name>.balancing.subset``).
 
-    The client identity is its index in ``0..client_count-1``; either may
-    instead come from ``NADISC_CLIENT_INDEX`` / ``NADISC_CLIENT_COUNT``.
+    The client identity is its index in the fleet (0, 1, 2, ...), or
+    ``NADISC_CLIENT_INDEX``.
     """
 
     #: Backends each client uses.
     size: StrictInt = Field(ge=1, le=65536)
     #: This client's index in the fleet (default: NADISC_CLIENT_INDEX).
     client_index: StrictInt | None = Field(default=None, ge=0)
-    #: The fleet's size (default: NADISC_CLIENT_COUNT).
-    client_count: StrictInt | None = Field(default=None, ge=1)
-
-    @model_validator(mode="after")
-    def _identity(self) -> SubsetConfig:
-        index, count = self.client_index, self.client_count
-        if index is not None and count is not None and index >= count:
-            raise _problem("client_index", f"{index} is outside 0..{count - 1}")
-        return self
 
 
 class HedgeConfig(_Frozen):

@@ -72,6 +72,7 @@ def test_subsets_are_even_and_move_no_more_than_the_aperture(
     assert ours.max_conn - ours.mean_conn <= 1 and ours.mean_conn - ours.min_conn <= 1
     assert 0.95 <= ours.load_low <= ours.load_high <= 1.05
     for event in ("backend leaves", "backend joins"):
-        assert sum(ours.churn[event]) <= sum(aperture.churn[event])
-        assert sum(ours.churn[event]) < sum(sre.churn[event])
-    assert ours.churn["client joins"][0] <= aperture.churn["client joins"][0]
+        assert sum(ours.churn[event]) < sum(sre.churn[event]) / 5
+    # A client's subset depends on its index alone: a joining client moves nobody.
+    assert ours.churn["client joins"] == (0.0, 0.0)
+    assert aperture.churn["client joins"][0] > 0
