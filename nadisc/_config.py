@@ -403,6 +403,68 @@ class LimitsConfig(_Frozen):
         return self
 
 
+# --------------------------------------------------------------------------- balancing
+
+Share = Annotated[float, Strict(), Field(ge=0, le=1_000_000, allow_inf_nan=False)]
+Percentile = Annotated[float, Strict(), Field(gt=0, lt=100, allow_inf_nan=False)]
+
+
+class SubsetConfig(_Frozen):
+    """Deterministic subsetting (``connections.<name>.balancing.subset``).
+
+    The client identity is its index in the fleet (0, 1, 2, ...), or
+    ``NADISC_CLIENT_INDEX``.
+    """
+
+    #: Backends each client uses.
+    size: StrictInt = Field(ge=1, le=65536)
+    #: This client's index in the fleet (default: NADISC_CLIENT_INDEX).
+    client_index: StrictInt | None = Field(default=None, ge=0)
+
+
+class HedgeConfig(_Frozen):
+    """Hedged requests of idempotent calls (``connections.<name>.balancing.hedge``)."""
+
+    #: A fixed hedge delay.
+    delay_ms: DurationMs | None = None
+    #: Or: the route's rolling latency percentile, e.g. 95.
+    percentile: Percentile | None = None
+    #: Hedges at most per request.
+    max_extra_attempts: StrictInt = Field(default=1, ge=1, le=8)
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> HedgeConfig:
+        if (self.delay_ms is None) == (self.percentile is None):
+            raise _problem(None, "give exactly one of delay_ms and percentile")
+        return self
+
+
+class RetryBudgetConfig(_Frozen):
+    """The route's budget of retries and hedges (``...balancing.retry_budget``)."""
+
+    #: Retries and hedges allowed, in percent of requests.
+    percent: Share = 20.0
+    #: Retries and hedges allowed per second whatever the traffic.
+    min_per_second: Share = 10.0
+
+
+class BalancingConfig(_Frozen):
+    """Zones, subsets, hedges and the retry budget (``connections.<name>.balancing``)."""
+
+    #: The caller's zone (default: NADISC_ZONE); none = zone-blind.
+    zone: StrictStr | None = Field(default=None, min_length=1)
+    #: Prefer the caller's zone (Envoy's rule); false = every zone alike.
+    zone_aware: StrictBool = True
+    #: Fewer healthy instances than this: every zone alike.
+    zone_min_size: StrictInt = Field(default=6, ge=0)
+    #: Deterministic subsetting; none = every instance.
+    subset: SubsetConfig | None = None
+    #: Hedged requests; none = no hedging.
+    hedge: HedgeConfig | None = None
+    #: Retry budget shared by retries and hedges; none = only max_attempts bounds retries.
+    retry_budget: RetryBudgetConfig | None = None
+
+
 # --------------------------------------------------------------------------- connection parts
 
 
@@ -720,6 +782,8 @@ class ConnectionConfig(_Frozen):
     deregister_timeout_ms: DurationMs = 3000
     #: Settings of the REST caller bound to this connection.
     rest: RestConfig = Field(default_factory=RestConfig)
+    #: Zones, subsets, hedges and the retry budget of calls on this connection.
+    balancing: BalancingConfig = Field(default_factory=BalancingConfig)
     #: The static provider's block (only with provider: static).
     static: StaticConfig | None = None
     #: The DNS provider's block (only with provider: dns).

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from ._balancing import BalancingStatistics
 from ._capacity import CapacityUse
 from ._connection import LATENCY_BUCKETS
 from ._evidence import Refusal
@@ -179,6 +180,8 @@ class RouteMetrics:
     endpoints: tuple[EndpointMetrics, ...]
     #: (failure kind, count) for every :class:`~nadisc.CallFailureKind` value, in declaration order.
     failures: tuple[tuple[str, int], ...] = ()
+    #: Zones, subset, hedges and retry budget of the route (None: not reported).
+    balancing: BalancingStatistics | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,6 +439,7 @@ def route_metrics(route: Route) -> RouteMetrics:
         failed_endpoints=failed,
         endpoints=tuple(endpoints),
         failures=tuple(stats.failures.items()),
+        balancing=route.balancing.statistics(),
     )
 
 

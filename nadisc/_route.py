@@ -68,6 +68,7 @@ from poise import (
     WeightedRoundRobin,
 )
 
+from ._balancing import RouteBalancing
 from ._config import RestConfig
 from ._errors import CallError, ConfigError, EvidenceUnavailable
 from ._instance import Instance
@@ -419,6 +420,7 @@ class Route:
         "_submit",
         "_synced",
         "_tracker",
+        "balancing",
         "clock",
         "failures",
         "observation",
@@ -450,6 +452,8 @@ class Route:
         self._failed: dict[str, int] = {}
         self._synced = -1
         self._closed = False
+        #: Zones, subset, hedges and retry budget (the transport sets the connection's).
+        self.balancing = RouteBalancing()
         self._discovery: DiscoveryBalance[Attempt, httpx.Response] = DiscoveryBalance(
             policy, self._factory, clock=self.clock
         )
@@ -552,7 +556,7 @@ class Route:
         directory = self._directory
         instances = self._instances
         seen: set[str] = set()
-        for instance in snapshot.instances:
+        for instance in self.balancing.select(snapshot.instances):
             identity = instance.identity
             seen.add(identity)
             known = instances.get(identity)

@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -85,6 +85,7 @@ import httpx
 
 from poise import CallDeclined, EndpointError, Held, SelectionError
 
+from ._balancing import RouteBalancing
 from ._errors import (
     CallError,
     CallTimeout,
@@ -151,6 +152,8 @@ DEADLINE_EXTENSION = "nadisc.deadline"
 BUDGET_EXTENSION = "nadisc.budget"
 #: Response extension: the :class:`~nadisc.Instance` that answered.
 INSTANCE_EXTENSION = "nadisc.instance"
+#: Request extension: True marks a request idempotent (hedged like GET/HEAD when hedging is on).
+IDEMPOTENT_EXTENSION = "nadisc.idempotent"
 
 RETRYABLE_STATUS = frozenset({502, 503, 504})
 _RETRYABLE_METHODS = frozenset({"GET", "HEAD"})
@@ -666,6 +669,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         options = self._options or RestOptions.from_config(
             self._owner.connection_policy(handle.qualifier).rest
         )
+        balancing = RouteBalancing(self._owner.connection_policy(handle.qualifier).balancing)
         event = self._opening[key] = anyio.Event()
         try:
             try:
@@ -675,6 +679,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             if self._closed:
                 raise LifecycleError("the discovery transport is closed")
             route = self._routes[key] = Route(observation, options, loop_clock()[0])
+            route.balancing = balancing
         finally:
             del self._opening[key]
             event.set()
@@ -705,10 +710,10 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             if own and not self._pool_enforces:
                 # A pool that may ignore the timeout extension: one scope.
                 with anyio.move_on_at(deadline):
-                    return await self._call(route, request, target, budget, own)
+                    return await self._balanced(route, request, target, budget, own)
                 route.count_failure(TIMEOUT)
                 raise budget.exceeded(route, 0)
-            return await self._call(route, request, target, budget, own)
+            return await self._balanced(route, request, target, budget, own)
         except CallError:
             # A failure that waited for nothing still yields once, so a
             # caller's retry loop cannot starve the tasks that would mend it
@@ -718,6 +723,18 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         except DiscoveryError as exc:
             await anyio.lowlevel.cancel_shielded_checkpoint()
             raise for_call(exc) from exc
+
+    def _balanced(
+        self, route: Route, request: httpx.Request, target: _Target, budget: Budget, own: bool
+    ) -> Awaitable[httpx.Response]:
+        # The route's retry budget and hedging around the attempt loop (nadisc._balancing).
+        marked = request.extensions.get(IDEMPOTENT_EXTENSION) is True
+        idempotent = _replayable(request) and (request.method in _RETRYABLE_METHODS or marked)
+        return route.balancing.call(
+            lambda n: self._call(route, request, target, budget, own),
+            idempotent=idempotent,
+            clock=route.clock,
+        )
 
     async def _call(
         self,
@@ -824,6 +841,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     may_retry
                     and options.retry_get_head_on_transport_error
                     and attempts < options.max_attempts
+                    and route.balancing.may_retry(now())
                 ):
                     logger.debug(
                         "%s/%s: attempt %d failed with %s; retrying",
@@ -846,6 +864,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 and options.retry_get_head_on_retryable_status
                 and attempts < options.max_attempts
                 and now() < deadline
+                and route.balancing.may_retry(now())
             ):
                 tried.add(instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))

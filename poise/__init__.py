@@ -12,6 +12,7 @@ from ._balance import Balance as Balance
 from ._balance import BalanceStatistics as BalanceStatistics
 from ._balance import Held as Held
 from ._balance import ReadinessObserver as ReadinessObserver
+from ._budget import RetryBudget as RetryBudget
 from ._cell import CellReader as CellReader
 from ._cell import LatestCell as LatestCell
 from ._cell import Subscription as Subscription
@@ -42,6 +43,9 @@ from ._errors import SelectionError as SelectionError
 from ._errors import StaleRevision as StaleRevision
 from ._errors import StreamClosed as StreamClosed
 from ._errors import StreamingError as StreamingError
+from ._hedge import Hedging as Hedging
+from ._hedge import LatencyWindow as LatencyWindow
+from ._hedge import hedged_call as hedged_call
 from ._load import InFlight as InFlight
 from ._load import InFlightGuard as InFlightGuard
 from ._outlier import OutlierDetector as OutlierDetector
@@ -75,6 +79,11 @@ from ._service import service_fn as service_fn
 from ._streaming import StreamEndPolicy as StreamEndPolicy
 from ._streaming import StreamingConfig as StreamingConfig
 from ._streaming import StreamingDiscoveryBalance as StreamingDiscoveryBalance
+from ._subset import ring_order as ring_order
+from ._subset import subset as subset
+from ._zones import ZonePlan as ZonePlan
+from ._zones import hinted as hinted
+from ._zones import zone_plan as zone_plan
 
 __all__ = [
     "Allocation",
@@ -95,10 +104,12 @@ __all__ = [
     "FactoryError",
     "ForeignSnapshot",
     "GenerationTracker",
+    "Hedging",
     "Held",
     "InFlight",
     "InFlightGuard",
     "InvalidInput",
+    "LatencyWindow",
     "LatestCell",
     "LeastLoaded",
     "Lineage",
@@ -120,6 +131,7 @@ __all__ = [
     "ReconcileReport",
     "RequestContext",
     "ReservingService",
+    "RetryBudget",
     "RoundRobin",
     "SelectionError",
     "Service",
@@ -140,8 +152,14 @@ __all__ = [
     "Weighted",
     "WeightedRendezvous",
     "WeightedRoundRobin",
+    "ZonePlan",
     "close_service",
+    "hedged_call",
+    "hinted",
     "in_flight_factory",
     "release_reservation",
+    "ring_order",
     "service_fn",
+    "subset",
+    "zone_plan",
 ]

@@ -293,7 +293,27 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
             for readiness in _READINESS:
                 endpoints.add_metric([name, readiness], float(counts[readiness]))
             draining.add_metric([name], float(drained))
+    refused = c(
+        _name("balancer_retry_budget_refused"),
+        "Retries and hedges the routes' retry budgets refused.",
+        labels=conn,
+    )
+    hedges = c(_name("balancer_hedges"), "Hedged attempts sent.", labels=conn)
+    hedge_wins = c(_name("balancer_hedge_wins"), "Hedges that answered first.", labels=conn)
+    mirrored = g(
+        _name("balancer_subset_instances"),
+        "Instances the routes use after subsetting and zone preference.",
+        labels=conn,
+    )
+    if snap is not None:
+        for name, items in sorted(per.items()):
+            views = [r.balancing for r in items if r.balancing is not None]
+            refused.add_metric([name], float(sum(v.budget_refused for v in views)))
+            hedges.add_metric([name], float(sum(v.hedges for v in views)))
+            hedge_wins.add_metric([name], float(sum(v.hedge_wins for v in views)))
+            mirrored.add_metric([name], float(sum(v.mirrored for v in views)))
     yield from (routes, calls, failures, in_flight, endpoints, draining)
+    yield from (refused, hedges, hedge_wins, mirrored)
 
 
 def register_metrics(
