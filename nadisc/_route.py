@@ -193,6 +193,10 @@ def _seconds(path: str, value: object) -> float:
     return seconds
 
 
+#: The default ejection rules (``rest.outlier`` defaults).
+DEFAULT_EJECTION = EjectionOptions()
+
+
 @dataclass(frozen=True, slots=True)
 class RestOptions:
     """How calls through discovery are made on one connection. Frozen, validated.
@@ -238,7 +242,7 @@ class RestOptions:
     #: Retry, for any method, a connection that failed before anything was sent.
     retry_on_connect_failure: bool = True
     #: Passive outlier ejection rules (None: off).
-    ejection: EjectionOptions | None = EjectionOptions()
+    ejection: EjectionOptions | None = DEFAULT_EJECTION
 
     def __post_init__(self) -> None:
         request = _seconds("rest.request_timeout", self.request_timeout)
@@ -257,9 +261,8 @@ class RestOptions:
                 )
             object.__setattr__(self, "attempt_timeout", attempt)
         if self.ejection is not None and not isinstance(self.ejection, EjectionOptions):
-            raise ConfigError(
-                "rest.outlier", f"must be EjectionOptions or None, got {type(self.ejection).__name__}"
-            )
+            kind = type(self.ejection).__name__
+            raise ConfigError("rest.outlier", f"must be EjectionOptions or None, got {kind}")
         if self.lb_strategy not in LB_STRATEGIES:
             raise ConfigError(
                 "rest.lb_strategy",

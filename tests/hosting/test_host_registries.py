@@ -258,7 +258,11 @@ def test_shutdown_deregisters_first_then_drains_in_flight_requests(
                 results["slow"] = (answer.status_code, anyio.current_time())
 
             async with anyio.create_task_group() as tg:
-                host = await start_host(tg, registry.config(), app, drain_timeout_ms=3000)
+                # No deregistration grace: the drain itself is under test
+                # (test_units covers the grace).
+                host = await start_host(
+                    tg, registry.config(), app, drain_timeout_ms=3000, deregister_grace_ms=0
+                )
                 url = host.url("web")
                 tg.start_soon(slow, url)
                 await app.wait_arrival()

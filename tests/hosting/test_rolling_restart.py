@@ -99,10 +99,9 @@ async def roll(config: DiscoveryConfig, *, rounds: int = 3) -> dict[str, Any]:
                         old.shutdown()
                         with anyio.fail_after(15):
                             report = await old.wait_closed()
-                        assert report.deregistered_at is not None
-                        outcome["late"][old_app.name] = old_app.arrived_after(
-                            report.deregistered_at
-                        )
+                        assert report.refusing_at is not None
+                        # Served on through the grace; nothing arrives once it refuses.
+                        outcome["late"][old_app.name] = old_app.arrived_after(report.refusing_at)
                         outcome["served"][old_app.name] = len(old_app.arrivals)
                     await anyio.sleep(0.2)
                     stop.set()
