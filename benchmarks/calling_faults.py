@@ -26,6 +26,9 @@ The experiment
     ``retry_on_connect_failure: false``, no attempt timeout, the hosts'
     ``deregister_grace_ms: 0``), which is how calling behaved before them.
 
+``--smoke`` runs the kill -9 scenario with the defaults only, for one
+second, and five keep-alive trials.
+
 Run: ``python -m benchmarks.calling_faults [--smoke]``
 """
 
@@ -309,6 +312,8 @@ async def run_all(etcd_url: str, root: Path, smoke: bool) -> list[Row]:
             ("SIGSTOP", "etcd", _etcd(etcd_url), patient, _sigstop(pause), 0),
             ("rolling", "etcd", _etcd(etcd_url), plain, _rolling(rounds), 2),
         ]
+        if smoke:
+            scenarios = scenarios[:1]  # hosted processes are the cost: one scenario
         for name, registry, config, rest, act, posts in scenarios:
             rows.append(
                 await _scenario(name, registry, settings, config, root, rest, act, posts, warm)
@@ -323,6 +328,41 @@ async def run_all(etcd_url: str, root: Path, smoke: bool) -> list[Row]:
                 )
             )
     return rows
+
+
+async def keepalive_race(server_idle: float, client_expiry: float, trials: int) -> int:
+    """Failed reuses of an idle pooled connection around the server's idle close.
+
+    One hypercorn server (``keep_alive_timeout=server_idle``) and one httpx
+    pool (``keepalive_expiry=client_expiry``); each trial sends a request,
+    waits an idle gap swept across ``server_idle`` (from 20 ms before it, 1 ms
+    more per trial) and sends again. A gap the pool still trusts but the
+    server already acted on fails the second request.
+    """
+    from hypercorn.config import Config
+    from hypercorn.trio import serve as serve_hypercorn
+
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.keep_alive_timeout = server_idle
+    config.accesslog = None
+    config.errorlog = None
+    failed = 0
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: serve_hypercorn(_app, config, task_status=task_status)
+        )
+        limits = httpx.Limits(keepalive_expiry=client_expiry)
+        async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
+            for trial in range(trials):
+                await http.get(binds[0])
+                await trio.sleep(server_idle - 0.02 + trial * 0.001)
+                try:
+                    await http.get(binds[0])
+                except httpx.TransportError:
+                    failed += 1
+        nursery.cancel_scope.cancel()
+    return failed
 
 
 def render(rows: Sequence[Row]) -> str:
@@ -363,6 +403,14 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         f"(load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})"
     )
     print(render(rows))
+    trials = 5 if args.smoke else 40
+    print(f"\nkeep-alive race: idle reuses failed of {trials} (hypercorn server, httpx pool)")
+    for server_idle, client_expiry, what in (
+        (0.3, 5.0, "server idle close before the pool's expiry"),
+        (0.6, 0.3, "server idle close after the pool's expiry (the host's order)"),
+    ):
+        failed = trio.run(keepalive_race, server_idle, client_expiry, trials)
+        print(f"  server {server_idle:.1f} s, pool {client_expiry:.1f} s: {failed:>3}  ({what})")
     return rows
 
 
