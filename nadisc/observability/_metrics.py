@@ -270,6 +270,9 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
         _name("balancer_endpoints"), "Balance endpoints by readiness.", labels=[*conn, "readiness"]
     )
     draining = g(_name("balancer_endpoints_draining"), "Endpoints finishing calls.", labels=conn)
+    ejected = g(
+        _name("balancer_endpoints_ejected"), "Endpoints kept out by outlier ejection.", labels=conn
+    )
     if snap is not None:
         per: dict[str, list[RouteMetrics]] = {m.name: [] for m in snap.connections}
         for route in (*snap.routes, *extra):
@@ -293,7 +296,9 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
             for readiness in _READINESS:
                 endpoints.add_metric([name, readiness], float(counts[readiness]))
             draining.add_metric([name], float(drained))
+            ejected.add_metric([name], float(sum(r.ejected_endpoints for r in items)))
     yield from (routes, calls, failures, in_flight, endpoints, draining)
+    yield ejected
 
 
 def register_metrics(
