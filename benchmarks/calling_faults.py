@@ -2,7 +2,7 @@
 
 The experiment
     A registry (a throw-away real etcd on loopback started by this script,
-    or the Consul fake of ``tests/fakes/consul.py`` served in this process)
+    or the Consul fake of ``tests/fakes/consul.py`` in a process of its own)
     and three instances hosted by ``nadisc.hosting.serve`` in their own
     processes (this file run with ``--host CONFIG``: a plain ASGI app that
     answers ``200 <pid>`` to every method). A caller in this process (its
@@ -105,6 +105,37 @@ async def _host_main(config_path: str, grace_ms: float | None) -> None:
         print("serving", " ".join(f"{n}={h}:{p}" for n, (h, p) in host.bound.items()), flush=True)
 
 
+async def _consul_main() -> None:
+    async with run_consul_fake() as fake:
+        print("serving", fake.url, flush=True)
+        await trio.sleep_forever()
+
+
+class ConsulProcess:
+    """The Consul fake in a process of its own (the caller's loop stays the caller's)."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.calling_faults", "--consul"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().decode()
+        if not line.startswith("serving "):
+            self.close()
+            raise RuntimeError(f"the Consul fake did not start: {line!r}")
+        self.url = line.split()[1]
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
 class Hosted:
     """One hosted instance in its own process."""
 
@@ -112,10 +143,12 @@ class Hosted:
         command = [sys.executable, "-m", "benchmarks.calling_faults", "--host", str(config_path)]
         if grace_ms is not None:
             command += ["--grace-ms", str(grace_ms)]
+        self.log = config_path.with_suffix(f".{id(self)}.log")
+        self._stderr = self.log.open("wb")
         self.process = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self._stderr,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             cwd=ROOT,
         )
@@ -125,7 +158,9 @@ class Hosted:
         line = await trio.to_thread.run_sync(self.process.stdout.readline)
         if not line.startswith(b"serving "):
             self.process.kill()
-            raise RuntimeError(f"a hosted instance did not start: {line!r}")
+            self.process.wait()
+            tail = self.log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"a hosted instance did not start: {line!r}\n{tail}")
 
     def signal(self, number: int) -> None:
         if self.process.poll() is None:
@@ -140,6 +175,7 @@ class Hosted:
         self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
+        self._stderr.close()
 
 
 # ------------------------------------------------------------------ the caller
@@ -171,6 +207,9 @@ class Load:
             outcome = None if answer.status_code == 200 else f"status {answer.status_code}"
         except Exception as exc:  # every failure is counted, by kind
             outcome = type(exc).__name__
+            reason = getattr(exc, "reason", None)
+            if isinstance(reason, str):
+                outcome += f" ({reason})"
         if self.counting:
             self.latencies.append(trio.current_time() - started)
             if outcome is not None:
@@ -298,11 +337,13 @@ def _etcd(url: str) -> DiscoveryConfig:
     return DiscoveryConfig.model_validate(document)
 
 
-async def run_all(etcd_url: str, root: Path, smoke: bool) -> list[Row]:
+async def run_all(
+    etcd_url: str, root: Path, smoke: bool, only: str | None = None, rounds: int | None = None
+) -> list[Row]:
     rows: list[Row] = []
     after = 1.0 if smoke else 14.0
     pause = 1.0 if smoke else 10.0
-    rounds = 1 if smoke else 20
+    rounds = rounds or (1 if smoke else 20)
     warm = 0.5 if smoke else 1.0
     for settings in (NEW,) if smoke else (NEW, OLD):
         plain = _rest(settings)
@@ -315,18 +356,24 @@ async def run_all(etcd_url: str, root: Path, smoke: bool) -> list[Row]:
         if smoke:
             scenarios = scenarios[:1]  # hosted processes are the cost: one scenario
         for name, registry, config, rest, act, posts in scenarios:
+            if only is not None and name != only:
+                continue
             rows.append(
                 await _scenario(name, registry, settings, config, root, rest, act, posts, warm)
             )
-        if smoke:
+            print(render(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+        if smoke or only not in (None, "rolling"):
             continue
-        async with run_consul_fake() as fake:
+        fake = ConsulProcess()
+        try:
             consul = consul_config(fake.url, check_path=None)
             rows.append(
                 await _scenario(
                     "rolling", "Consul fake", settings, consul, root, plain, _rolling(rounds), 2
                 )
             )
+        finally:
+            fake.close()
     return rows
 
 
@@ -382,9 +429,15 @@ def render(rows: Sequence[Row]) -> str:
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--smoke", action="store_true", help="short scenarios, 2 rounds")
+    parser.add_argument("--only", choices=["kill -9", "SIGSTOP", "rolling"], help="one scenario")
+    parser.add_argument("--rounds", type=int, default=None, help="rolling restart rounds (20)")
     parser.add_argument("--host", help=argparse.SUPPRESS)
+    parser.add_argument("--consul", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--grace-ms", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.consul:
+        trio.run(_consul_main)
+        return []
     if args.host:
         trio.run(_host_main, args.host, args.grace_ms)
         return []
@@ -394,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="calling-faults-") as root:
         server = EtcdProcess(binary, Path(root))
         try:
-            rows = trio.run(run_all, server.client, Path(root), args.smoke)
+            rows = trio.run(run_all, server.client, Path(root), args.smoke, args.only, args.rounds)
         finally:
             server.stop()
     load = os.getloadavg()
