@@ -116,6 +116,9 @@ ALL = [b for b in EVERY if b.marked]
 #: entry means deciding that the block is a fragment a reader completes.
 # fmt: off
 FRAGMENTS: dict[tuple[str, str], str] = {
+    ("hosting.md", "async with open_host("):
+        "the context-manager form beside the runnable serve() example above it; "
+        "tests/hosting/test_units.py enters open_host the same way",
     ("calling.md", "rest:"):
         "the keys of a connection's rest block; tests/nadisc/test_transport_faults.py "
         "runs them against a hung instance",
