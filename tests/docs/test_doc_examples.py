@@ -116,9 +116,6 @@ ALL = [b for b in EVERY if b.marked]
 #: entry means deciding that the block is a fragment a reader completes.
 # fmt: off
 FRAGMENTS: dict[tuple[str, str], str] = {
-    ("hosting.md", "async with open_host("):
-        "the context-manager form beside the runnable serve() example above it; "
-        "tests/hosting/test_units.py enters open_host the same way",
     ("calling.md", "rest:"):
         "the keys of a connection's rest block; tests/nadisc/test_transport_faults.py "
         "runs them against a hung instance",
@@ -134,7 +131,7 @@ FRAGMENTS: dict[tuple[str, str], str] = {
         "the `static:` block of a connection alone; complete documents above are executed",
     ("discovery-balance.md", "streaming = StreamingDiscoveryBalance("):
         "continues the example above it inside an async function (top-level await)",
-    ("hosting.md", "async with open_host(app, config,"):
+    ("hosting.md", "async with open_host("):
         "the context-manager form of the executed serve() example; binds a fixed public port",
     ("observability.md", "from prometheus_client import CollectorRegistry"):
         "needs the host's running owner and its own CollectorRegistry",
