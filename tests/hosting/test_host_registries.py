@@ -85,6 +85,9 @@ async def hosted(
     recording = app if app is not None else RecordingApp()
     options.setdefault("handle_signals", False)
     options.setdefault("drain_timeout_ms", 2000)
+    # These tests are about registering and draining; tests/hosting/test_grace.py
+    # and the rolling-restart tests cover the deregistration grace.
+    options.setdefault("deregister_grace_ms", 0)
     async with open_host(recording, config, allow_loopback=True, **options) as host:
         yield host, recording
 
@@ -177,6 +180,7 @@ def test_started_is_never_reported_before_the_registration_is_active(
                     registry.config(),
                     allow_loopback=True,
                     handle_signals=False,
+                    deregister_grace_ms=0,  # startup is under test (test_grace: the grace)
                     task_status=task_status,
                 )
             )
@@ -236,6 +240,7 @@ def test_a_registry_that_refuses_the_write_fails_startup_naming_the_registration
 async def start_host(tg: Any, config: DiscoveryConfig, app: RecordingApp, **options: Any) -> Host:
     """A host served in ``tg`` (so callers outside it survive its shutdown)."""
     options.setdefault("handle_signals", False)
+    options.setdefault("deregister_grace_ms", 0)
     host: Host = await tg.start(
         lambda task_status: serve(
             app, config, allow_loopback=True, task_status=task_status, **options
