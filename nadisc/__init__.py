@@ -15,6 +15,7 @@ from ._config import DnsConfig as DnsConfig
 from ._config import DnsServiceConfig as DnsServiceConfig
 from ._config import LimitsConfig as LimitsConfig
 from ._config import MaskedUrl as MaskedUrl
+from ._config import OutlierConfig as OutlierConfig
 from ._config import ProviderBlock as ProviderBlock
 from ._config import RegistrationConfig as RegistrationConfig
 from ._config import RestConfig as RestConfig
@@ -28,6 +29,8 @@ from ._config import provider_block as provider_block
 from ._config import restart_required as restart_required
 from ._config import validate_provider_block as validate_provider_block
 from ._connection import DiscoveryHandle as DiscoveryHandle
+from ._ejection import EjectionLog as EjectionLog
+from ._ejection import EjectionOptions as EjectionOptions
 from ._eligibility import Eligibility as Eligibility
 from ._eligibility import EligibilityController as EligibilityController
 from ._eligibility import EligibilityError as EligibilityError
@@ -174,6 +177,8 @@ __all__ = [
     "DiscoveryTransport",
     "DnsConfig",
     "DnsServiceConfig",
+    "EjectionLog",
+    "EjectionOptions",
     "Eligibility",
     "EligibilityController",
     "EligibilityError",
@@ -207,6 +212,7 @@ __all__ = [
     "ObservationSnapshot",
     "ObserverSnapshot",
     "OutcomeUnknown",
+    "OutlierConfig",
     "OwnerBuilder",
     "OwnerRegistrations",
     "Phase",

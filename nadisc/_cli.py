@@ -16,7 +16,9 @@ placeholder takes the type its expansion reads as (``port: ${PORT}``).
 ``check`` requires the ``discovery`` root, validates every provider block
 with its installed provider's settings (no network) and reports every
 problem at once, one per line. Errors name the config path and the
-variable, never a value.
+variable, never a value. It also warns (on stderr; the status stays 0)
+when a connection serves callers with ``snapshot.stale_if_error_ms: 0``,
+the fail-closed default that turns a registry outage into failed calls.
 Exit status: 0 on success, 2 on a config or usage error, 1 when discovery
 itself failed.
 """
@@ -32,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from ._config import DiscoveryConfig
+from ._config import DiscoveryConfig, binding_names
 from ._errors import ConfigError, DiscoveryError
 from ._loading import config_json_schema, expand_variables, load_document, parse_config
 
@@ -134,6 +136,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warnings(config: DiscoveryConfig) -> list[str]:
+    """Defaults worth a second look (the config is valid either way)."""
+    registered = {(r.qualifier, r.service_name) for r in config.registrations.values()}
+    notes: list[str] = []
+    for name, connection in config.connections.items():
+        if connection.provider == "static" or connection.snapshot.stale_if_error_ms:
+            continue
+        called = [alias for alias in binding_names(connection) if (name, alias) not in registered]
+        if called:
+            notes.append(
+                f"connections.{name}.snapshot.stale_if_error_ms: 0 (the default) fails calls "
+                f"to {', '.join(sorted(called))} as soon as a refresh fails (a registry "
+                "outage becomes a caller outage); production callers usually set a grace, "
+                "e.g. 10000 (docs/calling.md)"
+            )
+    return notes
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -158,6 +178,8 @@ def main(
         if args.command == "check":
             _preflight(config, env)
             _describe(config, out)
+            for note in _warnings(config):
+                err.write(f"nadisc: warning: {note}\n")
             out.write("ok\n")
             return 0
         if not (math.isfinite(args.timeout) and args.timeout > 0):

@@ -506,6 +506,43 @@ class RetryConfig(_Frozen):
         return self
 
 
+class OutlierConfig(_Frozen):
+    """Passive outlier ejection of the connection's callers (``rest.outlier``)."""
+
+    #: Keep instances whose calls keep failing out of the balance for a while.
+    enabled: StrictBool = True
+    #: Failed attempts in a row that eject an instance; 0 = rule off.
+    consecutive_failures: StrictInt = Field(default=5, ge=0, le=100_000)
+    #: Percentage of failed attempts in a window that ejects an instance; 0 = rule off.
+    failure_rate_percent: StrictInt = Field(default=0, ge=0, le=100)
+    #: Window of the failure-rate rule.
+    window_ms: DurationMs = 10_000
+    #: Fewest attempts in a window before the failure-rate rule applies.
+    minimum_calls: StrictInt = Field(default=10, ge=1, le=1_000_000)
+    #: Length of a first ejection; the k-th ejection in a row lasts k times as long.
+    base_ejection_ms: DurationMs = 10_000
+    #: Longest ejection.
+    max_ejection_ms: DurationMs = 300_000
+    #: Most instances ejected at once, in percent of the listed ones (rounded down).
+    max_ejection_percent: StrictInt = Field(default=50, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _rules(self) -> OutlierConfig:
+        if self.enabled and not self.consecutive_failures and not self.failure_rate_percent:
+            raise _problem(
+                "consecutive_failures",
+                "ejection is enabled but both rules are off (consecutive_failures and "
+                "failure_rate_percent are 0); set one, or enabled: false",
+            )
+        if self.base_ejection_ms > self.max_ejection_ms:
+            raise _problem(
+                "base_ejection_ms",
+                f"base_ejection_ms ({self.base_ejection_ms}) must not exceed "
+                f"max_ejection_ms ({self.max_ejection_ms})",
+            )
+        return self
+
+
 class RestConfig(_Frozen):
     """The connection's REST caller (``connections.<name>.rest``)."""
 
@@ -523,6 +560,12 @@ class RestConfig(_Frozen):
     retry_get_head_on_transport_error: StrictBool = False
     #: Retry GET/HEAD on another instance after 502/503/504.
     retry_get_head_on_retryable_status: StrictBool = False
+    #: Budget of one attempt up to the response headers; 0 = none (one attempt may use it all).
+    attempt_timeout_ms: OptionalDurationMs = 0
+    #: Retry a connection that failed before anything was sent, any method, on another instance.
+    retry_on_connect_failure: StrictBool = True
+    #: Passive outlier ejection of failing instances.
+    outlier: OutlierConfig = Field(default_factory=OutlierConfig)
 
     @model_validator(mode="after")
     def _budget(self) -> RestConfig:
@@ -531,6 +574,12 @@ class RestConfig(_Frozen):
                 "connect_timeout_ms",
                 f"request_timeout_ms ({self.request_timeout_ms}) is a budget that cannot fit "
                 f"a connect timeout of {self.connect_timeout_ms} ms",
+            )
+        if self.attempt_timeout_ms > self.request_timeout_ms:
+            raise _problem(
+                "attempt_timeout_ms",
+                f"attempt_timeout_ms ({self.attempt_timeout_ms}) must not exceed "
+                f"request_timeout_ms ({self.request_timeout_ms})",
             )
         return self
 

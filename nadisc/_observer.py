@@ -18,7 +18,9 @@ revision, evidence kind and age against ``max_age``; the snapshot's
 requests sent, PeakEWMA estimate, readiness, draining). Registrations carry
 renewal counts and their recent state changes (:mod:`nadisc._journal`).
 A route also counts its failures by closed kind (``RouteMetrics.failures``,
-see :class:`~nadisc.CallFailureKind`) and per endpoint (``EndpointMetrics.failed``).
+see :class:`~nadisc.CallFailureKind`) and per endpoint (``EndpointMetrics.failed``),
+and shows its outlier ejections (``RouteMetrics.ejections``, ``ejected_endpoints``;
+``EndpointMetrics.ejected``, ``ejected_for``).
 
 Costs: ``snapshot()`` is O(connections + services + registrations + route
 endpoints); ``listings()`` is O(services) while nothing changed (the
@@ -162,6 +164,10 @@ class EndpointMetrics:
     draining: bool
     #: Failed attempts of this identity (all generations; any kind but ``no_endpoint``).
     failed: int = 0
+    #: Kept out by outlier ejection now (``rest.outlier``).
+    ejected: bool = False
+    #: Seconds until its ejection ends (None: not ejected).
+    ejected_for: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +188,10 @@ class RouteMetrics:
     failures: tuple[tuple[str, int], ...] = ()
     #: Zones, subset, hedges and retry budget of the route (None: not reported).
     balancing: BalancingStatistics | None = None
+    #: Endpoints kept out by outlier ejection now.
+    ejected_endpoints: int = 0
+    #: Ejections since the route opened.
+    ejections: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,6 +413,8 @@ def route_metrics(route: Route) -> RouteMetrics:
     from poise import GenerationTracker, PeakEwma, ReadinessState
 
     stats = route.statistics()
+    ejected = stats.ejected
+    now = route.clock() if ejected else 0.0
     endpoints: list[EndpointMetrics] = []
     failed = 0
     for endpoint in route.streaming.balance.endpoints:
@@ -428,6 +440,8 @@ def route_metrics(route: Route) -> RouteMetrics:
                 eligible=endpoint.eligible,
                 draining=draining,
                 failed=stats.failed.get(identity, 0),
+                ejected=identity in ejected,
+                ejected_for=max(0.0, ejected[identity] - now) if identity in ejected else None,
             )
         )
     return RouteMetrics(
@@ -440,6 +454,8 @@ def route_metrics(route: Route) -> RouteMetrics:
         endpoints=tuple(endpoints),
         failures=tuple(stats.failures.items()),
         balancing=route.balancing.statistics(),
+        ejected_endpoints=len(ejected),
+        ejections=stats.ejections,
     )
 
 

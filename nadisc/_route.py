@@ -70,6 +70,7 @@ from poise import (
 
 from ._balancing import RouteBalancing
 from ._config import RestConfig
+from ._ejection import EjectionLog, EjectionOptions
 from ._errors import CallError, ConfigError, EvidenceUnavailable
 from ._instance import Instance
 from ._observation import Observation, ObservationSnapshot
@@ -193,6 +194,10 @@ def _seconds(path: str, value: object) -> float:
     return seconds
 
 
+#: The default ejection rules (``rest.outlier`` defaults).
+DEFAULT_EJECTION = EjectionOptions()
+
+
 @dataclass(frozen=True, slots=True)
 class RestOptions:
     """How calls through discovery are made on one connection. Frozen, validated.
@@ -201,7 +206,16 @@ class RestOptions:
     call (all attempts, discovery wait and response headers included), 2 s to
     connect, round robin, plain ``http`` to instances, one attempt. Retries
     happen only for ``GET`` and ``HEAD``, only when switched on, and only
-    within ``max_attempts`` (1-16) and the one budget.
+    within ``max_attempts`` (1-16) and the one budget. Two exceptions, both
+    inside the budget: a connection that failed before anything was sent
+    (connect refused or timed out) is retried on another instance for any
+    method and is not one of the ``max_attempts``
+    (``retry_on_connect_failure``, on by default; at most once per listed
+    instance), and a GET/HEAD whose ``attempt_timeout`` ran out is retried
+    while ``max_attempts`` allow.
+
+    ``ejection`` (on by default, see :mod:`nadisc._ejection`) keeps an
+    instance whose attempts keep failing out of the balance for a while.
 
     ``instance_scheme`` is used towards every instance; an instance whose
     metadata declares another scheme (``scheme``, or ``secure``; see
@@ -224,6 +238,12 @@ class RestOptions:
     retry_get_head_on_transport_error: bool = False
     retry_get_head_on_retryable_status: bool = False
     strict_evidence: bool = False
+    #: Budget of one attempt up to its response headers (None: the call's budget).
+    attempt_timeout: float | None = None
+    #: Retry, for any method, a connection that failed before anything was sent.
+    retry_on_connect_failure: bool = True
+    #: Passive outlier ejection rules (None: off).
+    ejection: EjectionOptions | None = DEFAULT_EJECTION
 
     def __post_init__(self) -> None:
         request = _seconds("rest.request_timeout", self.request_timeout)
@@ -233,6 +253,17 @@ class RestOptions:
                 "rest.connect_timeout",
                 f"a budget of {request:g} s cannot fit a connect timeout of {connect:g} s",
             )
+        if self.attempt_timeout is not None:
+            attempt = _seconds("rest.attempt_timeout", self.attempt_timeout)
+            if attempt > request:
+                raise ConfigError(
+                    "rest.attempt_timeout",
+                    f"an attempt timeout of {attempt:g} s exceeds the budget of {request:g} s",
+                )
+            object.__setattr__(self, "attempt_timeout", attempt)
+        if self.ejection is not None and not isinstance(self.ejection, EjectionOptions):
+            kind = type(self.ejection).__name__
+            raise ConfigError("rest.outlier", f"must be EjectionOptions or None, got {kind}")
         if self.lb_strategy not in LB_STRATEGIES:
             raise ConfigError(
                 "rest.lb_strategy",
@@ -254,6 +285,7 @@ class RestOptions:
             "retry_get_head_on_transport_error",
             "retry_get_head_on_retryable_status",
             "strict_evidence",
+            "retry_on_connect_failure",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"rest.{name}", "must be true or false")
@@ -271,6 +303,9 @@ class RestOptions:
             max_attempts=config.max_attempts,
             retry_get_head_on_transport_error=config.retry_get_head_on_transport_error,
             retry_get_head_on_retryable_status=config.retry_get_head_on_retryable_status,
+            attempt_timeout=config.attempt_timeout_ms / 1000.0 or None,
+            retry_on_connect_failure=config.retry_on_connect_failure,
+            ejection=EjectionOptions.from_config(config.outlier),
         )
 
 
@@ -295,6 +330,9 @@ class Attempt:
     skips: int = 0
     #: Filled in by the service that took the attempt.
     instance: Instance | None = None
+    #: The attempt's end (event-loop time) enforced as a scope around the send;
+    #: past it the attempt fails with ``httpx.ReadTimeout`` (None: no scope).
+    cutoff: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +351,10 @@ class RouteStatistics:
     failures: Mapping[str, int] = field(default_factory=dict)
     #: Identity -> failed attempts of that instance (kinds other than ``no_endpoint``).
     failed: Mapping[str, int] = field(default_factory=dict)
+    #: Identity -> end of its ejection (event-loop time) for the instances ejected now.
+    ejected: Mapping[str, float] = field(default_factory=dict)
+    #: Ejections since the route opened (0 when ejection is off).
+    ejections: int = 0
 
 
 class InstanceService:
@@ -383,11 +425,20 @@ class InstanceService:
             pool = attempt.pool
             if pool is None:
                 raise TypeError("an Attempt with build= needs pool=")
-            return await pool.handle_async_request(build(instance))
+            request = build(instance)
+            if attempt.cutoff is None:
+                return await pool.handle_async_request(request)
+            with anyio.move_on_at(attempt.cutoff):
+                return await pool.handle_async_request(request)
+            raise httpx.ReadTimeout("no response within the attempt timeout", request=request)
         send = attempt.send
         if send is None:
             raise TypeError("an Attempt needs send= or build= with pool=")
-        return await send(instance)
+        if attempt.cutoff is None:
+            return await send(instance)
+        with anyio.move_on_at(attempt.cutoff):
+            return await send(instance)
+        raise httpx.ReadTimeout("no response within the attempt timeout")
 
     def __repr__(self) -> str:
         return f"<InstanceService {self.key!r} {self.instance.address}>"
@@ -422,6 +473,8 @@ class Route:
         "_tracker",
         "balancing",
         "clock",
+        "detector",
+        "ejection_log",
         "failures",
         "observation",
         "options",
@@ -454,8 +507,13 @@ class Route:
         self._closed = False
         #: Zones, subset, hedges and retry budget (the transport sets the connection's).
         self.balancing = RouteBalancing()
+        #: The route's ejection record and detector (None: ejection is off).
+        self.ejection_log = EjectionLog()
+        self.detector = (
+            None if options.ejection is None else options.ejection.detector(self.ejection_log)
+        )
         self._discovery: DiscoveryBalance[Attempt, httpx.Response] = DiscoveryBalance(
-            policy, self._factory, clock=self.clock
+            policy, self._factory, clock=self.clock, outlier_detector=self.detector
         )
         self._streaming = StreamingDiscoveryBalance(self._directory.reader(), self._discovery)
 
@@ -508,7 +566,21 @@ class Route:
             sent=dict(self._sent),
             failures=dict(zip(CALL_FAILURE_KINDS, self.failures, strict=True)),
             failed=dict(self._failed),
+            ejected=self.ejected(),
+            ejections=self.ejection_log.ejections,
         )
+
+    def ejected(self) -> dict[str, float]:
+        """Identity -> end of its ejection (event-loop time), for those ejected now."""
+        detector = self.detector
+        if detector is None:
+            return {}
+        ends = {}
+        for key in detector.ejected:
+            until = detector.ejected_until(key)
+            if until is not None:
+                ends[str(key)] = until
+        return ends
 
     def __repr__(self) -> str:
         return (

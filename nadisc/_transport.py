@@ -492,6 +492,8 @@ class _GuardedStream(httpx.AsyncByteStream):
             raise
         except Exception as exc:
             route = self._route
+            if route is not None and isinstance(exc, httpx.TransportError):
+                _name_instance(exc, route, self._held.key)
             if route is not None and not self._failed:  # a 5xx was counted at its headers
                 route.count_failure(failure_kind(exc), self._held.key)
             self._failed = True
@@ -622,7 +624,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         return self._closed
 
     def route(self, qualifier: str, service: str) -> Route | None:
-        """The route of (connection, service), if one was used."""
+        """The route of (connection, service), if one was used (closed ones too)."""
         return self._routes.get((qualifier, service))
 
     def routes(self) -> tuple[Route, ...]:
@@ -752,6 +754,11 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         may_retry = request.method in _RETRYABLE_METHODS and _replayable(request)
         errors: list[Exception] = []
         attempts = 0
+        # Attempts whose connection failed before anything was sent, retried
+        # transparently: not among max_attempts, at most one per listed instance.
+        transparent = 0
+        per_attempt = options.attempt_timeout
+        cutoff = math.inf
         tried: set[str] = set()
         scheme = options.instance_scheme
         raw_path = target.raw_path
@@ -796,6 +803,13 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 avoid=frozenset(tried) if skip_budget else _NOTHING,
                 skips=skip_budget,
             )
+            if per_attempt is not None:
+                # The attempt's own end: the pool's timeouts read it (a pool
+                # that may ignore them gets it as a scope around the send).
+                cutoff = now() + per_attempt
+                timeouts.deadline = cutoff if cutoff < deadline else deadline
+                if not self._pool_enforces:
+                    attempt.cutoff = cutoff
             declined: CallDeclined | None = None
             failure: EndpointError | None = None
             try:
@@ -833,14 +847,36 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     raise DiscoveryError("an attempt failed without a cause") from failure
                 if not isinstance(cause, httpx.TransportError):
                     raise cause
-                if isinstance(cause, httpx.TimeoutException) and now() >= deadline:
+                _name_instance(cause, route, failure.key, attempt.instance)
+                at = now()
+                if isinstance(cause, httpx.TimeoutException) and at >= deadline:
                     # The pool's timeout was the budget's end, not a phase limit.
                     raise budget.exceeded(route, attempts) from cause
                 errors.append(cause)
                 if (
+                    isinstance(cause, _NOTHING_SENT)
+                    and options.retry_on_connect_failure
+                    and transparent < len(route.identities())
+                    and _untried_listed(route, tried)
+                ):
+                    # No byte reached a server: safe for any method, and not
+                    # one of the request's attempts.
+                    transparent += 1
+                    logger.debug(
+                        "%s/%s: %s before anything was sent; retrying elsewhere",
+                        route.connection,
+                        route.service,
+                        type(cause).__name__,
+                    )
+                    fast = False
+                    continue
+                retry = options.retry_get_head_on_transport_error or (
+                    isinstance(cause, httpx.TimeoutException) and at >= cutoff
+                )
+                if (
                     may_retry
-                    and options.retry_get_head_on_transport_error
-                    and attempts < options.max_attempts
+                    and retry
+                    and attempts - transparent < options.max_attempts
                     and route.balancing.may_retry(now())
                 ):
                     logger.debug(
@@ -862,7 +898,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 status in RETRYABLE_STATUS
                 and may_retry
                 and options.retry_get_head_on_retryable_status
-                and attempts < options.max_attempts
+                and attempts - transparent < options.max_attempts
                 and now() < deadline
                 and route.balancing.may_retry(now())
             ):
@@ -888,6 +924,10 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 # The headers are in: reading the body is the caller's business,
                 # bounded per operation by the httpx timeout as with plain httpx.
                 timeouts.release()
+            else:
+                # The REST client reads the body within the call's budget (the
+                # attempt timeout covers the way to the headers only).
+                timeouts.deadline = deadline
             if status >= 500:
                 route.count_failure(STATUS, instance.identity)
             return _wrap(response, held, instance, route)
@@ -925,15 +965,17 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
     # -- closing -------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Drop every route (their endpoints retire as calls end), close an owned pool.
+        """Close every route (their endpoints retire as calls end), close an owned pool.
 
         Idempotent; later requests raise :class:`~nadisc.LifecycleError`.
+        The closed routes stay readable (:meth:`route`, :meth:`routes`):
+        closing the httpx client that mounted the transport closes it, and
+        the caller keeps its final statistics.
         """
         if self._closed:
             return
         self._closed = True
         routes = list(self._routes.values())
-        self._routes.clear()
         for route in routes:
             route.close()
         if self._owns_pool:
@@ -950,6 +992,24 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         traceback: TracebackType | None = None,
     ) -> None:
         await self.aclose()
+
+
+#: Transport errors raised before any byte of the request was written.
+_NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+def _name_instance(
+    error: Exception, route: Route, key: object, instance: Instance | None = None
+) -> None:
+    """Put the instance into ``error``'s message (httpx leaves some empty). Idempotent."""
+    where = f"instance {str(key)!r}"
+    if instance is not None:
+        where += f" ({instance.address})"
+    where += f" of {route.connection}/{route.service}"
+    text = str(error)
+    if text.startswith(where):
+        return
+    error.args = (f"{where}: {text or type(error).__name__}", *error.args[1:])
 
 
 def _untried_listed(route: Route, tried: set[str]) -> bool:

@@ -227,6 +227,11 @@ class OutlierDetector:
         state = self._states.get(key)
         return None if state is None else state.until
 
+    def ejections(self, key: Hashable) -> int:
+        """The ejection count of ``key`` at its last ejection (its multiplier; 0: never)."""
+        state = self._states.get(key)
+        return 0 if state is None else state.ejections
+
     @property
     def capacity(self) -> int:
         """How many members may be ejected at once: floor(members x percent / 100)."""

@@ -68,6 +68,7 @@ from ._directory import Backend, Lineage, Member, Snapshot, SnapshotReader
 from ._endpoint import Endpoint
 from ._errors import FactoryError, ForeignSnapshot, ReconcileError, StaleRevision
 from ._load import InFlight
+from ._outlier import OutlierDetector
 from ._protocols import LoadGuard, LoadTracker, Policy, Service
 from ._service import close_service
 
@@ -666,7 +667,9 @@ class DiscoveryBalance(Generic[Req, Resp]):
     """A :class:`~poise.Balance` kept in step with discovery snapshots.
 
     ``DiscoveryBalance(policy, factory, context=..., readiness_observer=...,
-    clock=...)``: the keyword arguments go to the inner balance. The factory
+    clock=..., outlier_detector=...)``: the keyword arguments go to the inner
+    balance (the detector keys endpoints by their snapshot key, so an
+    ejection outlives a new generation of the same key). The factory
     is called as ``factory(key, backend)`` for every new service generation
     and returns ``(service, tracker)`` (see :func:`in_flight_factory`); it may
     be ``async``, in which case use :meth:`apply_snapshot_async`.
@@ -698,6 +701,7 @@ class DiscoveryBalance(Generic[Req, Resp]):
         context: ContextProjection[Req, object] | None = None,
         readiness_observer: ReadinessObserver | None = None,
         clock: Callable[[], float] = anyio.current_time,
+        outlier_detector: OutlierDetector | None = None,
     ) -> None:
         if not callable(factory):
             raise TypeError(f"factory must be callable, got {type(factory).__name__}")
@@ -708,6 +712,7 @@ class DiscoveryBalance(Generic[Req, Resp]):
             context=cast("None", context),
             readiness_observer=readiness_observer,
             clock=clock,
+            outlier_detector=outlier_detector,
         )
         self._state: AppliedState[Endpoint[Req, Resp]] = AppliedState(position_of=_index_of)
         self._commits = 0

@@ -16,9 +16,15 @@ This package sits above the discovery owner; the owner never imports it.
 from ._asgi import ASGIApp, Gate, PrefixRouter
 from ._host import Host, HostingError, HostPhase, HostReport, open_host, serve
 from ._listen import Bind
-from ._timing import EligibilityLease, ShutdownBudget
+from ._timing import (
+    DEREGISTER_GRACE_MS,
+    EligibilityLease,
+    ShutdownBudget,
+    default_deregister_grace,
+)
 
 __all__ = [
+    "DEREGISTER_GRACE_MS",
     "ASGIApp",
     "Bind",
     "EligibilityLease",
@@ -29,6 +35,7 @@ __all__ = [
     "HostingError",
     "PrefixRouter",
     "ShutdownBudget",
+    "default_deregister_grace",
     "open_host",
     "serve",
 ]

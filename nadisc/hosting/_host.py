@@ -19,6 +19,10 @@ Lifecycle::
                                                      owner.begin_quiesce (deregister)
                                                                 │ acknowledged (or budget)
                                                                 ▼
+                                                     (still QUIESCING) deregister grace:
+                                                     serve on while callers learn of
+                                                     the removal (default by provider)
+                                                                ▼
                                                      DRAINING: new requests get 503,
                                                      hypercorn stops accepting, in-flight
                                                      requests finish within drain_timeout
@@ -32,7 +36,7 @@ renewal, the registration watch, the signal receiver) is a child of the
 host's task group inside the ``async with``; nothing outlives it. The
 shutdown sequence runs shielded from cancellation and bounded by its budget
 (``shutdown_timeout_ms`` of the config for deregistration and close, plus
-``drain_timeout_ms`` for in-flight requests).
+the deregistration grace and ``drain_timeout_ms`` for in-flight requests).
 
 *Eligibility.* Unless the caller passes its own under the same name, each
 listener gets an :meth:`~nadisc.Eligibility.channel` the host renews itself
@@ -74,7 +78,7 @@ from .._registration import resolve_registrations
 from .._registration_state import RegistrationState
 from ._asgi import ASGIApp, Gate, PrefixRouter, Receive, Scope, Send, not_found
 from ._listen import Bind, Listener, bind_socket, is_wildcard
-from ._timing import EligibilityLease, ShutdownBudget
+from ._timing import EligibilityLease, ShutdownBudget, default_deregister_grace
 
 if TYPE_CHECKING:
     from .._owner import DiscoveryOwner
@@ -119,8 +123,8 @@ class HostReport:
     #: ``"exit"`` (the block ended), ``"cancelled"``, ``"error"``.
     reason: str
     started_at: float
-    #: When every registration's removal was settled and new requests
-    #: began to be refused (None if the host never got that far).
+    #: When every registration's removal was settled (None if the host
+    #: never got that far); new requests are refused from ``refusing_at``.
     deregistered_at: float | None
     quiesce_seconds: float
     drain_seconds: float
@@ -137,6 +141,10 @@ class HostReport:
     close_report: CloseReport | None = None
     #: Per listener: HTTP requests its app handled.
     served: Mapping[str, int] = field(default_factory=dict)
+    #: The deregistration grace served after ``deregistered_at`` (seconds).
+    grace_seconds: float = 0.0
+    #: When new requests began to be refused (``deregistered_at`` + the grace).
+    refusing_at: float | None = None
 
 
 class Host:
@@ -287,9 +295,11 @@ class Host:
 
     # ------------------------------------------------------------- shutdown
 
-    async def _shutdown(self, owner: DiscoveryOwner, *, quiesce: float, drain: float) -> HostReport:
+    async def _shutdown(
+        self, owner: DiscoveryOwner, *, quiesce: float, drain: float, grace: float = 0.0
+    ) -> HostReport:
         started = anyio.current_time()
-        budget = ShutdownBudget(started, quiesce, drain)
+        budget = ShutdownBudget(started, quiesce, drain, grace)
         self._requested.set()
         reason = self._reason or "exit"
         # 1. Quiesce: withdraw eligibility, deregister, wait for the answers.
@@ -302,7 +312,13 @@ class Host:
         if waited.cancelled_caught:
             logger.warning("deregistration did not finish within %.3f s; draining anyway", quiesce)
         deregistered = anyio.current_time()
-        # 2. Stop accepting: refuse new requests, let hypercorn drain the rest.
+        # 2. Grace: keep serving while callers learn of the removal (their
+        #    watches and polls), so none is refused or cut off for not yet
+        #    knowing; then stop accepting.
+        if grace > 0:
+            await anyio.sleep_until(budget.refuse_at(deregistered))
+        refusing = anyio.current_time()
+        # 3. Stop accepting: refuse new requests, let hypercorn drain the rest.
         self._phase = HostPhase.DRAINING
         for gate in self._gates.values():
             gate.close()
@@ -312,7 +328,7 @@ class Host:
         # hypercorn cuts what still runs at the drain budget (graceful_timeout);
         # the host kills a server only if it is still there a second later.
         cancelled_before = sum(gate.cancelled for gate in self._gates.values())
-        with anyio.move_on_at(budget.drain_until(deregistered) + 1.0):
+        with anyio.move_on_at(budget.drain_until(refusing) + 1.0):
             for listener in self._listeners.values():
                 await listener.stopped.wait()
         if not all(li.stopped.is_set() for li in self._listeners.values()):
@@ -330,7 +346,7 @@ class Host:
                 drain,
             )
         drained = anyio.current_time()
-        # 3. Close the owner (what quiesce left, providers, tasks).
+        # 4. Close the owner (what quiesce left, providers, tasks).
         self._phase = HostPhase.CLOSING
         close_report = await owner.begin_close(budget.deadline).wait()
         ended = anyio.current_time()
@@ -347,7 +363,7 @@ class Host:
             started_at=started,
             deregistered_at=deregistered,
             quiesce_seconds=deregistered - started,
-            drain_seconds=drained - deregistered,
+            drain_seconds=drained - refusing,
             close_seconds=ended - drained,
             total_seconds=ended - started,
             budget_seconds=budget.deadline - started,
@@ -356,6 +372,8 @@ class Host:
             refused_requests=sum(gate.refused for gate in self._gates.values()),
             close_report=close_report,
             served={name: gate.served for name, gate in self._gates.items()},
+            grace_seconds=refusing - deregistered,
+            refusing_at=refusing,
         )
         _log_close(report)
         return report
@@ -492,6 +510,7 @@ async def open_host(
     eligibility: Mapping[str, Eligibility] | None = None,
     providers: Mapping[str, Provider] | None = None,
     drain_timeout_ms: float = 5000,
+    deregister_grace_ms: float | None = None,
     handle_signals: bool = True,
     allow_loopback: bool = False,
     publish_deadline: float | None = None,
@@ -511,6 +530,11 @@ async def open_host(
     ``eligibility`` adds or replaces local eligibilities by name (the host's
     own, per listener, are renewed automatically). ``handle_signals=False``
     leaves SIGTERM/SIGINT alone.
+
+    ``deregister_grace_ms``: after the deregistration is acknowledged the
+    host keeps serving this long, so that callers' watches and polls see the
+    removal before it refuses anything (default ``None``: by provider, see
+    :func:`~nadisc.hosting.default_deregister_grace`; 0 refuses at once).
 
     ``freeze_heap=True``: once running, collect and ``gc.freeze()`` the
     heap (the imports, the app, the owner and its observations), so that
@@ -537,6 +561,11 @@ async def open_host(
     if not config.enabled:
         raise HostingError("config", "discovery is not enabled (enabled: true)")
     drain = _check_ms("drain_timeout_ms", drain_timeout_ms)
+    grace = (
+        default_deregister_grace(config)
+        if deregister_grace_ms is None
+        else _check_ms("deregister_grace_ms", deregister_grace_ms)
+    )
     quiesce = config.shutdown_timeout_ms / 1000.0
     extra = dict(eligibility or {})
     probe_view: dict[str, ASGIApp] = {}
@@ -627,7 +656,9 @@ async def open_host(
                     finally:
                         host._body = None
                         with anyio.CancelScope(shield=True):
-                            host._report = await host._shutdown(owner, quiesce=quiesce, drain=drain)
+                            host._report = await host._shutdown(
+                                owner, quiesce=quiesce, drain=drain, grace=grace
+                            )
             finally:
                 host._requested.set()
                 with anyio.CancelScope(shield=True):

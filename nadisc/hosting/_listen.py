@@ -12,6 +12,14 @@ accepting); :meth:`Listener.close` closes it in any case, idempotently::
 
     BOUND ─hypercorn took the socket─► SERVING ─stop()─► STOPPING ─► STOPPED
 
+*Keep-alive.* An idle connection is closed by the server after
+:data:`KEEP_ALIVE_TIMEOUT` (hypercorn's own default is 5 s, exactly httpx's
+pool expiry): a server that closes an idle connection at the moment a
+caller reuses it makes that request fail (``RemoteProtocolError``, or
+``ECONNRESET`` when the request bytes were already in the server's buffer
+as it closed). The server's idle timeout must be the longer one, so that
+the caller's pool always drops an idle connection first.
+
 ``serve_listener`` picks ``hypercorn.trio.serve`` or ``hypercorn.asyncio.serve``
 for the running loop. Costs: one socket and one hypercorn server per listener.
 """
@@ -29,10 +37,14 @@ import anyio
 import sniffio
 from hypercorn.config import Config, Sockets
 
+#: Seconds an idle keep-alive connection stays open on the server: three
+#: times the pool expiry of httpx (5 s), the callers' default.
+KEEP_ALIVE_TIMEOUT = 15.0
+
 if TYPE_CHECKING:
     from ._asgi import ASGIApp
 
-__all__ = ["Bind", "Listener", "bind_socket"]
+__all__ = ["KEEP_ALIVE_TIMEOUT", "Bind", "Listener", "bind_socket"]
 
 logger = logging.getLogger("nadisc.hosting")
 
@@ -145,6 +157,7 @@ class Listener:
         self.config.errorlog = logging.getLogger("nadisc.hosting.server")
         self.config.loglevel = "WARNING"
         self.config.backlog = bind.backlog
+        self.config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
 
     def _taken(self) -> None:
         self.serving.set()

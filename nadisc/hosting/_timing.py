@@ -11,16 +11,45 @@ eligibility had lapsed (the event loop was blocked, or the host stalled)::
 :class:`ShutdownBudget` — one shutdown's deadlines: the deregistration wait
 ends at ``started + quiesce``; the drain gets ``drain`` seconds from when
 it starts; the owner's shared deadline (quiesce and close) is ``started +
-quiesce + drain``; the shutdown is over budget when it ends after that.
-O(1) each.
+quiesce + grace + drain``; the shutdown is over budget when it ends after
+that. O(1) each.
+
+:func:`default_deregister_grace` — how long a host keeps serving after its
+deregistration was acknowledged, so that callers learn of the removal
+before it refuses (the Kubernetes preStop pattern): the longest of the
+per-provider times of the connections its registrations write to
+(:data:`DEREGISTER_GRACE_MS`; a provider that is only polled gets its
+connection's ``poll_interval_ms + request_timeout_ms``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["EligibilityLease", "ShutdownBudget"]
+if TYPE_CHECKING:
+    from .._config import DiscoveryConfig
+
+__all__ = ["DEREGISTER_GRACE_MS", "EligibilityLease", "ShutdownBudget", "default_deregister_grace"]
+
+#: Default deregistration grace (ms) by provider: how long its callers may
+#: take to learn of a removal. Watching providers learn within a round trip
+#: (etcd watch, Consul blocking query re-issued at most twice a second by
+#: its rate limit, Kubernetes watches); the grace covers that with a margin
+#: for busy callers; static and DNS connections cannot register, and the
+#: in-process memory registry tells its watchers at once. Providers not
+#: listed (Nacos, unknown ones) are polled: their connection's
+#: ``poll_interval_ms + request_timeout_ms``.
+DEREGISTER_GRACE_MS: Mapping[str, int] = {
+    "etcd": 1000,
+    "consul": 2000,
+    "kubernetes": 3000,
+    "static": 0,
+    "dns": 0,
+    "memory": 0,
+}
 
 
 @dataclass(slots=True)
@@ -58,9 +87,15 @@ class ShutdownBudget:
     started: float
     quiesce: float
     drain: float
+    #: Serving on after the deregistration, before refusing (seconds).
+    grace: float = 0.0
 
     def __post_init__(self) -> None:
-        for label, value in (("quiesce", self.quiesce), ("drain", self.drain)):
+        for label, value in (
+            ("quiesce", self.quiesce),
+            ("drain", self.drain),
+            ("grace", self.grace),
+        ):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"the {label} budget must be a finite number >= 0, not {value}")
 
@@ -72,7 +107,11 @@ class ShutdownBudget:
     @property
     def deadline(self) -> float:
         """The owner's shared shutdown deadline (quiesce and close)."""
-        return self.started + self.quiesce + self.drain
+        return self.started + self.quiesce + self.grace + self.drain
+
+    def refuse_at(self, deregistered: float) -> float:
+        """New requests are refused from here (the grace after the deregistration)."""
+        return deregistered + self.grace
 
     def drain_until(self, drain_started: float) -> float:
         """The in-flight drain, started at ``drain_started``, ends here."""
@@ -81,3 +120,21 @@ class ShutdownBudget:
     def over(self, now: float) -> float:
         """Seconds past the budget at ``now`` (0 within it)."""
         return max(0.0, now - self.deadline)
+
+
+def default_deregister_grace(config: DiscoveryConfig) -> float:
+    """The grace (seconds) of a host with ``config``: see the module documentation.
+
+    0 when nothing is registered. The longest over the connections that
+    registrations write to.
+    """
+    grace_ms = 0
+    for registration in config.registrations.values():
+        connection = config.connections.get(registration.qualifier)
+        if connection is None:
+            continue
+        known = DEREGISTER_GRACE_MS.get(connection.provider)
+        if known is None:
+            known = connection.poll_interval_ms + connection.request_timeout_ms
+        grace_ms = max(grace_ms, known)
+    return grace_ms / 1000.0

@@ -270,6 +270,9 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
         _name("balancer_endpoints"), "Balance endpoints by readiness.", labels=[*conn, "readiness"]
     )
     draining = g(_name("balancer_endpoints_draining"), "Endpoints finishing calls.", labels=conn)
+    ejected = g(
+        _name("balancer_endpoints_ejected"), "Endpoints kept out by outlier ejection.", labels=conn
+    )
     if snap is not None:
         per: dict[str, list[RouteMetrics]] = {m.name: [] for m in snap.connections}
         for route in (*snap.routes, *extra):
@@ -293,6 +296,7 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
             for readiness in _READINESS:
                 endpoints.add_metric([name, readiness], float(counts[readiness]))
             draining.add_metric([name], float(drained))
+            ejected.add_metric([name], float(sum(r.ejected_endpoints for r in items)))
     refused = c(
         _name("balancer_retry_budget_refused"),
         "Retries and hedges the routes' retry budgets refused.",
@@ -312,7 +316,7 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
             hedges.add_metric([name], float(sum(v.hedges for v in views)))
             hedge_wins.add_metric([name], float(sum(v.hedge_wins for v in views)))
             mirrored.add_metric([name], float(sum(v.mirrored for v in views)))
-    yield from (routes, calls, failures, in_flight, endpoints, draining)
+    yield from (routes, calls, failures, in_flight, endpoints, draining, ejected)
     yield from (refused, hedges, hedge_wins, mirrored)
 
 

@@ -116,6 +116,12 @@ ALL = [b for b in EVERY if b.marked]
 #: entry means deciding that the block is a fragment a reader completes.
 # fmt: off
 FRAGMENTS: dict[tuple[str, str], str] = {
+    ("calling.md", "rest:"):
+        "the keys of a connection's rest block; tests/nadisc/test_transport_faults.py "
+        "runs them against a hung instance",
+    ("calling.md", "connections:"):
+        "the snapshot keys of a connection; tests/nadisc/test_cli.py checks the warning "
+        "about the default",
     ("README.md", "async with open_discovery(config) as owner:"):
         "the two-line teaser; docs/nadisc.md has the complete program",
     ("config.md", "import nadisc"):

@@ -85,6 +85,9 @@ async def hosted(
     recording = app if app is not None else RecordingApp()
     options.setdefault("handle_signals", False)
     options.setdefault("drain_timeout_ms", 2000)
+    # These tests are about registering and draining; tests/hosting/test_grace.py
+    # and the rolling-restart tests cover the deregistration grace.
+    options.setdefault("deregister_grace_ms", 0)
     async with open_host(recording, config, allow_loopback=True, **options) as host:
         yield host, recording
 
@@ -178,6 +181,7 @@ def test_started_is_never_reported_before_the_registration_is_active(
                     registry.config(),
                     allow_loopback=True,
                     handle_signals=False,
+                    deregister_grace_ms=0,  # startup is under test (test_grace: the grace)
                     task_status=task_status,
                 )
             )
@@ -246,6 +250,7 @@ def test_a_registry_that_refuses_the_write_fails_startup_naming_the_registration
 async def start_host(tg: Any, config: DiscoveryConfig, app: RecordingApp, **options: Any) -> Host:
     """A host served in ``tg`` (so callers outside it survive its shutdown)."""
     options.setdefault("handle_signals", False)
+    options.setdefault("deregister_grace_ms", 0)
     host: Host = await tg.start(
         lambda task_status: serve(
             app, config, allow_loopback=True, task_status=task_status, **options
@@ -268,7 +273,11 @@ def test_shutdown_deregisters_first_then_drains_in_flight_requests(
                 results["slow"] = (answer.status_code, anyio.current_time())
 
             async with anyio.create_task_group() as tg:
-                host = await start_host(tg, registry.config(), app, drain_timeout_ms=3000)
+                # No deregistration grace: the drain itself is under test
+                # (test_units covers the grace).
+                host = await start_host(
+                    tg, registry.config(), app, drain_timeout_ms=3000, deregister_grace_ms=0
+                )
                 url = host.url("web")
                 tg.start_soon(slow, url)
                 await app.wait_arrival()

@@ -31,22 +31,32 @@ from tests.providers.etcd.conftest import EtcdServer
 pytestmark = pytest.mark.real_server
 
 
-def caller_config(hosted: DiscoveryConfig) -> DiscoveryConfig:
-    """The same connection without registrations, retrying GETs elsewhere."""
+RETRYING = {
+    "request_timeout_ms": 5000,
+    "connect_timeout_ms": 500,
+    "max_attempts": 4,
+    "retry_get_head_on_transport_error": True,
+    "retry_get_head_on_retryable_status": True,
+}
+
+
+def caller_config(hosted: DiscoveryConfig, rest: dict[str, Any] | None = None) -> DiscoveryConfig:
+    """The same connection without registrations, retrying GETs elsewhere
+    unless ``rest`` says otherwise (``{}``: the defaults, no retries)."""
     document = hosted.model_dump(mode="json")
     document["registrations"] = {}
     document["eligibility_probe"] = False
-    document["connections"]["primary"]["rest"] = {
-        "request_timeout_ms": 5000,
-        "connect_timeout_ms": 500,
-        "max_attempts": 4,
-        "retry_get_head_on_transport_error": True,
-        "retry_get_head_on_retryable_status": True,
-    }
+    document["connections"]["primary"]["rest"] = RETRYING if rest is None else rest
     return DiscoveryConfig.model_validate(document)
 
 
-async def roll(config: DiscoveryConfig, *, rounds: int = 3) -> dict[str, Any]:
+async def roll(
+    config: DiscoveryConfig,
+    *,
+    rounds: int = 3,
+    rest: dict[str, Any] | None = None,
+    posts: bool = False,
+) -> dict[str, Any]:
     outcome: dict[str, Any] = {"ok": 0, "failed": [], "late": {}, "served": {}}
     apps: list[RecordingApp] = []
     stop = anyio.Event()
@@ -69,7 +79,7 @@ async def roll(config: DiscoveryConfig, *, rounds: int = 3) -> dict[str, Any]:
             return host
 
         running = [await start(i) for i in range(3)]
-        async with open_discovery(caller_config(config)) as caller:
+        async with open_discovery(caller_config(config, rest)) as caller:
             transport = DiscoveryTransport(caller)
             async with httpx.AsyncClient(mounts={"nadisc://": transport}) as http:
 
@@ -77,8 +87,11 @@ async def roll(config: DiscoveryConfig, *, rounds: int = 3) -> dict[str, Any]:
                     n = 0
                     while not stop.is_set():
                         n += 1
+                        method = "POST" if posts and n % 2 else "GET"
                         try:
-                            answer = await http.get(f"nadisc://primary/self/work/{worker}-{n}")
+                            answer = await http.request(
+                                method, f"nadisc://primary/self/work/{worker}-{n}", content=b"x"
+                            )
                         except Exception as exc:  # every failure is counted
                             outcome["failed"].append(repr(exc))
                             continue
@@ -99,10 +112,9 @@ async def roll(config: DiscoveryConfig, *, rounds: int = 3) -> dict[str, Any]:
                         old.shutdown()
                         with anyio.fail_after(15):
                             report = await old.wait_closed()
-                        assert report.deregistered_at is not None
-                        outcome["late"][old_app.name] = old_app.arrived_after(
-                            report.deregistered_at
-                        )
+                        assert report.refusing_at is not None
+                        # Served on through the grace; nothing arrives once it refuses.
+                        outcome["late"][old_app.name] = old_app.arrived_after(report.refusing_at)
                         outcome["served"][old_app.name] = len(old_app.arrivals)
                     await anyio.sleep(0.2)
                     stop.set()
@@ -131,11 +143,29 @@ def test_a_rolling_restart_fails_no_request(
     assert all(count > 0 for count in outcome["served"].values()), outcome["served"]
 
 
-def run_roll(backend: str, config: DiscoveryConfig) -> dict[str, Any]:
+@pytest.mark.parametrize("registry", ["etcd", "consul"])
+def test_a_rolling_restart_fails_no_request_for_callers_with_the_defaults(
+    registry: str, request: pytest.FixtureRequest
+) -> None:
+    # No retries, POSTs among the requests: the hosts' deregistration grace
+    # (callers stop picking an instance before it refuses) and the transparent
+    # retry of a refused connection are what keeps every request whole.
+    if registry == "etcd":
+        server: EtcdServer = request.getfixturevalue("etcd_server")
+        outcome = run_roll("trio", etcd_config(server.url, unique_prefix()), rest={}, posts=True)
+    else:
+        with ThreadedConsul() as consul:
+            outcome = run_roll("trio", consul_config(consul.url), rest={}, posts=True)
+    assert outcome["failed"] == []
+    assert outcome["ok"] > 50
+    assert outcome["late"] == {"i0": 0, "i1": 0, "i2": 0}
+
+
+def run_roll(backend: str, config: DiscoveryConfig, **options: Any) -> dict[str, Any]:
     result: dict[str, Any] = {}
 
     async def scenario() -> None:
-        result.update(await roll(config))
+        result.update(await roll(config, **options))
 
     run_on(backend, scenario)
     return result

@@ -115,3 +115,42 @@ def test_observe_unknown_service_fails_cleanly(tmp_path: Path) -> None:
     status, _, err = run(["observe", str(path), "nope"], {"ORDERS_HOST": "10.0.0.1"})
     assert status == 1
     assert "nope" in err
+
+
+DNS_CONFIG = """\
+discovery:
+  enabled: true
+  connections:
+    edge:
+      provider: dns
+      dns:
+        nameservers: ["10.0.0.2"]
+        services:
+          billing: {host: billing.internal.example, port: 8443}
+      snapshot: {max_age_ms: 15000, stale_if_error_ms: GRACE}
+"""
+
+
+@pytest.mark.parametrize("grace", [0, 10000])
+def test_check_warns_about_the_fail_closed_default_on_a_calling_connection(
+    tmp_path: Path, grace: int
+) -> None:
+    path = tmp_path / "app.yaml"
+    path.write_text(DNS_CONFIG.replace("GRACE", str(grace)))
+    status, out, err = run(["check", str(path)])
+    assert status == 0 and out.endswith("ok\n")
+    if grace:
+        assert err == ""
+    else:
+        assert err == (
+            "nadisc: warning: connections.edge.snapshot.stale_if_error_ms: 0 (the default) "
+            "fails calls to billing as soon as a refresh fails (a registry outage becomes a "
+            "caller outage); production callers usually set a grace, e.g. 10000 "
+            "(docs/calling.md)\n"
+        )
+
+
+def test_check_does_not_warn_for_static_connections(tmp_path: Path) -> None:
+    path = tmp_path / "app.yaml"
+    path.write_text(CONFIG)
+    assert run(["check", str(path)], {"ORDERS_HOST": "10.0.0.1"})[2] == ""

@@ -232,7 +232,9 @@ async def test_get_is_retried_on_another_instance_for_retryable_status() -> None
             assert route.statistics().in_flight == {"bad": 0, "good": 0}
 
 
-async def test_post_is_never_retried_even_on_transport_errors() -> None:
+async def test_post_is_not_retried_after_a_connect_failure_when_switched_off() -> None:
+    # retry_on_connect_failure: false restores the strict rule (only GET/HEAD
+    # ever move on); with the default, test_transport_faults covers the retry.
     async with serve_backends(HttpBackend("good")) as (good,):
         dead = closed_port_instance("dead")
         memory = provider(dead, good.instance())
@@ -241,8 +243,10 @@ async def test_post_is_never_retried_even_on_transport_errors() -> None:
             max_attempts=4,
             retry_get_head_on_transport_error=True,
             retry_get_head_on_retryable_status=True,
+            retry_on_connect_failure=False,
+            outlier={"enabled": False},
         ) as (_, transport, http):
-            with pytest.raises(httpx.ConnectError):
+            with pytest.raises(httpx.ConnectError, match="instance 'dead' "):
                 await http.post("nadisc://primary/orders/x", content=b"once")
             assert good.served == 0
             # The same failure on GET moves on to the other instance.
@@ -438,17 +442,36 @@ async def test_retryable_status_from_the_only_instance_is_returned_after_max_att
 
 async def test_transport_error_retries_stop_at_max_attempts_on_distinct_instances() -> None:
     memory = provider(*(closed_port_instance(f"d{i}") for i in range(5)))
-    async with discovery(memory, max_attempts=3, retry_get_head_on_transport_error=True) as (
-        _,
-        transport,
-        http,
-    ):
+    async with discovery(
+        memory,
+        max_attempts=3,
+        retry_get_head_on_transport_error=True,
+        retry_on_connect_failure=False,
+        outlier={"enabled": False},
+    ) as (_, transport, http):
         with pytest.raises(httpx.ConnectError):
             await http.get("nadisc://primary/orders/x")
         route = transport.route("primary", SERVICE)
         assert route is not None
         sent = route.statistics().sent
         assert sum(sent.values()) == 3 and max(sent.values()) == 1
+
+
+async def test_connect_failures_try_every_instance_before_counting_an_attempt() -> None:
+    # Transparent retries (the default) visit each listed instance once and
+    # are not among max_attempts: the last refusal is attempt 1 of 3, and
+    # the two retries max_attempts allows go to tried instances.
+    memory = provider(*(closed_port_instance(f"d{i}") for i in range(5)))
+    async with discovery(
+        memory, max_attempts=3, retry_get_head_on_transport_error=True, outlier={"enabled": False}
+    ) as (_, transport, http):
+        with pytest.raises(httpx.ConnectError, match=r"instance 'd\d' \(127\.0\.0\.1:\d+\)"):
+            await http.get("nadisc://primary/orders/x")
+        route = transport.route("primary", SERVICE)
+        assert route is not None
+        sent = route.statistics().sent
+        assert sorted(sent) == [f"d{i}" for i in range(5)]
+        assert sum(sent.values()) == 5 + 2
 
 
 async def test_retry_goes_to_another_instance_even_when_the_policy_prefers_the_bad_one() -> None:
@@ -467,7 +490,13 @@ async def test_retry_goes_to_another_instance_even_when_the_policy_prefers_the_b
 async def test_retries_are_off_by_default() -> None:
     async with serve_backends(HttpBackend("bad", status=503), HttpBackend("good")) as (bad, good):
         memory = provider(bad.instance(), closed_port_instance("dead"), good.instance())
-        async with discovery(memory, max_attempts=3) as (_, transport, http):
+        # (The transparent retry of a refused connection is on by default and
+        # is not one of these retries: switched off here.)
+        async with discovery(memory, max_attempts=3, retry_on_connect_failure=False) as (
+            _,
+            transport,
+            http,
+        ):
             assert (await http.get("nadisc://primary/orders/x")).status_code == 503
             with pytest.raises(httpx.ConnectError):
                 await http.get("nadisc://primary/orders/x")

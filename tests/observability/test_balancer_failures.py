@@ -124,10 +124,19 @@ async def test_failures_by_kind_equal_what_the_callers_saw() -> None:
         provider.set("slow", [made["slow"]])
         provider.set_empty("nothing")
         async with open_discovery(config, providers={"primary": provider}) as owner:
-            options = RestOptions(request_timeout=2.0, connect_timeout=1.0)
+            # The refused instance must stay a caller-visible failure here: no
+            # transparent retry of the refused connection, no ejection.
+            options = RestOptions(
+                request_timeout=2.0,
+                connect_timeout=1.0,
+                retry_on_connect_failure=False,
+                ejection=None,
+            )
             retrying = RestOptions(
                 request_timeout=2.0,
                 connect_timeout=1.0,
+                retry_on_connect_failure=False,
+                ejection=None,
                 max_attempts=3,
                 retry_get_head_on_transport_error=True,
                 retry_get_head_on_retryable_status=True,
