@@ -32,11 +32,15 @@ from nadisc_etcd import (
 from nadisc_etcd._client import LineBuffer, _Body
 from nadisc_etcd._state import Backoff, ProbeVerdict, ServiceState
 from nadisc_etcd._wire import (
+    Event,
     GatewayStatus,
     KeyValue,
     RangeResponse,
+    ResponseHeader,
     WatchLine,
     WatchResponse,
+    WireError,
+    decode,
     prefix_range_end,
 )
 
@@ -76,24 +80,25 @@ def value(document: object) -> str:
 
 
 def test_omitted_zero_values_decode_as_zero() -> None:
-    answer = RangeResponse.model_validate_json(b'{"header":{"revision":"7"}}')
+    answer = decode(RangeResponse, b'{"header":{"revision":"7"}}')
     assert (answer.header.revision, answer.kvs, answer.more, answer.count) == (7, (), False, 0)
-    line = WatchLine.model_validate_json(
+    line = decode(
+        WatchLine,
         b'{"result":{"header":{"revision":"9"},"events":[{"kv":{"key":"YQ==",'
-        b'"mod_revision":"9"}},{"type":"DELETE","kv":{"key":"Yg=="}}]}}'
+        b'"mod_revision":"9"}},{"type":"DELETE","kv":{"key":"Yg=="}}]}}',
     )
     assert line.result is not None
     put, delete = line.result.events
     assert (put.type, put.kv.key, put.kv.value, put.kv.lease) == ("PUT", b"a", "", 0)
     assert (delete.type, delete.kv.key, delete.kv.mod_revision) == ("DELETE", b"b", 0)
     assert not line.result.is_progress
-    progress = WatchResponse.model_validate_json(b'{"header":{"revision":"12"}}')
+    progress = decode(WatchResponse, b'{"header":{"revision":"12"}}')
     assert progress.is_progress
 
 
 def test_a_key_that_is_not_base64_makes_the_body_unreadable() -> None:
-    with pytest.raises(pydantic.ValidationError, match="base64"):
-        KeyValue.model_validate_json(b'{"key":"!!!"}')
+    with pytest.raises(WireError, match="base64"):
+        decode(KeyValue, b'{"key":"!!!"}')
 
 
 def test_prefix_range_end() -> None:
@@ -243,11 +248,9 @@ def kv(key: str, mod: int, addr: str | None = "10.0.0.1:80") -> KeyValue:
 
 
 def events(revision: int, *items: tuple[str, KeyValue]) -> WatchResponse:
-    return WatchResponse.model_validate(
-        {
-            "header": {"revision": revision},
-            "events": [{"type": kind, "kv": item.model_dump()} for kind, item in items],
-        }
+    return WatchResponse(
+        header=ResponseHeader(revision=revision),
+        events=tuple(Event(type=kind, kv=item) for kind, item in items),  # type: ignore[arg-type]
     )
 
 
@@ -521,7 +524,7 @@ async def test_undecodable_and_oversized_bodies() -> None:
     client = client_with(handler)
     with pytest.raises(IncompleteSnapshot, match="undecodable") as caught:
         await client.range(b"k", None, deadline=soon())
-    assert isinstance(caught.value.__cause__, pydantic.ValidationError)
+    assert isinstance(caught.value.__cause__, WireError)
     with pytest.raises(OutcomeUnknown, match="undecodable"):
         await client.put(b"k", b"v", lease=0, deadline=soon())
     with pytest.raises(CapacityRejected, match="max_response_bytes=4096"):
