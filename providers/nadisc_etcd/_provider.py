@@ -74,7 +74,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -119,11 +119,42 @@ logger = logging.getLogger(__name__)
 #: A lease must be kept alive within this fraction of its TTL: two keepalives
 #: may be lost (or answered late) before the lease lapses.
 RENEW_FRACTION = 1 / 3
-#: Keys per page of a complete range (each page is one bounded response,
-#: decoded in one synchronous call: about 1.2 ms of CPU per page of 250
-#: records here, 2-3 times that on a busy machine; the loop gets a turn
-#: between pages). Also the page of the keys-only probe.
+#: Keys of the first page of a query that a running watch may make
+#: unnecessary (it tells the range's revision; the rest is then not read),
+#: and the page of the keys-only probe.
 RANGE_PAGE = 250
+#: The body one page of a complete range aims at (never above half of
+#: ``max_response_bytes``): msgspec decodes a page in one synchronous call,
+#: about 1 ms of CPU per MiB here, so a page holds the loop a few ms.
+PAGE_BYTES = 4 * 2**20
+#: The wire size assumed for a record of a service never ranged before
+#: (base64 value, base64 key, revisions and JSON framing).
+RECORD_ESTIMATE = 1024
+#: Bytes of JSON framing per record besides its key and value text.
+RECORD_FRAMING = 120
+
+
+def page_size(max_response_bytes: int, record_bytes: int, max_instances: int) -> int:
+    """Keys per page of a complete range: as many as fit the page budget
+    (``PAGE_BYTES``, at most half of ``max_response_bytes``, so a page of
+    records up to twice the estimate still fits the limit) at
+    ``record_bytes`` each, and never more than the service may hold plus
+    one (a listing that fits is then one request)."""
+    budget = min(PAGE_BYTES, max_response_bytes // 2)
+    return max(1, min(max_instances + 1, budget // max(record_bytes, RECORD_FRAMING)))
+
+
+def record_bytes(kvs: Sequence[KeyValue]) -> int:
+    """The mean wire size of a page's records, from at most 32 of them
+    spread over the page (an estimate for the next page, not a limit)."""
+    if not kvs:
+        return RECORD_ESTIMATE
+    step = max(1, len(kvs) // 32)
+    sample = kvs[::step]
+    total = sum(len(kv.value) + (len(kv.key) * 4 + 2) // 3 for kv in sample)
+    return total // len(sample) + RECORD_FRAMING
+
+
 #: Services the shared watch publishes between two turns of the event loop.
 PUBLISH_STEP = 64
 
@@ -233,6 +264,9 @@ class EtcdProvider:
         self._counts = _Counts()
         self._closed = False
         self._capabilities = capabilities_for(settings)
+        #: service -> the mean wire size of its records at its last range
+        #: (sizes the next range's pages).
+        self._record_bytes: dict[str, int] = {}
         #: service -> the state of a running watch of it: a query reuses the
         #: records that watch already decoded.
         self._live: dict[str, ServiceState] = {}
@@ -346,10 +380,13 @@ class EtcdProvider:
         *,
         settled: Callable[[int], bool] | None = None,
     ) -> bool:
-        """A complete range of the service, in pages of :data:`RANGE_PAGE`
-        keys all read at the revision of the first page (one consistent
-        listing), decoded cooperatively (the loop gets a turn every few
-        hundred records) and reusing what a live watch already decoded.
+        """A complete range of the service, in as few pages as the limits
+        allow (:func:`page_size`: one request when the listing fits the page
+        budget), all read at the revision of the first page (one consistent
+        listing), decoded cooperatively (the loop gets a turn between pages
+        and every few hundred records) and reusing what a live watch already
+        decoded. A page refused as over ``max_response_bytes`` is asked
+        again in smaller pages at the same revision.
 
         ``settled(revision)``, asked once the first page told the range's
         revision: True stops there (the range is not needed: a live watch
@@ -360,21 +397,39 @@ class EtcdProvider:
         pages: list[tuple[KeyValue, ...]] = []
         count = 0
         start, revision = head, 0
+        limit_bytes = self._context.max_response_bytes
+        most = self._context.max_instances_per_service
+        estimate = self._record_bytes.get(state.service, RECORD_ESTIMATE)
+        # A query a running watch may answer reads a small first page (it
+        # tells the revision); any other range starts with a full page.
+        short = settled is not None and state.service in self._live
         while True:
-            answer = await self._client.range(
-                start, end, limit=RANGE_PAGE, revision=revision, deadline=deadline
-            )
+            limit = RANGE_PAGE if short and not revision else page_size(limit_bytes, estimate, most)
+            try:
+                answer = await self._client.range(
+                    start, end, limit=limit, revision=revision, deadline=deadline
+                )
+            except CapacityRejected:
+                if limit <= 1:
+                    raise
+                # Records far larger than estimated: smaller pages, same revision.
+                estimate = max(estimate * 4, limit_bytes // 2 // max(1, limit // 4))
+                self._record_bytes[state.service] = estimate
+                continue
             if not revision:
                 revision = answer.header.revision
                 if settled is not None and settled(revision):
                     return False
+            if answer.kvs:
+                estimate = record_bytes(answer.kvs)
+                self._record_bytes[state.service] = estimate
             pages.append(answer.kvs)
             count += len(answer.kvs)
             if not answer.more:
                 break
             if not answer.kvs:
                 raise IncompleteSnapshot(f"service {state.service!r}: the range was truncated")
-            if count > self._context.max_instances_per_service + RANGE_PAGE:
+            if count > most or answer.count > most:
                 # Far past the limit already: the listing would be refused anyway.
                 raise CapacityRejected(
                     f"service {state.service!r}: more than "

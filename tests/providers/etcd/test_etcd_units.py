@@ -30,6 +30,7 @@ from nadisc_etcd import (
     factory,
 )
 from nadisc_etcd._client import LineBuffer, _Body
+from nadisc_etcd._provider import page_size, record_bytes
 from nadisc_etcd._state import Backoff, ProbeVerdict, ServiceState
 from nadisc_etcd._wire import (
     Event,
@@ -806,3 +807,99 @@ async def test_request_bodies_are_sent_without_an_async_generator() -> None:
     assert not inspect.isasyncgen(chunks)
     assert [chunk async for chunk in chunks] == [b'{"key":"YQ=="}']
     assert [chunk async for chunk in body] == [b'{"key":"YQ=="}']  # fresh each time
+
+
+# ------------------------------------------------------------- range pages
+
+
+def test_page_size_follows_the_byte_limit_and_the_instance_limit() -> None:
+    # the whole listing in one page when it fits the page budget
+    assert page_size(64 * 2**20, 300, 4096) == 4097
+    # a smaller response limit: half of it at the estimated record size
+    assert page_size(64 * 1024, 256, 4096) == 128
+    # never below one record, whatever the records weigh
+    assert page_size(4096, 1_000_000, 4096) == 1
+    # the estimate of a page of records: base64 key and value text + framing
+    page = (kv("p/orders/i1", 3), kv("p/orders/i2", 4))
+    size = len(page[0].value) + (len(page[0].key) * 4 + 2) // 3 + 120
+    assert record_bytes(page) == size
+
+
+class RangeServer:
+    """The gateway's ``/v3/kv/range`` over a fixed key set, as etcd answers it
+    (api/etcdserverpb/rpc.proto RangeRequest: ``limit``, ``revision``,
+    ``range_end``; RangeResponse ``more`` and ``count`` of the whole range)."""
+
+    def __init__(self, records: dict[bytes, str]) -> None:
+        self.records = dict(sorted(records.items()))
+        self.limits: list[int] = []
+        self.revisions: list[int] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        start = base64.b64decode(body["key"])
+        end = base64.b64decode(body["range_end"])
+        limit = int(body.get("limit", 0))
+        self.limits.append(limit)
+        self.revisions.append(int(body.get("revision", 0)))
+        keys = [k for k in self.records if start <= k < end]
+        page = keys[:limit] if limit else keys
+        kvs = [{"key": b64(k), "value": self.records[k], "mod_revision": "9"} for k in page]
+        payload = {
+            "header": {"revision": "9"},
+            "kvs": kvs,
+            "more": len(page) < len(keys),
+            "count": str(len(keys)),
+        }
+        return reply(200, payload)
+
+
+def range_provider(server: RangeServer, max_response_bytes: int) -> EtcdProvider:
+    return EtcdProvider(
+        make_context(max_response_bytes=max_response_bytes),
+        settings_of(endpoints=["http://a:1"], prefix="p", max_record_bytes=8192),
+        transport=httpx.MockTransport(server.handle),
+    )
+
+
+def addr_value(n: int, pad: int = 0) -> str:
+    return value(
+        {"Op": 0, "Addr": f"10.1.{n // 250}.{n % 250 + 1}:80", "Metadata": {"p": "x" * pad}}
+    )
+
+
+async def test_a_listing_that_fits_is_one_request() -> None:
+    server = RangeServer({f"p/orders/i{n:04d}".encode(): addr_value(n) for n in range(300)})
+    provider = range_provider(server, 4 * 2**20)
+    snapshot = await provider.query("orders", soon())
+    assert len(snapshot.instances) == 300
+    assert len(server.limits) == 1
+    await provider.aclose()
+
+
+async def test_pages_follow_the_byte_limit_at_one_revision() -> None:
+    server = RangeServer({f"p/orders/i{n:04d}".encode(): addr_value(n) for n in range(300)})
+    provider = range_provider(server, 64 * 1024)
+    snapshot = await provider.query("orders", soon())
+    assert len(snapshot.instances) == 300
+    # first page at the default estimate (1 KiB a record), the next ones at
+    # the measured size: far fewer than 300 / 32 requests
+    assert server.limits[0] == 32
+    assert all(limit > 32 for limit in server.limits[1:])
+    assert 2 <= len(server.limits) <= 4
+    # every later page read at the first page's revision
+    assert server.revisions == [0] + [9] * (len(server.limits) - 1)
+    await provider.aclose()
+
+
+async def test_records_larger_than_estimated_are_asked_again_in_smaller_pages() -> None:
+    server = RangeServer(
+        {f"p/orders/i{n:04d}".encode(): addr_value(n, pad=3000) for n in range(40)}
+    )
+    provider = range_provider(server, 64 * 1024)
+    snapshot = await provider.query("orders", soon())
+    assert len(snapshot.instances) == 40
+    # 32 records of ~4 KiB exceed the 64 KiB limit: refused, then smaller pages
+    assert server.limits[0] == 32
+    assert server.limits[1] < 32
+    await provider.aclose()
