@@ -74,8 +74,10 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -108,6 +110,7 @@ from nadisc import (
 from ._client import EtcdClient, WatchStream
 from ._fanout import Fanout, Member
 from ._layout import Layout, check_record, encode_record
+from ._leases import LeasePool
 from ._settings import EtcdSettings
 from ._state import Backoff, ProbeVerdict, ServiceState
 from ._wire import GatewayStatus, KeyValue, prefix_range_end
@@ -159,6 +162,22 @@ def record_bytes(kvs: Sequence[KeyValue]) -> int:
 PUBLISH_STEP = 64
 
 
+#: Our registrations on one lease from which a check reads the whole
+#: service once (shared by the checks arriving together) instead of its key.
+SHARED_CHECK_MIN = 8
+
+
+class _Flight:
+    """One request that concurrent callers share (see ``_single_flight``)."""
+
+    __slots__ = ("done", "failure", "result")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.result = 0
+        self.failure: ProviderFailure | None = None
+
+
 def shares_watch(settings: EtcdSettings) -> bool:
     """True when the connection's watches ride on one stream over the prefix."""
     return settings.watch == "shared" and bool(settings.prefix)
@@ -195,10 +214,18 @@ class EtcdStatistics:
     probes: int
     #: Watches holding a dedicated connection right now (never from the pool).
     watch_connections: int = 0
+    #: Leases granted for registrations (shared: one per LEASE_GROUP keys).
+    leases_granted: int = 0
+    #: Keepalives sent (one per shared lease per renewal window).
+    keepalives: int = 0
+    #: Shared leases held right now.
+    leases_held: int = 0
 
 
 @dataclass(slots=True)
 class _Counts:
+    leases_granted: int = 0
+    keepalives: int = 0
     watch_ranges: int = 0
     watch_streams_opened: int = 0
     watch_resumes: int = 0
@@ -264,6 +291,15 @@ class EtcdProvider:
         self._counts = _Counts()
         self._closed = False
         self._capabilities = capabilities_for(settings)
+        #: The leases our registrations share (one TTL per connection).
+        self._leases = LeasePool(self._capabilities.renew_within or settings.ttl_seconds / 3)
+        self._grant_lock = anyio.Lock()
+        self._keepalives: dict[int, _Flight] = {}
+        self._ttl_reads: dict[int, _Flight] = {}
+        self._range_reads: dict[tuple[str, int], _Flight] = {}
+        #: service -> (answered at, epoch, its records): one range shared by checks.
+        self._service_reads: dict[str, tuple[float, int, dict[bytes, KeyValue]]] = {}
+        self._service_epochs: dict[str, int] = {}
         #: service -> the mean wire size of its records at its last range
         #: (sizes the next range's pages).
         self._record_bytes: dict[str, int] = {}
@@ -304,6 +340,9 @@ class EtcdProvider:
             compaction_resyncs=c.compaction_resyncs,
             watch_failures=c.watch_failures,
             publishes=c.publishes,
+            leases_granted=c.leases_granted,
+            keepalives=c.keepalives,
+            leases_held=len(self._leases),
             probes=c.probes,
             watch_connections=n.watch_connections,
         )
@@ -917,12 +956,53 @@ class EtcdProvider:
         return lease
 
     async def register(self, record: RegistrationRecord, deadline: float) -> Registered:
-        """Grant a lease of ``ttl_seconds`` and put the record on it."""
+        """Put the record on the connection's open shared lease (granting
+        one of ``ttl_seconds`` when none has room)."""
         self._check_open()
         problems = check_record(record)
         if problems:
             raise RegistrationError(record.registration, "; ".join(problems))
         key = self._layout.instance_key(record.service, record.instance_id)
+        async with self._grant_lock:
+            lease = self._leases.joinable()
+            if lease is None:
+                lease = self._leases.granted(
+                    await self._grant(record, deadline), anyio.current_time()
+                )
+            emptied = self._leases.attach(lease, key)
+        if emptied is not None:
+            await self._revoke_quietly(emptied)
+        self._new_epoch(record.service)
+        try:
+            await self._client.put(key, encode_record(record), lease=lease.id, deadline=deadline)
+        except OutcomeUnknown as exc:
+            # Known not applied only once the lease is gone (a put on a
+            # revoked lease cannot land). The lease's other registrations
+            # lose their keys with it; their next renew says LeaseLost and
+            # the owner registers them again.
+            if await self._revoke_quietly(lease.id):
+                self._leases.lost(lease.id)
+                self._leases.detach(lease.id, key)
+                raise IncompleteSnapshot(
+                    f"registration {record.registration!r}: not registered; the put's answer "
+                    f"was lost, and its lease {lease.id} was revoked so it cannot take effect"
+                ) from exc
+            raise
+        except ProviderFailure:
+            if self._leases.detach(lease.id, key):
+                await self._revoke_quietly(lease.id)
+            raise
+        self._new_epoch(record.service)  # a read begun during the put may miss it
+        logger.info(
+            "registered %r as %s on lease %d (connection %r)",
+            record.registration,
+            key.decode("utf-8", "replace"),
+            lease.id,
+            self._context.name,
+        )
+        return Registered(record=record, handle=str(lease.id))
+
+    async def _grant(self, record: RegistrationRecord, deadline: float) -> int:
         grant = await self._client.lease_grant(self._settings.ttl_seconds, deadline=deadline)
         if grant.error:
             raise RegistrationRejected(
@@ -937,28 +1017,8 @@ class EtcdProvider:
                 f"registration {record.registration!r}: the lease grant was answered "
                 "without a lease ID"
             )
-        try:
-            await self._client.put(key, encode_record(record), lease=grant.ID, deadline=deadline)
-        except OutcomeUnknown as exc:
-            if await self._revoke_quietly(grant.ID):
-                # Known not applied (a put on a revoked lease cannot land, and
-                # the revoke removed the key if it had): retryable.
-                raise IncompleteSnapshot(
-                    f"registration {record.registration!r}: not registered; the put's answer "
-                    f"was lost, and its lease {grant.ID} was revoked so it cannot take effect"
-                ) from exc
-            raise
-        except ProviderFailure:
-            await self._revoke_quietly(grant.ID)
-            raise
-        logger.info(
-            "registered %r as %s on lease %d (connection %r)",
-            record.registration,
-            key.decode("utf-8", "replace"),
-            grant.ID,
-            self._context.name,
-        )
-        return Registered(record=record, handle=str(grant.ID))
+        self._counts.leases_granted += 1
+        return grant.ID
 
     async def _revoke_quietly(self, lease: int) -> bool:
         """Best-effort revoke, shielded and bounded; True if the lease is gone."""
@@ -971,28 +1031,103 @@ class EtcdProvider:
         return False
 
     async def renew(self, registered: Registered, deadline: float) -> Registered:
-        """One keepalive; ``LeaseLost`` when the server no longer holds the lease."""
+        """Keep the registration's (shared) lease alive: one keepalive for
+        every registration on it per ``fresh`` window (see :mod:`._leases`);
+        ``LeaseLost`` when the server no longer holds the lease."""
         self._check_open()
         lease = self._lease_of(registered)
-        ttl = await self._client.lease_keepalive(lease, deadline=deadline)
+        name = registered.record.registration
+        pool = self._leases
+        if pool.is_lost(lease):
+            raise LeaseLost(f"registration {name!r}: lease {lease} expired or was revoked")
+        if not pool.keepalive_due(lease, anyio.current_time()):
+            return registered
+        ttl = await self._single_flight(
+            self._keepalives, lease, name, deadline, partial(self._keepalive, lease, deadline)
+        )
         if ttl <= 0:
-            raise LeaseLost(
-                f"registration {registered.record.registration!r}: lease {lease} expired "
-                "or was revoked"
-            )
+            raise LeaseLost(f"registration {name!r}: lease {lease} expired or was revoked")
         return registered
 
+    async def _keepalive(self, lease: int, deadline: float) -> int:
+        started = anyio.current_time()
+        self._counts.keepalives += 1
+        ttl = await self._client.lease_keepalive(lease, deadline=deadline)
+        if ttl <= 0:
+            self._leases.lost(lease)
+        else:
+            self._leases.kept(lease, started, ttl)
+        return ttl
+
+    async def _lease_ttl(self, lease: int, deadline: float) -> int:
+        alive = await self._client.lease_time_to_live(lease, deadline=deadline)
+        self._leases.read_alive(lease, anyio.current_time(), alive.TTL)
+        return alive.TTL
+
+    async def _single_flight(
+        self,
+        flights: dict[Any, _Flight],
+        key: Any,
+        name: str,
+        deadline: float,
+        call: Callable[[], Awaitable[int]],
+    ) -> int:
+        """Run ``call`` once for every caller that asks for ``key`` while it
+        is in flight: they all get its answer (or a failure of the same kind)."""
+        flight = flights.get(key)
+        if flight is None:
+            flight = flights[key] = _Flight()
+            try:
+                flight.result = await call()
+            except ProviderFailure as exc:
+                flight.failure = exc
+                raise
+            finally:
+                del flights[key]
+                flight.done.set()
+            return flight.result
+        with anyio.move_on_at(deadline):
+            await flight.done.wait()
+        if not flight.done.is_set():
+            raise IncompleteSnapshot(
+                f"registration {name!r}: not sent; the shared request it waited for did not "
+                "answer before the deadline"
+            )
+        failure = flight.failure
+        if failure is None:
+            return flight.result
+        for kind in (LeaseLost, OutcomeUnknown, IdentityRevoked):
+            if isinstance(failure, kind):
+                raise kind(f"registration {name!r}: {failure}") from failure
+        raise IncompleteSnapshot(f"registration {name!r}: {failure}") from failure
+
     async def check(self, registered: Registered, deadline: float) -> HealthStatus:
-        """HEALTHY while the lease lives and the key holds our value on it."""
+        """HEALTHY while the lease lives and the key holds our value on it.
+
+        The lease's time-to-live is read once per ``fresh_check`` for every
+        registration on it; the key is read by itself, or, when many of our
+        registrations share its service, in one range of the service that
+        the checks arriving together share."""
         self._check_open()
         lease = self._lease_of(registered)
-        alive = await self._client.lease_time_to_live(lease, deadline=deadline)
-        if alive.TTL <= 0:
+        name = registered.record.registration
+        ttl = self._leases.alive(lease, anyio.current_time())
+        if ttl is None:
+            ttl = await self._single_flight(
+                self._ttl_reads, lease, name, deadline, partial(self._lease_ttl, lease, deadline)
+            )
+        if ttl <= 0:
             return HealthStatus.MISSING
         record = registered.record
         key = self._layout.instance_key(record.service, record.instance_id)
-        answer = await self._client.range(key, None, deadline=deadline)
-        for kv in answer.kvs:
+        shared = self._leases.get(lease)
+        if shared is not None and len(shared.keys) >= SHARED_CHECK_MIN:
+            kvs = await self._service_keys(record.service, name, deadline)
+            found = kvs.get(key)
+            candidates: tuple[KeyValue, ...] = (found,) if found is not None else ()
+        else:
+            candidates = (await self._client.range(key, None, deadline=deadline)).kvs
+        for kv in candidates:
             if kv.key != key or kv.lease != lease:
                 continue
             try:
@@ -1003,14 +1138,55 @@ class EtcdProvider:
                 return HealthStatus.HEALTHY
         return HealthStatus.MISSING
 
+    def _new_epoch(self, service: str) -> None:
+        self._service_epochs[service] = self._service_epochs.get(service, 0) + 1
+        self._service_reads.pop(service, None)
+
+    async def _service_keys(
+        self, service: str, name: str, deadline: float
+    ) -> Mapping[bytes, KeyValue]:
+        """The records of ``service`` as one recent range (at most
+        ``fresh_check`` old) that every check of it shares."""
+        now = anyio.current_time()
+        # A put or delete of ours in the service starts a new epoch: a range
+        # begun before it must not serve a check after it.
+        epoch = self._service_epochs.get(service, 0)
+        cached = self._service_reads.get(service)
+        if cached is not None and cached[1] == epoch and now - cached[0] < self._leases.fresh_check:
+            return cached[2]
+        found: dict[bytes, KeyValue] = {}
+
+        async def read() -> int:
+            head = self._layout.service_prefix(service)
+            answer = await self._client.range(
+                head,
+                prefix_range_end(head),
+                limit=self._context.max_instances_per_service + 1,
+                deadline=deadline,
+            )
+            found.update((kv.key, kv) for kv in answer.kvs)
+            self._service_reads[service] = (anyio.current_time(), epoch, found)
+            return len(found)
+
+        await self._single_flight(self._range_reads, (service, epoch), name, deadline, read)
+        cached = self._service_reads.get(service)
+        if cached is None or cached[1] != epoch:
+            # Another epoch's read replaced it meanwhile; ours was shared by key.
+            return found if found else {}
+        return cached[2]
+
     async def deregister(self, registered: Registered, deadline: float) -> None:
-        """Delete the key if it is still on our lease, then revoke the lease."""
+        """Delete the key if it is still on our lease; the lease's last key
+        also revokes the lease."""
         self._check_open()
         lease = self._lease_of(registered)
         record = registered.record
         key = self._layout.instance_key(record.service, record.instance_id)
+        self._new_epoch(record.service)
         await self._client.delete_if_lease(key, lease, deadline=deadline)
-        await self._client.lease_revoke(lease, deadline=deadline)
+        self._new_epoch(record.service)
+        if self._leases.detach(lease, key):
+            await self._client.lease_revoke(lease, deadline=deadline)
         logger.info(
             "deregistered %r (lease %d, connection %r)",
             record.registration,

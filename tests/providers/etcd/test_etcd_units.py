@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import importlib.metadata
 import inspect
+import itertools
 import json
 import random
 from collections.abc import Callable
@@ -17,7 +18,7 @@ import anyio
 import httpx
 import pydantic
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from nadisc_etcd import (
     EtcdClient,
@@ -30,6 +31,7 @@ from nadisc_etcd import (
     factory,
 )
 from nadisc_etcd._client import LineBuffer, _Body
+from nadisc_etcd._leases import LeasePool
 from nadisc_etcd._provider import page_size, record_bytes
 from nadisc_etcd._state import Backoff, ProbeVerdict, ServiceState
 from nadisc_etcd._wire import (
@@ -903,3 +905,72 @@ async def test_records_larger_than_estimated_are_asked_again_in_smaller_pages() 
     assert server.limits[0] == 32
     assert server.limits[1] < 32
     await provider.aclose()
+
+
+# ------------------------------------------------------------- shared leases
+
+
+def test_a_lease_is_shared_until_full_and_revoked_with_its_last_key() -> None:
+    pool = LeasePool(renew_within=5.0, group=3)
+    assert pool.joinable() is None
+    lease = pool.granted(11, now=0.0)
+    for key in (b"a", b"b", b"c"):
+        assert pool.joinable() is lease
+        assert pool.attach(lease, key) is None
+    assert pool.joinable() is None  # full: the next registration grants one
+    other = pool.granted(12, now=1.0)
+    # a key put again on another lease leaves the first one
+    assert pool.attach(other, b"a") is None
+    assert lease.keys == {b"b", b"c"}
+    assert not pool.detach(11, b"b")
+    assert pool.detach(11, b"c")  # the last key: revoke it
+    assert pool.get(11) is None and len(pool) == 1
+
+
+def test_a_lost_lease_takes_every_key_and_is_never_joined() -> None:
+    pool = LeasePool(renew_within=5.0)
+    lease = pool.granted(7, now=0.0)
+    pool.attach(lease, b"a")
+    pool.attach(lease, b"b")
+    pool.lost(7)
+    assert pool.is_lost(7) and pool.alive(7, 0.0) == -1
+    assert pool.joinable() is None
+    fresh = pool.granted(8, now=1.0)
+    # the owner registers each again on the new lease; the lost one empties
+    assert pool.attach(fresh, b"a") is None
+    assert pool.attach(fresh, b"b") is None
+    assert pool.get(7) is None and fresh.keys == {b"a", b"b"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    periods=st.lists(st.floats(min_value=0.05, max_value=1.0), min_size=1, max_size=12),
+    offsets=st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=12, max_size=12),
+    took=st.floats(min_value=0.0, max_value=0.2),
+)
+def test_shared_keepalives_stay_within_the_renewal_window(
+    periods: list[float], offsets: list[float], took: float
+) -> None:
+    """Registrations on one lease renew at their own periods (each at most
+    ``renew_within``, 1.0 here); the keepalives actually sent (the grant
+    counts as one) are never further apart than ``renew_within + fresh``
+    (1.25: a third of the TTL plus a quarter of that, so one keepalive may
+    be lost before the lease lapses at 3.0)."""
+    pool = LeasePool(renew_within=1.0)
+    pool.granted(1, now=0.0)
+    calls = sorted(
+        (offset * period + n * period, i)
+        for i, (period, offset) in enumerate(zip(periods, offsets, strict=False))
+        for n in range(int(20 / period) + 1)
+    )
+    sent = [0.0]
+    for at, _ in calls:
+        if at > 20:
+            break
+        if pool.keepalive_due(1, at):
+            sent.append(at)
+            pool.kept(1, at, ttl=3)
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert max(gaps, default=0.0) <= 1.0 + pool.fresh + 1e-9
+    # and far fewer than one per call when many registrations share it
+    assert len(sent) <= 20 / pool.fresh + 2
