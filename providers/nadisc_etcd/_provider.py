@@ -74,6 +74,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -296,10 +297,11 @@ class EtcdProvider:
         self._grant_lock = anyio.Lock()
         self._keepalives: dict[int, _Flight] = {}
         self._ttl_reads: dict[int, _Flight] = {}
-        self._range_reads: dict[tuple[str, int], _Flight] = {}
-        #: service -> (answered at, epoch, its records): one range shared by checks.
-        self._service_reads: dict[str, tuple[float, int, dict[bytes, KeyValue]]] = {}
-        self._service_epochs: dict[str, int] = {}
+        self._range_reads: dict[str, _Flight] = {}
+        #: service -> (sent at, its records): one range shared by checks.
+        self._service_reads: dict[str, tuple[float, dict[bytes, KeyValue]]] = {}
+        #: key -> when our put of it was answered (checks trust only later reads).
+        self._put_at: dict[bytes, float] = {}
         #: service -> the mean wire size of its records at its last range
         #: (sizes the next range's pages).
         self._record_bytes: dict[str, int] = {}
@@ -972,7 +974,7 @@ class EtcdProvider:
             emptied = self._leases.attach(lease, key)
         if emptied is not None:
             await self._revoke_quietly(emptied)
-        self._new_epoch(record.service)
+        self._put_at.pop(key, None)
         try:
             await self._client.put(key, encode_record(record), lease=lease.id, deadline=deadline)
         except OutcomeUnknown as exc:
@@ -992,7 +994,7 @@ class EtcdProvider:
             if self._leases.detach(lease.id, key):
                 await self._revoke_quietly(lease.id)
             raise
-        self._new_epoch(record.service)  # a read begun during the put may miss it
+        self._put_at[key] = anyio.current_time()
         logger.info(
             "registered %r as %s on lease %d (connection %r)",
             record.registration,
@@ -1121,11 +1123,15 @@ class EtcdProvider:
         record = registered.record
         key = self._layout.instance_key(record.service, record.instance_id)
         shared = self._leases.get(lease)
+        candidates: tuple[KeyValue, ...] | None = None
         if shared is not None and len(shared.keys) >= SHARED_CHECK_MIN:
-            kvs = await self._service_keys(record.service, name, deadline)
-            found = kvs.get(key)
-            candidates: tuple[KeyValue, ...] = (found,) if found is not None else ()
-        else:
+            sent, kvs = await self._service_keys(record.service, name, deadline)
+            # A range sent before our put answered may not show the key yet:
+            # that key is then read by itself.
+            if sent > self._put_at.get(key, math.inf):
+                found = kvs.get(key)
+                candidates = (found,) if found is not None else ()
+        if candidates is None:
             candidates = (await self._client.range(key, None, deadline=deadline)).kvs
         for kv in candidates:
             if kv.key != key or kv.lease != lease:
@@ -1138,25 +1144,18 @@ class EtcdProvider:
                 return HealthStatus.HEALTHY
         return HealthStatus.MISSING
 
-    def _new_epoch(self, service: str) -> None:
-        self._service_epochs[service] = self._service_epochs.get(service, 0) + 1
-        self._service_reads.pop(service, None)
-
     async def _service_keys(
         self, service: str, name: str, deadline: float
-    ) -> Mapping[bytes, KeyValue]:
-        """The records of ``service`` as one recent range (at most
-        ``fresh_check`` old) that every check of it shares."""
+    ) -> tuple[float, Mapping[bytes, KeyValue]]:
+        """(when it was sent, the records of ``service``): one recent range
+        (sent at most ``fresh_check`` ago) that every check of it shares."""
         now = anyio.current_time()
-        # A put or delete of ours in the service starts a new epoch: a range
-        # begun before it must not serve a check after it.
-        epoch = self._service_epochs.get(service, 0)
         cached = self._service_reads.get(service)
-        if cached is not None and cached[1] == epoch and now - cached[0] < self._leases.fresh_check:
-            return cached[2]
-        found: dict[bytes, KeyValue] = {}
+        if cached is not None and now - cached[0] < self._leases.fresh_check:
+            return cached
 
         async def read() -> int:
+            sent = anyio.current_time()
             head = self._layout.service_prefix(service)
             answer = await self._client.range(
                 head,
@@ -1164,16 +1163,11 @@ class EtcdProvider:
                 limit=self._context.max_instances_per_service + 1,
                 deadline=deadline,
             )
-            found.update((kv.key, kv) for kv in answer.kvs)
-            self._service_reads[service] = (anyio.current_time(), epoch, found)
-            return len(found)
+            self._service_reads[service] = (sent, {kv.key: kv for kv in answer.kvs})
+            return len(answer.kvs)
 
-        await self._single_flight(self._range_reads, (service, epoch), name, deadline, read)
-        cached = self._service_reads.get(service)
-        if cached is None or cached[1] != epoch:
-            # Another epoch's read replaced it meanwhile; ours was shared by key.
-            return found if found else {}
-        return cached[2]
+        await self._single_flight(self._range_reads, service, name, deadline, read)
+        return self._service_reads.get(service, (-math.inf, {}))
 
     async def deregister(self, registered: Registered, deadline: float) -> None:
         """Delete the key if it is still on our lease; the lease's last key
@@ -1182,9 +1176,8 @@ class EtcdProvider:
         lease = self._lease_of(registered)
         record = registered.record
         key = self._layout.instance_key(record.service, record.instance_id)
-        self._new_epoch(record.service)
+        self._put_at.pop(key, None)
         await self._client.delete_if_lease(key, lease, deadline=deadline)
-        self._new_epoch(record.service)
         if self._leases.detach(lease, key):
             await self._client.lease_revoke(lease, deadline=deadline)
         logger.info(
