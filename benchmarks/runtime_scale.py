@@ -6,8 +6,10 @@ The experiments:
   carrying N startup-required registrations (defaults: 1,000 with the
   default limits, ``max_parallel_operations`` 4; then 10,000 with raised
   limits). Measured: the time until entry returned (every registration
-  Active), the close report (how many were deregistered) and what the
-  server still holds afterwards (keys under the prefix, leases).
+  Active), the process CPU while the 1,000 sit idle for 30 s (renewals and
+  checks only; they share leases), the close report (how many were
+  deregistered) and what the server still holds afterwards (keys under the
+  prefix, leases).
 * (one throw-away etcd, started by this script, serves every scenario;
   each uses services of its own)
 * **watches**: one owner observes 1,000 services (one instance each, the
@@ -255,7 +257,9 @@ async def count_leases(http: httpx.AsyncClient, url: str) -> int:
 # --------------------------------------------------------------------- registrations
 
 
-async def registrations(url: str, count: int, *, raised: bool) -> Row:
+async def registrations(url: str, count: int, *, raised: bool, idle: float = 0.0) -> Row:
+    """``idle``: seconds the Active registrations are left alone before the
+    close, their process CPU measured (renewals and checks only)."""
     names = [f"r{n:05d}" for n in range(count)]
     plan = {
         name: {
@@ -305,6 +309,13 @@ async def registrations(url: str, count: int, *, raised: bool) -> Row:
     ) as owner:
         active = time.perf_counter() - started
         active_cpu = time.process_time() - cpu_started
+        idle_share = 0.0
+        if idle:
+            await settle_heap(freeze=True)
+            idle_cpu, idle_wall = time.process_time(), time.perf_counter()
+            await trio.sleep(idle)
+            idle_share = (time.process_time() - idle_cpu) / (time.perf_counter() - idle_wall)
+            gc.unfreeze()
         closing, cpu_closing = time.perf_counter(), time.process_time()
     closed = time.perf_counter() - closing
     closed_cpu = time.process_time() - cpu_closing
@@ -322,15 +333,23 @@ async def registrations(url: str, count: int, *, raised: bool) -> Row:
         if raised
         else "default limits (parallel 4)"
     )
+    idle_text = f"idle {idle:g} s: process CPU {idle_share:.1%} of a core; " if idle else ""
     return Row(
         label,
-        f"all Active in {active:.2f} s ({active_cpu / count * 1e3:.1f} ms CPU each); "
+        f"all Active in {active:.2f} s ({active_cpu / count * 1e3:.1f} ms CPU each); {idle_text}"
         f"{deregistered:,}/{count:,} deregistered at close in {closed:.2f} s "
         f"({closed_cpu / count * 1e3:.1f} ms CPU each); {keys} keys, {leases} leases left "
         f"[{limits_text}]",
-        "all Active, all deregistered, 0 keys, 0 leases",
-        deregistered == count and keys == 0 and leases == 0,
-        {"active_s": active, "close_s": closed, "keys": keys, "leases": leases},
+        "all Active, all deregistered, 0 keys, 0 leases"
+        + (", idle <= 10% of a core" if idle else ""),
+        deregistered == count and keys == 0 and leases == 0 and idle_share <= 0.10,
+        {
+            "active_s": active,
+            "close_s": closed,
+            "keys": keys,
+            "leases": leases,
+            "idle_cpu_share": idle_share,
+        },
     )
 
 
@@ -704,7 +723,8 @@ SCENARIOS = (
 
 def run_scenario(url: str, name: str, sizes: Sizes) -> Row:
     if name == "registrations":
-        return trio.run(lambda: registrations(url, sizes.registrations, raised=False))
+        idle = min(sizes.watch_seconds, 30.0)
+        return trio.run(lambda: registrations(url, sizes.registrations, raised=False, idle=idle))
     if name == "raised":
         return trio.run(lambda: registrations(url, sizes.raised_registrations, raised=True))
     if name == "watches":
