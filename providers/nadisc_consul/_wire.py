@@ -32,7 +32,10 @@ snapshot needs are built, the rest is skipped in C)::
 
     decode_health_service (one call)         decode_health_service_cooperatively
       list[_Entry] in one typed decode          split: list[Raw], one pass, ~3 ms
-        ok -> count check, Instances             count check, before any entry
+        ok -> count check, then column by        count check, before any entry
+          column (HealthDecoder.columns);
+          an entry it does not take ->
+          entry by entry (same result)
         ValidationError / DecodeError ->        each element: typed decode
           element-by-element path  ------->       (types of a valid entry)
                                                   refused -> plain values ->
