@@ -57,6 +57,7 @@ import logging
 import math
 import types
 import weakref
+import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -259,6 +260,9 @@ class Slot:
         self._confirm_window = confirmation_window(
             self._poll, self._timeout, policy.snapshot.max_age_ms / 1000.0
         )
+        # Between half and all of a poll interval, fixed per service.
+        spread = zlib.crc32(f"{connection.name}/{alias}".encode()) / 2**32
+        self._failure_delay = self._poll * (0.5 + 0.5 * spread)
         #: Set when a failure is recorded while the watch is up.
         self._failed: anyio.Event | None = None
         #: Confirmation queries a live, current watch made unnecessary.
@@ -612,23 +616,31 @@ class Slot:
                     )
                     return None
                 queried_at = anyio.current_time()
+                failed_at: float | None = None
                 while True:
                     # A failure the watch reports wakes the slot: it then
-                    # re-reads one poll interval after its last query.
+                    # re-reads one poll interval after its last query, and
+                    # not before its own share of half a poll interval after
+                    # the failure (slots whose shared stream broke together
+                    # re-read spread out, not all at once).
                     self._failed = failed = anyio.Event()
                     wake_at = self._next_confirmation(queried_at)
+                    if failed_at is not None:
+                        wake_at = max(wake_at, failed_at + self._failure_delay)
                     woke = await self._sleep_until(wake_at, None, failed)
                     if woke == "reclaim":
                         outcome = "reclaim"
                         tg.cancel_scope.cancel()
                         break
                     if woke == "failed":
+                        failed_at = anyio.current_time()
                         continue
                     if self._watch_current(anyio.current_time()):
                         # The watch confirmed the listing since: no re-read.
                         self.skipped_queries += 1
                         continue
                     queried_at = anyio.current_time()
+                    failed_at = None
                     if await self._query_once():
                         backoff.reset()
         except Exception as exc:

@@ -434,8 +434,11 @@ async def test_failed_watch_is_reread_every_poll_interval(autojump_clock: object
         p.watch_fail("order-worker", IncompleteSnapshot("stream stalled"))
         assert reason_of(obs, strict=True) == "incomplete"
         assert obs.snapshot().identities() == ("a", "b")  # within the grace
-        # the next poll re-reads: a complete listing heals the record
-        await anyio.sleep(4.5)
+        # a re-read within one poll interval of the failure (between half
+        # and all of it, fixed per service): a complete listing heals it
+        await anyio.sleep(2.4)
+        assert p.query_counts["order-worker"] == 1
+        await anyio.sleep(2.7)
         assert p.query_counts["order-worker"] == 2
         assert obs.snapshot(strict=True).identities() == ("a", "b")
 
