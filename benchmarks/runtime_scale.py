@@ -6,8 +6,10 @@ The experiments:
   carrying N startup-required registrations (defaults: 1,000 with the
   default limits, ``max_parallel_operations`` 4; then 10,000 with raised
   limits). Measured: the time until entry returned (every registration
-  Active), the close report (how many were deregistered) and what the
-  server still holds afterwards (keys under the prefix, leases).
+  Active), the process CPU while the 1,000 sit idle for 30 s (renewals and
+  checks only; they share leases), the close report (how many were
+  deregistered) and what the server still holds afterwards (keys under the
+  prefix, leases).
 * (one throw-away etcd, started by this script, serves every scenario;
   each uses services of its own)
 * **watches**: one owner observes 1,000 services (one instance each, the
@@ -15,6 +17,9 @@ The experiments:
   twice a second another process's put (a plain HTTP client) adds an
   instance to a random service and the time until that observation lists it
   is taken. RSS is sampled after warm-up and at the end.
+* **watches-idle**: the same 1,000 watched services with nothing changing
+  for 30 s: the process CPU and the owner's re-reads (a live, current watch
+  needs none).
 * **burst**: a writer in another process puts 10,000 distinct keys of one
   watched service as fast as etcd takes them (32 concurrent writers). The
   time from its last acknowledged put until the observation lists all
@@ -252,7 +257,9 @@ async def count_leases(http: httpx.AsyncClient, url: str) -> int:
 # --------------------------------------------------------------------- registrations
 
 
-async def registrations(url: str, count: int, *, raised: bool) -> Row:
+async def registrations(url: str, count: int, *, raised: bool, idle: float = 0.0) -> Row:
+    """``idle``: seconds the Active registrations are left alone before the
+    close, their process CPU measured (renewals and checks only)."""
     names = [f"r{n:05d}" for n in range(count)]
     plan = {
         name: {
@@ -302,6 +309,13 @@ async def registrations(url: str, count: int, *, raised: bool) -> Row:
     ) as owner:
         active = time.perf_counter() - started
         active_cpu = time.process_time() - cpu_started
+        idle_share = 0.0
+        if idle:
+            await settle_heap(freeze=True)
+            idle_cpu, idle_wall = time.process_time(), time.perf_counter()
+            await trio.sleep(idle)
+            idle_share = (time.process_time() - idle_cpu) / (time.perf_counter() - idle_wall)
+            gc.unfreeze()
         closing, cpu_closing = time.perf_counter(), time.process_time()
     closed = time.perf_counter() - closing
     closed_cpu = time.process_time() - cpu_closing
@@ -319,15 +333,23 @@ async def registrations(url: str, count: int, *, raised: bool) -> Row:
         if raised
         else "default limits (parallel 4)"
     )
+    idle_text = f"idle {idle:g} s: process CPU {idle_share:.1%} of a core; " if idle else ""
     return Row(
         label,
-        f"all Active in {active:.2f} s ({active_cpu / count * 1e3:.1f} ms CPU each); "
+        f"all Active in {active:.2f} s ({active_cpu / count * 1e3:.1f} ms CPU each); {idle_text}"
         f"{deregistered:,}/{count:,} deregistered at close in {closed:.2f} s "
         f"({closed_cpu / count * 1e3:.1f} ms CPU each); {keys} keys, {leases} leases left "
         f"[{limits_text}]",
-        "all Active, all deregistered, 0 keys, 0 leases",
-        deregistered == count and keys == 0 and leases == 0,
-        {"active_s": active, "close_s": closed, "keys": keys, "leases": leases},
+        "all Active, all deregistered, 0 keys, 0 leases"
+        + (", idle <= 10% of a core" if idle else ""),
+        deregistered == count and keys == 0 and leases == 0 and idle_share <= 0.10,
+        {
+            "active_s": active,
+            "close_s": closed,
+            "keys": keys,
+            "leases": leases,
+            "idle_cpu_share": idle_share,
+        },
     )
 
 
@@ -451,6 +473,53 @@ async def watches(
             "rss_growth_mb": growth,
             "streams": stream_count,
         },
+    )
+
+
+async def watches_idle(url: str, count: int, seconds: float, poll_ms: int = 5000) -> Row:
+    """1,000 watched services and nothing changing: what the owner costs at
+    rest. The watch's probe confirms every member every ``probe_interval_ms``
+    (5 s), so no slot needs its confirmation re-read; the owner's queries
+    over the window are counted beside the process CPU."""
+    services = [f"idle{n:04d}" for n in range(count)]
+    async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
+        for n, service in enumerate(services):
+            value = json.dumps({"Op": 0, "Addr": f"10.8.{n // 250 % 250}.{n % 250 + 1}:80"})
+            answer = await http.post(
+                f"{url}/v3/kv/put",
+                json={"key": b64(f"bench/{service}/i0"), "value": b64(value)},
+            )
+            answer.raise_for_status()
+    cfg = config(
+        url,
+        services,
+        limits={"max_watch_streams": count},
+        connection={
+            "request_timeout_ms": 10_000,
+            "poll_interval_ms": poll_ms,
+            "observation_grace_ms": 30_000,
+            "snapshot": {"max_age_ms": poll_ms + 25_000, "stale_if_error_ms": 10_000},
+        },
+    )
+    async with open_discovery(cfg, prepare_deadline=trio.current_time() + 300) as owner:
+        client = owner.client()
+        observations = [await client.observe(s, trio.current_time() + 60) for s in services]
+        await trio.sleep(min(5.0, seconds / 4))  # warm-up
+        await settle_heap(freeze=True)
+        before = owner.observer().snapshot().connection("primary").queries
+        cpu_start, wall_start = time.process_time(), time.perf_counter()
+        await trio.sleep(seconds)
+        cpu_share = (time.process_time() - cpu_start) / (time.perf_counter() - wall_start)
+        queries = owner.observer().snapshot().connection("primary").queries - before
+        usable = sum(1 for o in observations if _listed(o, "i0"))
+        gc.unfreeze()
+    return Row(
+        f"{count:,} watched services idle (poll {poll_ms / 1000:g} s)",
+        f"process CPU {cpu_share:.1%} of a core over {seconds:g} s; {queries} owner "
+        f"re-reads ({queries / seconds:.1f}/s); {usable}/{count} listings usable",
+        "<= 10% of a core, every listing usable",
+        cpu_share <= 0.10 and usable == count,
+        {"cpu_share": cpu_share, "queries": queries},
     )
 
 
@@ -645,6 +714,7 @@ SCENARIOS = (
     "watches",
     "watches-no-freeze",
     "watches-slow-poll",
+    "watches-idle",
     "burst",
     "burst-no-freeze",
     "rewrites",
@@ -653,7 +723,8 @@ SCENARIOS = (
 
 def run_scenario(url: str, name: str, sizes: Sizes) -> Row:
     if name == "registrations":
-        return trio.run(lambda: registrations(url, sizes.registrations, raised=False))
+        idle = min(sizes.watch_seconds, 30.0)
+        return trio.run(lambda: registrations(url, sizes.registrations, raised=False, idle=idle))
     if name == "raised":
         return trio.run(lambda: registrations(url, sizes.raised_registrations, raised=True))
     if name == "watches":
@@ -665,6 +736,8 @@ def run_scenario(url: str, name: str, sizes: Sizes) -> Row:
         # (1,000 ranges per 20 s instead of per 5 s): what a host watching
         # that many services would configure.
         return trio.run(watches, url, sizes.watches, sizes.watch_seconds, 20_000)
+    if name == "watches-idle":
+        return trio.run(watches_idle, url, sizes.watches, min(sizes.watch_seconds, 30.0))
     if name == "burst":
         return trio.run(burst, url, sizes.burst)
     if name == "burst-no-freeze":

@@ -30,8 +30,10 @@ task notices the last handle going away at its next check, at most
 *Refresh.* Providers without watch streams are queried every
 ``poll_interval_ms``; a failed query is retried after an exponential backoff
 with jitter. Providers with watch streams get a watch (when the owner's
-``max_watch_streams`` allow; queued requests keep polling) plus one
-confirmation query every ``poll_interval_ms``. A provider declaring
+``max_watch_streams`` allow; queued requests keep polling) and a full
+re-read only when the watch has not confirmed the listing (a change or a
+``refresh``) within the confirmation window (see :func:`next_confirmation`),
+or reported a failure. A provider declaring
 ``Capabilities.shared_watch`` rides every watch of the connection on the
 same streams: its slots share one stream ticket, requested by the first
 watching slot and given back by the last. A static listing is queried
@@ -55,6 +57,7 @@ import logging
 import math
 import types
 import weakref
+import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -91,7 +94,10 @@ __all__ = [
     "Slot",
     "check_deadline",
     "check_deadline_value",
+    "confirmation_window",
     "loop_clock",
+    "next_confirmation",
+    "watch_current",
 ]
 
 logger = logging.getLogger(__name__)
@@ -134,6 +140,39 @@ def check_deadline(deadline: float, now: float) -> None:
         raise DeadlineExceeded(
             f"deadline passed {now - deadline:.6f}s ago{relative_deadline_hint(deadline, now)}"
         )
+
+
+def confirmation_window(poll: float, timeout: float, max_age: float) -> float:
+    """How long a watched listing may go without a confirmation before the
+    slot re-reads it: the poll interval plus a slack of a quarter of it,
+    capped at half of what the evidence budget leaves over (the config
+    ensures ``poll + timeout < max_age``). A watch confirming every poll
+    interval (etcd's probe) is then not raced by a query that starts a
+    round trip before the probe's answer, and a query started at the
+    window's end still completes within ``max_age`` of the last
+    confirmation."""
+    return poll + max(0.0, min(poll / 4, (max_age - poll - timeout) / 2))
+
+
+def watch_current(now: float, confirmed_at: float | None, window: float) -> bool:
+    """True while a watch keeps its listing current: a healthy record
+    (``confirmed_at`` is None when there is none, or it failed) last listed
+    or confirmed less than ``window`` ago. No full re-read is needed then."""
+    return confirmed_at is not None and now < confirmed_at + window
+
+
+def next_confirmation(
+    queried_at: float, confirmed_at: float | None, poll: float, window: float
+) -> float:
+    """When a watched slot looks again: one poll interval after its own last
+    query, and no earlier than ``window`` after the watch's last
+    confirmation (``confirmed_at``; None for no healthy record). Whatever the
+    watch does, a re-read starts no later than ``window`` after the newest
+    confirmation (or one poll after the previous query)."""
+    wake_at = queried_at + poll
+    if confirmed_at is not None:
+        wake_at = max(wake_at, confirmed_at + window)
+    return wake_at
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)
@@ -216,6 +255,18 @@ class Slot:
         self._poll = policy.poll_interval_ms / 1000.0
         self._idle = policy.idle_timeout_ms / 1000.0
         self._timeout = policy.request_timeout_ms / 1000.0
+        # A watched slot re-reads only when its watch has not confirmed the
+        # listing for this long.
+        self._confirm_window = confirmation_window(
+            self._poll, self._timeout, policy.snapshot.max_age_ms / 1000.0
+        )
+        # Between half and all of a poll interval, fixed per service.
+        spread = zlib.crc32(f"{connection.name}/{alias}".encode()) / 2**32
+        self._failure_delay = self._poll * (0.5 + 0.5 * spread)
+        #: Set when a failure is recorded while the watch is up.
+        self._failed: anyio.Event | None = None
+        #: Confirmation queries a live, current watch made unnecessary.
+        self.skipped_queries = 0
         hook = getattr(connection.provider, "refresh_delay", None)
         self._refresh_hook: Callable[[str, float], object] | None = hook if callable(hook) else None
         #: Long watch streams one watch of this provider holds (0: poll only).
@@ -284,6 +335,8 @@ class Slot:
                 kind.value,
             )
         self.connection.stats.record_failure(kind.value)
+        if self._failed is not None:
+            self._failed.set()
         changed = self.evidence.on_failure(kind, now)
         self._notify(changed)
         if changed and kind is FailureKind.REVOKED:
@@ -463,12 +516,31 @@ class Slot:
             return self._poll
         return min(float(delay), self._poll)
 
+    def _watch_current(self, now: float) -> bool:
+        evidence = self.evidence
+        return watch_current(
+            now,
+            None if evidence.failure is not None or evidence.closed else evidence.confirmed_at,
+            self._confirm_window,
+        )
+
+    def _next_confirmation(self, queried_at: float) -> float:
+        evidence = self.evidence
+        return next_confirmation(
+            queried_at,
+            None if evidence.failure is not None else evidence.confirmed_at,
+            self._poll,
+            self._confirm_window,
+        )
+
     def _settled_static(self) -> bool:
         view = self.evidence.view(anyio.current_time())
         return isinstance(view, Usable) and view.evidence is EvidenceKind.STATIC_FACT
 
-    async def _sleep_until(self, wake_at: float, ticket: StreamTicket | None) -> str | None:
-        """Sleep until ``wake_at``; returns "reclaim" or "granted" early."""
+    async def _sleep_until(
+        self, wake_at: float, ticket: StreamTicket | None, failed: anyio.Event | None = None
+    ) -> str | None:
+        """Sleep until ``wake_at``; returns "reclaim", "granted" or "failed" early."""
         while True:
             now = anyio.current_time()
             if self._reclaimable(now):
@@ -476,14 +548,19 @@ class Slot:
                 return "reclaim"
             if ticket is not None and ticket.granted:
                 return "granted"
+            if failed is not None and failed.is_set():
+                return "failed"
             if now >= wake_at:
                 return None
             until = min(wake_at, self._next_idle_check(now))
-            if ticket is None:
-                await anyio.sleep_until(until)
-            else:
+            if ticket is not None:
                 with anyio.move_on_at(until):
                     await ticket.wait_granted()
+            elif failed is not None:
+                with anyio.move_on_at(until):
+                    await failed.wait()
+            else:
+                await anyio.sleep_until(until)
 
     async def _poll_cycle(self, backoff: Backoff, ticket: StreamTicket | None) -> str:
         while True:
@@ -538,12 +615,32 @@ class Slot:
                         IncompleteSnapshot("the watch did not start in time"), anyio.current_time()
                     )
                     return None
+                queried_at = anyio.current_time()
+                failed_at: float | None = None
                 while True:
-                    wake_at = anyio.current_time() + self._poll
-                    if await self._sleep_until(wake_at, None) == "reclaim":
+                    # A failure the watch reports wakes the slot: it then
+                    # re-reads one poll interval after its last query, and
+                    # not before its own share of half a poll interval after
+                    # the failure (slots whose shared stream broke together
+                    # re-read spread out, not all at once).
+                    self._failed = failed = anyio.Event()
+                    wake_at = self._next_confirmation(queried_at)
+                    if failed_at is not None:
+                        wake_at = max(wake_at, failed_at + self._failure_delay)
+                    woke = await self._sleep_until(wake_at, None, failed)
+                    if woke == "reclaim":
                         outcome = "reclaim"
                         tg.cancel_scope.cancel()
                         break
+                    if woke == "failed":
+                        failed_at = anyio.current_time()
+                        continue
+                    if self._watch_current(anyio.current_time()):
+                        # The watch confirmed the listing since: no re-read.
+                        self.skipped_queries += 1
+                        continue
+                    queried_at = anyio.current_time()
+                    failed_at = None
                     if await self._query_once():
                         backoff.reset()
         except Exception as exc:
@@ -553,6 +650,8 @@ class Slot:
                 else IncompleteSnapshot(f"the watch could not start ({type(exc).__name__})"),
                 anyio.current_time(),
             )
+        finally:
+            self._failed = None
         return outcome
 
     async def _watch_task(

@@ -32,7 +32,10 @@ snapshot needs are built, the rest is skipped in C)::
 
     decode_health_service (one call)         decode_health_service_cooperatively
       list[_Entry] in one typed decode          split: list[Raw], one pass, ~3 ms
-        ok -> count check, Instances             count check, before any entry
+        ok -> count check, then column by        count check, before any entry
+          column (HealthDecoder.columns);
+          an entry it does not take ->
+          entry by entry (same result)
         ValidationError / DecodeError ->        each element: typed decode
           element-by-element path  ------->       (types of a valid entry)
                                                   refused -> plain values ->
@@ -59,9 +62,11 @@ import json
 import operator
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import chain, compress, repeat
+from operator import eq
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Any, Final, Literal, cast
 
 import anyio
 import anyio.lowlevel
@@ -75,6 +80,7 @@ from nadisc import (
     InvalidSnapshot,
     ProviderSnapshot,
 )
+from nadisc._instance import _TRUSTED
 
 __all__ = [
     "HealthDecoder",
@@ -263,6 +269,11 @@ def decode_catalog_services(body: bytes) -> dict[str, tuple[str, ...]]:
 
 
 _NULL: Final = msgspec.Raw(b"null")
+_astuple: Final = msgspec.structs.astuple
+_PASSING: Final = operator.attrgetter("Passing")
+_NO_INVALID: Final[Mapping[str, str]] = MappingProxyType({})
+#: ``(new, old)[same]``: the old instance where it equals the new one.
+_pick = cast("Callable[[tuple[Instance, Instance | None], bool], Instance]", operator.getitem)
 
 
 class _Node(msgspec.Struct, gc=False):
@@ -523,6 +534,122 @@ class HealthDecoder:
         else:
             self._instances.append(Instance(identity, host, port, weight, meta, tags))
 
+    def columns(self, entries: list[_Entry]) -> ProviderSnapshot | None:
+        """The snapshot of typed ``entries`` decoded column by column, or None
+        when some entry needs the entry-by-entry path (an invalid candidate,
+        a duplicate, a missing field: it names each one; same result).
+
+        Each step is one pass the interpreter runs in C (``astuple`` and a
+        transposition to columns, ``set``/``min``/``max``/``list.count``
+        checks over a whole column, one decode of each distinct Tags and
+        Meta text, one ``map`` building the instances); no Python code runs
+        per entry unless some entry is unhealthy (one comprehension then
+        picks the healthy ones) or has no service address of its own. Only
+        a fresh decoder (nothing added yet) takes this path."""
+        if self._count or not entries:
+            return None
+        count = len(entries)
+        nodes, services, checks = zip(*map(_astuple, entries), strict=True)
+        ids, names, addresses, ports, weights, tags_raw, meta_raw = zip(
+            *map(_astuple, services), strict=True
+        )
+        # The nodes' fields only when needed: node-scoped identities, or an
+        # entry without a service address of its own.
+        node_names: Sequence[str] = ()
+        node_addresses: Sequence[str | None] = ()
+        if self._scope != "service" or not all(addresses):
+            node_names, node_addresses = zip(*map(_astuple, nodes), strict=True)
+        wanted = self._service
+        if names.count(wanted) != count or not all(ids):
+            return None  # another service's entry, or no Service.ID: named one by one
+        if None in ports or not (min(ports) > 0 and max(ports) < 65536):
+            return None
+        hosts: Sequence[str | None] = addresses
+        if not all(addresses):
+            hosts = [a or n for a, n in zip(addresses, node_addresses, strict=True)]
+        if not all(hosts) or _UNROUTABLE[0] in hosts or _UNROUTABLE[1] in hosts:
+            return None
+        if None in weights:
+            return None  # a default weight somewhere: the entry path handles it
+        passing = list(map(_PASSING, weights))
+        if not (min(passing) > 0 and max(passing) <= _MAX_WEIGHT):
+            return None
+        # Tags and Meta: one decode of each distinct JSON text, shared. Hashable
+        # copies of the texts from one join and one split (JSON holds no NUL).
+        tag_texts = b"\0".join(tags_raw).split(b"\0")
+        meta_texts = b"\0".join(meta_raw).split(b"\0")
+        if len(tag_texts) != count or len(meta_texts) != count:
+            return None
+        for text in set(tag_texts):
+            if self._shared_tags(msgspec.Raw(text)) is None:
+                return None
+        for text in set(meta_texts):
+            if self._shared_meta(msgspec.Raw(text)) is None:
+                return None
+        tag_of = self._tag_texts.__getitem__
+        meta_of = self._meta_texts.__getitem__
+        if self._tag is not None:
+            tag = self._tag
+            if not all(tag in self._tag_texts[t] for t in set(tag_texts)):  # type: ignore[operator]
+                return None
+        # Health: every check passing (one pass over all statuses), else the
+        # healthy entries are picked (unhealthy ones are left out silently).
+        statuses = set(map(_STATUS, chain.from_iterable(filter(None, checks))))
+        columns: list[Sequence[Any]] = [
+            ids,
+            node_names or [""] * count,
+            hosts,
+            ports,
+            passing,
+            tag_texts,
+            meta_texts,
+        ]
+        if not _PASSING_ONLY.issuperset(statuses):
+            keep = [not c or _PASSING_ONLY.issuperset(map(_STATUS, c)) for c in checks]
+            columns = [list(compress(column, keep)) for column in columns]
+        kept_ids, kept_nodes, kept_hosts, kept_ports, kept_passing, kept_tags, kept_meta = columns
+        if self._scope == "service":
+            identities: Sequence[str] = kept_ids
+        else:
+            identities = list(map("{}/{}".format, kept_nodes, kept_ids))
+        if len(set(identities)) != len(identities):
+            return None  # a duplicate: the entry path keeps the first, names the rest
+        instances = list(
+            map(
+                Instance,
+                identities,
+                kept_hosts,
+                kept_ports,
+                map(float, kept_passing),
+                map(meta_of, kept_meta),
+                map(tag_of, kept_tags),
+                repeat(_TRUSTED),
+            )
+        )
+        previous = self._previous
+        if previous:
+            matched = list(map(previous.get, identities))
+            same = list(map(eq, matched, instances))
+            if all(same):
+                instances = cast("list[Instance]", matched)
+            elif any(same):
+                instances = list(map(_pick, zip(instances, matched, strict=True), same))
+        self._count = count
+        # ``ProviderSnapshot.approximate_bytes``, summed column by column:
+        # each distinct tags/meta value is measured once.
+        tag_size = {t: sum(map(len, v or ())) for t, v in self._tag_texts.items()}
+        meta_size = {
+            t: sum(map(len, v)) + sum(map(len, v.values())) if v else 0
+            for t, v in self._meta_texts.items()
+        }
+        size = 64 * (len(instances) + 1) + sum(map(len, identities)) + sum(map(len, kept_hosts))
+        size += sum(map(tag_size.__getitem__, kept_tags))
+        size += sum(map(meta_size.__getitem__, kept_meta))
+        # Identities are unique (checked above): no per-instance re-check.
+        return ProviderSnapshot._checked(
+            self._service, tuple(instances), EvidenceKind.REGISTRY_HEALTH, _NO_INVALID, size
+        )
+
     def _shared_tags(self, raw: msgspec.Raw) -> tuple[str, ...] | None:
         """The tags in the JSON text ``raw`` (``null``: none), one shared tuple
         per distinct text; None if they are not a list of strings."""
@@ -699,6 +826,9 @@ def decode_health_service(
             add_raw(raw)
         return decoder.finish()
     decoder.check_count(len(entries))
+    snapshot = decoder.columns(entries)
+    if snapshot is not None:
+        return snapshot
     add_entry = decoder._add_entry
     for entry in entries:
         add_entry(entry)

@@ -14,7 +14,7 @@ even for a write); every watch opens a dedicated single-connection
 transport of its own, outside that pool, closed with the watch.
 
 Failures leave this module as nadisc's typed outcomes, with the httpx,
-JSON or pydantic error chained as ``__cause__``:
+JSON or msgspec error chained as ``__cause__``:
 
 ====================================  =====================  ===================
 what happened                          reads                  writes
@@ -50,7 +50,7 @@ from typing import Literal, TypeVar
 
 import anyio
 import httpx
-import pydantic
+import msgspec
 
 from nadisc import (
     CapacityRejected,
@@ -80,7 +80,9 @@ from ._wire import (
     TxnResponse,
     WatchLine,
     WatchResponse,
+    WireError,
     b64,
+    decode,
 )
 
 __all__ = ["EtcdClient", "Kind", "LineBuffer", "WatchStream", "discard"]
@@ -88,7 +90,7 @@ __all__ = ["EtcdClient", "Kind", "LineBuffer", "WatchStream", "discard"]
 logger = logging.getLogger(__name__)
 
 Kind = Literal["read", "write"]
-_M = TypeVar("_M", bound=pydantic.BaseModel)
+_M = TypeVar("_M", bound=msgspec.Struct)
 
 
 def _transport_failure(kind: Kind, message: str) -> ProviderFailure:
@@ -227,8 +229,8 @@ class WatchStream:
 
     def _decode(self, line: bytes) -> WatchResponse:
         try:
-            message = WatchLine.model_validate_json(line)
-        except pydantic.ValidationError as exc:
+            message = decode(WatchLine, line)
+        except WireError as exc:
             raise IncompleteSnapshot(f"{self._where}: undecodable watch message") from exc
         if message.error is not None:
             raise _server_failure("read", self._where, message.error.status())
@@ -411,7 +413,7 @@ class EtcdClient:
         *,
         kind: Kind,
         deadline: float,
-        decode: Callable[[bytes], _M] | None = None,
+        parse: Callable[[bytes], _M] | None = None,
     ) -> _M:
         until = self._bound(deadline)
         for attempt in (0, 1):
@@ -421,8 +423,8 @@ class EtcdClient:
             where = f"{self.endpoint}{path}"
             if status == 200:
                 try:
-                    return decode(data) if decode is not None else model.model_validate_json(data)
-                except (pydantic.ValidationError, ValueError) as exc:
+                    return parse(data) if parse is not None else decode(model, data)
+                except (WireError, ValueError) as exc:
                     raise _transport_failure(kind, f"{where}: undecodable response") from exc
             failure = self._status_of(status, data, self._secrets())
             if attempt == 0 and failure.token_expired and self._username is not None:
@@ -441,8 +443,8 @@ class EtcdClient:
     @staticmethod
     def _status_of(status: int, data: bytes, secrets: tuple[str, ...] = ()) -> GatewayStatus:
         try:
-            parsed = ErrorBody.model_validate_json(data).status(status)
-        except pydantic.ValidationError:
+            parsed = decode(ErrorBody, data).status(status)
+        except WireError:
             return GatewayStatus.of(0, f"HTTP {status}: {redacted_excerpt(data, secrets)}", status)
         # The server's own message: still filtered (a proxy may have written it).
         return GatewayStatus.of(parsed.code, redacted_excerpt(parsed.message, secrets), status)
@@ -471,8 +473,8 @@ class EtcdClient:
             refusal = self._status_of(status, data, self._secrets())
             raise _server_failure(kind, f"{where}: authentication refused", refusal)
         try:
-            return AuthenticateResponse.model_validate_json(data).token
-        except pydantic.ValidationError as exc:
+            return decode(AuthenticateResponse, data).token
+        except WireError as exc:
             raise _transport_failure(kind, f"{where}: undecodable response") from exc
 
     # ------------------------------------------------------------------- kv
@@ -549,7 +551,7 @@ class EtcdClient:
         def first_line(data: bytes) -> LeaseKeepAliveLine:
             for line in data.splitlines():
                 if line.strip():
-                    return LeaseKeepAliveLine.model_validate_json(line)
+                    return decode(LeaseKeepAliveLine, line)
             raise ValueError("empty keepalive stream")
 
         answer = await self._call(
@@ -558,7 +560,7 @@ class EtcdClient:
             LeaseKeepAliveLine,
             kind="write",
             deadline=deadline,
-            decode=first_line,
+            parse=first_line,
         )
         if answer.error is not None:
             raise _server_failure(

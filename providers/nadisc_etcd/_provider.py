@@ -74,8 +74,11 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -108,6 +111,7 @@ from nadisc import (
 from ._client import EtcdClient, WatchStream
 from ._fanout import Fanout, Member
 from ._layout import Layout, check_record, encode_record
+from ._leases import LeasePool
 from ._settings import EtcdSettings
 from ._state import Backoff, ProbeVerdict, ServiceState
 from ._wire import GatewayStatus, KeyValue, prefix_range_end
@@ -119,13 +123,60 @@ logger = logging.getLogger(__name__)
 #: A lease must be kept alive within this fraction of its TTL: two keepalives
 #: may be lost (or answered late) before the lease lapses.
 RENEW_FRACTION = 1 / 3
-#: Keys per page of a complete range (each page is one bounded response,
-#: decoded in one synchronous call: about 1.2 ms of CPU per page of 250
-#: records here, 2-3 times that on a busy machine; the loop gets a turn
-#: between pages). Also the page of the keys-only probe.
+#: Keys of the first page of a query that a running watch may make
+#: unnecessary (it tells the range's revision; the rest is then not read),
+#: and the page of the keys-only probe.
 RANGE_PAGE = 250
+#: The body one page of a complete range aims at (never above half of
+#: ``max_response_bytes``): msgspec decodes a page in one synchronous call,
+#: about 1 ms of CPU per MiB here, so a page holds the loop a few ms.
+PAGE_BYTES = 4 * 2**20
+#: The wire size assumed for a record of a service never ranged before
+#: (base64 value, base64 key, revisions and JSON framing).
+RECORD_ESTIMATE = 1024
+#: Bytes of JSON framing per record besides its key and value text.
+RECORD_FRAMING = 120
+
+
+def page_size(max_response_bytes: int, record_bytes: int, max_instances: int) -> int:
+    """Keys per page of a complete range: as many as fit the page budget
+    (``PAGE_BYTES``, at most half of ``max_response_bytes``, so a page of
+    records up to twice the estimate still fits the limit) at
+    ``record_bytes`` each, and never more than the service may hold plus
+    one (a listing that fits is then one request)."""
+    budget = min(PAGE_BYTES, max_response_bytes // 2)
+    return max(1, min(max_instances + 1, budget // max(record_bytes, RECORD_FRAMING)))
+
+
+def record_bytes(kvs: Sequence[KeyValue]) -> int:
+    """The mean wire size of a page's records, from at most 32 of them
+    spread over the page (an estimate for the next page, not a limit)."""
+    if not kvs:
+        return RECORD_ESTIMATE
+    step = max(1, len(kvs) // 32)
+    sample = kvs[::step]
+    total = sum(len(kv.value) + (len(kv.key) * 4 + 2) // 3 for kv in sample)
+    return total // len(sample) + RECORD_FRAMING
+
+
 #: Services the shared watch publishes between two turns of the event loop.
 PUBLISH_STEP = 64
+
+
+#: Our registrations on one lease from which a check reads the whole
+#: service once (shared by the checks arriving together) instead of its key.
+SHARED_CHECK_MIN = 8
+
+
+class _Flight:
+    """One request that concurrent callers share (see ``_single_flight``)."""
+
+    __slots__ = ("done", "failure", "result")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.result = 0
+        self.failure: ProviderFailure | None = None
 
 
 def shares_watch(settings: EtcdSettings) -> bool:
@@ -164,10 +215,18 @@ class EtcdStatistics:
     probes: int
     #: Watches holding a dedicated connection right now (never from the pool).
     watch_connections: int = 0
+    #: Leases granted for registrations (shared: one per LEASE_GROUP keys).
+    leases_granted: int = 0
+    #: Keepalives sent (one per shared lease per renewal window).
+    keepalives: int = 0
+    #: Shared leases held right now.
+    leases_held: int = 0
 
 
 @dataclass(slots=True)
 class _Counts:
+    leases_granted: int = 0
+    keepalives: int = 0
     watch_ranges: int = 0
     watch_streams_opened: int = 0
     watch_resumes: int = 0
@@ -233,6 +292,19 @@ class EtcdProvider:
         self._counts = _Counts()
         self._closed = False
         self._capabilities = capabilities_for(settings)
+        #: The leases our registrations share (one TTL per connection).
+        self._leases = LeasePool(self._capabilities.renew_within or settings.ttl_seconds / 3)
+        self._grant_lock = anyio.Lock()
+        self._keepalives: dict[int, _Flight] = {}
+        self._ttl_reads: dict[int, _Flight] = {}
+        self._range_reads: dict[str, _Flight] = {}
+        #: service -> (sent at, its records): one range shared by checks.
+        self._service_reads: dict[str, tuple[float, dict[bytes, KeyValue]]] = {}
+        #: key -> when our put of it was answered (checks trust only later reads).
+        self._put_at: dict[bytes, float] = {}
+        #: service -> the mean wire size of its records at its last range
+        #: (sizes the next range's pages).
+        self._record_bytes: dict[str, int] = {}
         #: service -> the state of a running watch of it: a query reuses the
         #: records that watch already decoded.
         self._live: dict[str, ServiceState] = {}
@@ -270,6 +342,9 @@ class EtcdProvider:
             compaction_resyncs=c.compaction_resyncs,
             watch_failures=c.watch_failures,
             publishes=c.publishes,
+            leases_granted=c.leases_granted,
+            keepalives=c.keepalives,
+            leases_held=len(self._leases),
             probes=c.probes,
             watch_connections=n.watch_connections,
         )
@@ -346,10 +421,13 @@ class EtcdProvider:
         *,
         settled: Callable[[int], bool] | None = None,
     ) -> bool:
-        """A complete range of the service, in pages of :data:`RANGE_PAGE`
-        keys all read at the revision of the first page (one consistent
-        listing), decoded cooperatively (the loop gets a turn every few
-        hundred records) and reusing what a live watch already decoded.
+        """A complete range of the service, in as few pages as the limits
+        allow (:func:`page_size`: one request when the listing fits the page
+        budget), all read at the revision of the first page (one consistent
+        listing), decoded cooperatively (the loop gets a turn between pages
+        and every few hundred records) and reusing what a live watch already
+        decoded. A page refused as over ``max_response_bytes`` is asked
+        again in smaller pages at the same revision.
 
         ``settled(revision)``, asked once the first page told the range's
         revision: True stops there (the range is not needed: a live watch
@@ -360,21 +438,39 @@ class EtcdProvider:
         pages: list[tuple[KeyValue, ...]] = []
         count = 0
         start, revision = head, 0
+        limit_bytes = self._context.max_response_bytes
+        most = self._context.max_instances_per_service
+        estimate = self._record_bytes.get(state.service, RECORD_ESTIMATE)
+        # A query a running watch may answer reads a small first page (it
+        # tells the revision); any other range starts with a full page.
+        short = settled is not None and state.service in self._live
         while True:
-            answer = await self._client.range(
-                start, end, limit=RANGE_PAGE, revision=revision, deadline=deadline
-            )
+            limit = RANGE_PAGE if short and not revision else page_size(limit_bytes, estimate, most)
+            try:
+                answer = await self._client.range(
+                    start, end, limit=limit, revision=revision, deadline=deadline
+                )
+            except CapacityRejected:
+                if limit <= 1:
+                    raise
+                # Records far larger than estimated: smaller pages, same revision.
+                estimate = max(estimate * 4, limit_bytes // 2 // max(1, limit // 4))
+                self._record_bytes[state.service] = estimate
+                continue
             if not revision:
                 revision = answer.header.revision
                 if settled is not None and settled(revision):
                     return False
+            if answer.kvs:
+                estimate = record_bytes(answer.kvs)
+                self._record_bytes[state.service] = estimate
             pages.append(answer.kvs)
             count += len(answer.kvs)
             if not answer.more:
                 break
             if not answer.kvs:
                 raise IncompleteSnapshot(f"service {state.service!r}: the range was truncated")
-            if count > self._context.max_instances_per_service + RANGE_PAGE:
+            if count > most or answer.count > most:
                 # Far past the limit already: the listing would be refused anyway.
                 raise CapacityRejected(
                     f"service {state.service!r}: more than "
@@ -862,12 +958,53 @@ class EtcdProvider:
         return lease
 
     async def register(self, record: RegistrationRecord, deadline: float) -> Registered:
-        """Grant a lease of ``ttl_seconds`` and put the record on it."""
+        """Put the record on the connection's open shared lease (granting
+        one of ``ttl_seconds`` when none has room)."""
         self._check_open()
         problems = check_record(record)
         if problems:
             raise RegistrationError(record.registration, "; ".join(problems))
         key = self._layout.instance_key(record.service, record.instance_id)
+        async with self._grant_lock:
+            lease = self._leases.joinable()
+            if lease is None:
+                lease = self._leases.granted(
+                    await self._grant(record, deadline), anyio.current_time()
+                )
+            emptied = self._leases.attach(lease, key)
+        if emptied is not None:
+            await self._revoke_quietly(emptied)
+        self._put_at.pop(key, None)
+        try:
+            await self._client.put(key, encode_record(record), lease=lease.id, deadline=deadline)
+        except OutcomeUnknown as exc:
+            # Known not applied only once the lease is gone (a put on a
+            # revoked lease cannot land). The lease's other registrations
+            # lose their keys with it; their next renew says LeaseLost and
+            # the owner registers them again.
+            if await self._revoke_quietly(lease.id):
+                self._leases.lost(lease.id)
+                self._leases.detach(lease.id, key)
+                raise IncompleteSnapshot(
+                    f"registration {record.registration!r}: not registered; the put's answer "
+                    f"was lost, and its lease {lease.id} was revoked so it cannot take effect"
+                ) from exc
+            raise
+        except ProviderFailure:
+            if self._leases.detach(lease.id, key):
+                await self._revoke_quietly(lease.id)
+            raise
+        self._put_at[key] = anyio.current_time()
+        logger.info(
+            "registered %r as %s on lease %d (connection %r)",
+            record.registration,
+            key.decode("utf-8", "replace"),
+            lease.id,
+            self._context.name,
+        )
+        return Registered(record=record, handle=str(lease.id))
+
+    async def _grant(self, record: RegistrationRecord, deadline: float) -> int:
         grant = await self._client.lease_grant(self._settings.ttl_seconds, deadline=deadline)
         if grant.error:
             raise RegistrationRejected(
@@ -882,28 +1019,8 @@ class EtcdProvider:
                 f"registration {record.registration!r}: the lease grant was answered "
                 "without a lease ID"
             )
-        try:
-            await self._client.put(key, encode_record(record), lease=grant.ID, deadline=deadline)
-        except OutcomeUnknown as exc:
-            if await self._revoke_quietly(grant.ID):
-                # Known not applied (a put on a revoked lease cannot land, and
-                # the revoke removed the key if it had): retryable.
-                raise IncompleteSnapshot(
-                    f"registration {record.registration!r}: not registered; the put's answer "
-                    f"was lost, and its lease {grant.ID} was revoked so it cannot take effect"
-                ) from exc
-            raise
-        except ProviderFailure:
-            await self._revoke_quietly(grant.ID)
-            raise
-        logger.info(
-            "registered %r as %s on lease %d (connection %r)",
-            record.registration,
-            key.decode("utf-8", "replace"),
-            grant.ID,
-            self._context.name,
-        )
-        return Registered(record=record, handle=str(grant.ID))
+        self._counts.leases_granted += 1
+        return grant.ID
 
     async def _revoke_quietly(self, lease: int) -> bool:
         """Best-effort revoke, shielded and bounded; True if the lease is gone."""
@@ -916,28 +1033,107 @@ class EtcdProvider:
         return False
 
     async def renew(self, registered: Registered, deadline: float) -> Registered:
-        """One keepalive; ``LeaseLost`` when the server no longer holds the lease."""
+        """Keep the registration's (shared) lease alive: one keepalive for
+        every registration on it per ``fresh`` window (see :mod:`._leases`);
+        ``LeaseLost`` when the server no longer holds the lease."""
         self._check_open()
         lease = self._lease_of(registered)
-        ttl = await self._client.lease_keepalive(lease, deadline=deadline)
+        name = registered.record.registration
+        pool = self._leases
+        if pool.is_lost(lease):
+            raise LeaseLost(f"registration {name!r}: lease {lease} expired or was revoked")
+        if not pool.keepalive_due(lease, anyio.current_time()):
+            return registered
+        ttl = await self._single_flight(
+            self._keepalives, lease, name, deadline, partial(self._keepalive, lease, deadline)
+        )
         if ttl <= 0:
-            raise LeaseLost(
-                f"registration {registered.record.registration!r}: lease {lease} expired "
-                "or was revoked"
-            )
+            raise LeaseLost(f"registration {name!r}: lease {lease} expired or was revoked")
         return registered
 
+    async def _keepalive(self, lease: int, deadline: float) -> int:
+        started = anyio.current_time()
+        self._counts.keepalives += 1
+        ttl = await self._client.lease_keepalive(lease, deadline=deadline)
+        if ttl <= 0:
+            self._leases.lost(lease)
+        else:
+            self._leases.kept(lease, started, ttl)
+        return ttl
+
+    async def _lease_ttl(self, lease: int, deadline: float) -> int:
+        alive = await self._client.lease_time_to_live(lease, deadline=deadline)
+        self._leases.read_alive(lease, anyio.current_time(), alive.TTL)
+        return alive.TTL
+
+    async def _single_flight(
+        self,
+        flights: dict[Any, _Flight],
+        key: Any,
+        name: str,
+        deadline: float,
+        call: Callable[[], Awaitable[int]],
+    ) -> int:
+        """Run ``call`` once for every caller that asks for ``key`` while it
+        is in flight: they all get its answer (or a failure of the same kind)."""
+        flight = flights.get(key)
+        if flight is None:
+            flight = flights[key] = _Flight()
+            try:
+                flight.result = await call()
+            except ProviderFailure as exc:
+                flight.failure = exc
+                raise
+            finally:
+                del flights[key]
+                flight.done.set()
+            return flight.result
+        with anyio.move_on_at(deadline):
+            await flight.done.wait()
+        if not flight.done.is_set():
+            raise IncompleteSnapshot(
+                f"registration {name!r}: not sent; the shared request it waited for did not "
+                "answer before the deadline"
+            )
+        failure = flight.failure
+        if failure is None:
+            return flight.result
+        for kind in (LeaseLost, OutcomeUnknown, IdentityRevoked):
+            if isinstance(failure, kind):
+                raise kind(f"registration {name!r}: {failure}") from failure
+        raise IncompleteSnapshot(f"registration {name!r}: {failure}") from failure
+
     async def check(self, registered: Registered, deadline: float) -> HealthStatus:
-        """HEALTHY while the lease lives and the key holds our value on it."""
+        """HEALTHY while the lease lives and the key holds our value on it.
+
+        The lease's time-to-live is read once per ``fresh_check`` for every
+        registration on it; the key is read by itself, or, when many of our
+        registrations share its service, in one range of the service that
+        the checks arriving together share."""
         self._check_open()
         lease = self._lease_of(registered)
-        alive = await self._client.lease_time_to_live(lease, deadline=deadline)
-        if alive.TTL <= 0:
+        name = registered.record.registration
+        ttl = self._leases.alive(lease, anyio.current_time())
+        if ttl is None:
+            ttl = await self._single_flight(
+                self._ttl_reads, lease, name, deadline, partial(self._lease_ttl, lease, deadline)
+            )
+        if ttl <= 0:
             return HealthStatus.MISSING
         record = registered.record
         key = self._layout.instance_key(record.service, record.instance_id)
-        answer = await self._client.range(key, None, deadline=deadline)
-        for kv in answer.kvs:
+        shared = self._leases.get(lease)
+        candidates: tuple[KeyValue, ...] | None = None
+        if shared is not None and len(shared.keys) >= SHARED_CHECK_MIN:
+            sent, kvs = await self._service_keys(record.service, name, deadline)
+            # A range sent before our put answered may not show the key yet:
+            # that key is then read by itself.
+            if sent > self._put_at.get(key, math.inf):
+                found = kvs.get(key)
+                candidates = (found,) if found is not None else ()
+        if candidates is None:
+            candidates = (await self._client.range(key, None, deadline=deadline)).kvs
+        for kv in candidates:
             if kv.key != key or kv.lease != lease:
                 continue
             try:
@@ -948,14 +1144,42 @@ class EtcdProvider:
                 return HealthStatus.HEALTHY
         return HealthStatus.MISSING
 
+    async def _service_keys(
+        self, service: str, name: str, deadline: float
+    ) -> tuple[float, Mapping[bytes, KeyValue]]:
+        """(when it was sent, the records of ``service``): one recent range
+        (sent at most ``fresh_check`` ago) that every check of it shares."""
+        now = anyio.current_time()
+        cached = self._service_reads.get(service)
+        if cached is not None and now - cached[0] < self._leases.fresh_check:
+            return cached
+
+        async def read() -> int:
+            sent = anyio.current_time()
+            head = self._layout.service_prefix(service)
+            answer = await self._client.range(
+                head,
+                prefix_range_end(head),
+                limit=self._context.max_instances_per_service + 1,
+                deadline=deadline,
+            )
+            self._service_reads[service] = (sent, {kv.key: kv for kv in answer.kvs})
+            return len(answer.kvs)
+
+        await self._single_flight(self._range_reads, service, name, deadline, read)
+        return self._service_reads.get(service, (-math.inf, {}))
+
     async def deregister(self, registered: Registered, deadline: float) -> None:
-        """Delete the key if it is still on our lease, then revoke the lease."""
+        """Delete the key if it is still on our lease; the lease's last key
+        also revokes the lease."""
         self._check_open()
         lease = self._lease_of(registered)
         record = registered.record
         key = self._layout.instance_key(record.service, record.instance_id)
+        self._put_at.pop(key, None)
         await self._client.delete_if_lease(key, lease, deadline=deadline)
-        await self._client.lease_revoke(lease, deadline=deadline)
+        if self._leases.detach(lease, key):
+            await self._client.lease_revoke(lease, deadline=deadline)
         logger.info(
             "deregistered %r (lease %d, connection %r)",
             record.registration,

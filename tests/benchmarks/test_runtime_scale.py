@@ -24,13 +24,14 @@ def test_smoke_run_prints_every_scenario(capsys: pytest.CaptureFixture[str]) -> 
         f"{sizes.watches} watched services (poll 5 s, gc.freeze)",
         f"{sizes.watches} watched services (poll 5 s, no gc.freeze)",
         f"{sizes.watches} watched services (poll 20 s, gc.freeze)",
+        f"{sizes.watches} watched services idle (poll 5 s)",
         f"{sizes.burst}-distinct-key burst",
         f"{sizes.burst}-distinct-key burst (no gc.freeze)",
         f"{sizes.rewrite_keys}-key burst rewritten {sizes.rewrite_rounds} times",
     ]
     for row in rows:
         assert row.scenario in out and row.measured in out
-    registered, raised, watched, unfrozen, slow_poll, burst, burst_unfrozen, rewrites = rows
+    registered, raised, watched, unfrozen, slow_poll, idle, burst, burst_unfrozen, rewrites = rows
     # Correctness holds at any size; timings are only bounded loosely here.
     for row in (registered, raised):
         assert row.ok, row.measured
@@ -39,6 +40,10 @@ def test_smoke_run_prints_every_scenario(capsys: pytest.CaptureFixture[str]) -> 
         assert row.values["seen_p99_ms"] < 2000
         # One stream for every watched service, counted once.
         assert row.values["streams"] == 1
+    # Idle watched services: every listing usable, and no re-read is needed
+    # while the watch confirms them (the count is exact; CPU is noise here).
+    assert idle.values["queries"] == 0, idle.measured
+    assert f"{sizes.watches}/{sizes.watches} listings usable" in idle.measured
     for row in (burst, burst_unfrozen):
         assert row.values["final_s"] < 30
         assert "a full collection of the heap before the burst" in row.measured

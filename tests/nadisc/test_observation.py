@@ -7,6 +7,8 @@ import math
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nadisc import (
     CapacityRejected,
@@ -19,6 +21,7 @@ from nadisc import (
     Observation,
     ProviderSnapshot,
 )
+from nadisc._observation import confirmation_window, next_confirmation, watch_current
 from nadisc.testing import MemoryProvider
 
 from .owner_support import inst, memory_owner, policy
@@ -377,13 +380,128 @@ async def test_watch_mode_sees_changes_without_polling(autojump_clock: object) -
         assert owner.observer().snapshot().capacity.watch_streams == 1
 
 
-async def test_watch_confirmation_queries_run_every_poll_interval(autojump_clock: object) -> None:
+# policy(): poll 5 s, request timeout 3 s, max age 15 s -> window 5 + min(5 / 4, (15 - 5 - 3) / 2)
+WINDOW = 6.25
+
+
+async def test_silent_watch_is_reread_once_per_confirmation_window(autojump_clock: object) -> None:
     p = provider(watch=True)
     async with memory_owner({"primary": p}) as owner:
         obs = await owner.client().observe("orders", anyio.current_time() + 5)
-        await anyio.sleep(20.5)
-        assert p.query_counts["order-worker"] == 5  # initial + 4 confirmations
+        await anyio.sleep(2 * WINDOW + 3.5)
+        # initial + one re-read per window the watch stayed silent
+        assert p.query_counts["order-worker"] == 3
         assert obs.snapshot(strict=True).identities() == ("a", "b")
+
+
+async def test_confirming_watch_needs_no_reread(autojump_clock: object) -> None:
+    p = provider(watch=True)
+    async with memory_owner({"primary": p}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        slot = owner._connections["primary"].slots["orders"]
+        for _ in range(10):  # 40 s of a watch confirming every 4 s
+            await anyio.sleep(4)
+            p.watch_refresh("order-worker")
+        assert p.query_counts["order-worker"] == 1  # the initial listing only
+        assert slot.skipped_queries >= 4
+        assert obs.snapshot(strict=True).identities() == ("a", "b")
+        # the watch stops confirming (last at 40 s): the slot re-reads one
+        # window after that confirmation, not before
+        await anyio.sleep(WINDOW - 0.1)
+        assert p.query_counts["order-worker"] == 1
+        await anyio.sleep(0.2)
+        assert p.query_counts["order-worker"] == 2
+        assert obs.snapshot(strict=True).identities() == ("a", "b")
+
+
+async def test_watch_changes_count_as_confirmations(autojump_clock: object) -> None:
+    p = provider(watch=True)
+    async with memory_owner({"primary": p}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        for n in range(8):  # a change every 3 s: each a complete listing
+            await anyio.sleep(3)
+            p.set("order-worker", [inst(f"c{n}", n + 1)])
+        assert p.query_counts["order-worker"] == 1
+        assert obs.snapshot(strict=True).identities() == ("c7",)
+
+
+async def test_failed_watch_is_reread_every_poll_interval(autojump_clock: object) -> None:
+    p = provider(watch=True)
+    pol = policy(snapshot={"max_age_ms": 15000, "stale_if_error_ms": 8000})
+    async with memory_owner({"primary": p}, policies={"primary": pol}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        await anyio.sleep(1)
+        p.watch_fail("order-worker", IncompleteSnapshot("stream stalled"))
+        assert reason_of(obs, strict=True) == "incomplete"
+        assert obs.snapshot().identities() == ("a", "b")  # within the grace
+        # a re-read within one poll interval of the failure (between half
+        # and all of it, fixed per service): a complete listing heals it
+        await anyio.sleep(2.4)
+        assert p.query_counts["order-worker"] == 1
+        await anyio.sleep(2.7)
+        assert p.query_counts["order-worker"] == 2
+        assert obs.snapshot(strict=True).identities() == ("a", "b")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    gaps=st.lists(st.floats(min_value=0.01, max_value=30.0), max_size=40),
+    failures=st.sets(st.integers(min_value=0, max_value=39)),
+    poll=st.floats(min_value=0.1, max_value=20.0),
+    timeout=st.floats(min_value=0.05, max_value=10.0),
+    spare=st.floats(min_value=0.01, max_value=20.0),
+    took=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_watched_listing_never_ages_past_max_age(
+    gaps: list[float],
+    failures: set[int],
+    poll: float,
+    timeout: float,
+    spare: float,
+    took: float,
+) -> None:
+    """Whatever a watch confirms and when (``gaps`` between its outcomes;
+    the ones in ``failures`` are reported failures), the slot's schedule
+    re-reads a healthy listing before it is ``max_age`` old, provided the
+    re-read answers within the request timeout (``took`` of it)."""
+    max_age = poll + timeout + spare
+    window = confirmation_window(poll, timeout, max_age)
+    assert poll <= window < max_age - timeout
+    events: list[tuple[float, bool]] = []
+    at = 0.0
+    for n, gap in enumerate(gaps):
+        at += gap
+        events.append((at, n not in failures))
+    horizon = at + 3 * max_age
+    confirmed: float | None = 0.0  # the initial listing
+    queried = 0.0
+    watch = iter(events)
+    upcoming = next(watch, None)
+    last_good = 0.0
+    while True:
+        wake = next_confirmation(queried, confirmed, poll, window)
+        # watch outcomes before the slot looks again
+        while upcoming is not None and upcoming[0] <= wake:
+            when, healthy = upcoming
+            if confirmed is not None:
+                assert when - last_good < max_age
+            if healthy:
+                last_good = max(last_good, when)
+                confirmed = last_good
+            else:
+                confirmed = None  # a failure: no healthy record
+            upcoming = next(watch, None)
+        if wake > horizon:
+            break
+        if confirmed is not None:
+            assert wake - last_good < max_age
+        if watch_current(wake, confirmed, window):
+            continue
+        queried = wake
+        done = wake + took * timeout
+        if confirmed is not None:
+            assert done - last_good < max_age
+        confirmed = last_good = done
 
 
 async def test_queued_watch_keeps_polling_until_streams_free(autojump_clock: object) -> None:

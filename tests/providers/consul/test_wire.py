@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from nadisc_consul import decode_health_service
 from nadisc_consul._wire import (
     HealthDecoder,
+    _Entry,
     decode_catalog_services,
     decode_health_service_cooperatively,
     decode_health_state,
@@ -700,3 +701,61 @@ def test_pathological_values_are_incomplete_not_crashes(odd: bytes) -> None:
         decode_catalog_services(b'{"a": ' + deep + b"}")
     with pytest.raises(IncompleteSnapshot):
         list(iter_json_array("[1, " + odd.decode() + "]", "q"))
+
+
+def well_formed_entry(chance: random.Random, n: int) -> dict[str, Any]:
+    """A valid entry of service ``web``: what the column pass must take."""
+    service: dict[str, Any] = {
+        "ID": f"web-{n}",
+        "Service": "web",
+        "Address": chance.choice(["10.0.0.9", f"10.0.1.{n % 250 + 1}", ""]),
+        "Port": chance.choice([1, 8080, 65535]),
+        "Weights": {"Passing": chance.choice([1, 3, 2**40]), "Warning": 1},
+        "Tags": chance.choice([None, [], ["grpc"], ["grpc", "http"]]),
+        "Meta": chance.choice([None, {}, {"k": "v"}, {"k": "v", "zone": "a"}]),
+    }
+    checks = [
+        {"Status": chance.choice(["passing", "passing", "passing", "critical", "warning"])}
+        for _ in range(chance.randrange(3))
+    ]
+    return {
+        "Node": {"Node": f"n{n % 3}", "Address": f"10.9.0.{n % 3 + 1}"},
+        "Service": service,
+        "Checks": chance.choice([checks, checks, None]),
+    }
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    count=st.integers(1, 12),
+    tag=st.sampled_from([None, "grpc"]),
+    scope=st.sampled_from(["service", "node"]),
+)
+def test_the_column_pass_matches_the_entry_by_entry_path(
+    seed: int, count: int, tag: str | None, scope: Any
+) -> None:
+    """A listing of valid entries (healthy or not, with or without their own
+    address, tags and meta) decoded column by column gives exactly the
+    entry-by-entry result, byte count included; given a previous listing,
+    its unchanged instances are the very same objects."""
+    chance = random.Random(seed)
+    body = json.dumps([well_formed_entry(chance, n) for n in range(count)]).encode()
+    options: dict[str, Any] = {
+        "service": "web",
+        "max_instances": 20,
+        "tag": tag,
+        "identity_scope": scope,
+    }
+    expected = outcome(lambda: reference(body, **options))
+    entries = msgspec.json.decode(body, type=list[_Entry])
+    columns = HealthDecoder(**options).columns(entries)
+    if columns is None:
+        # only a tag some entry lacks sends a valid listing the slow way
+        assert tag is not None
+        return
+    assert ("snapshot", (columns.instances, dict(columns.invalid))) == expected
+    assert columns.approximate_bytes() == reference(body, **options).approximate_bytes()
+    again = HealthDecoder(**options, previous=columns).columns(entries)
+    assert again is not None
+    assert all(a is b for a, b in zip(again.instances, columns.instances, strict=True))

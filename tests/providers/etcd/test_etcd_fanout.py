@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from nadisc_etcd._fanout import Fanout, Member
 from nadisc_etcd._layout import Layout
 from nadisc_etcd._state import ProbeVerdict, ServiceState
-from nadisc_etcd._wire import KeyValue, WatchResponse
+from nadisc_etcd._wire import Event, KeyValue, ResponseHeader, WatchResponse
 
 LAYOUT = Layout("p")
 
@@ -28,11 +28,9 @@ def kv(key: str, mod: int) -> KeyValue:
 
 
 def response(*items: tuple[str, KeyValue]) -> WatchResponse:
-    return WatchResponse.model_validate(
-        {
-            "header": {"revision": max(item.mod_revision for _, item in items)},
-            "events": [{"type": kind, "kv": item.model_dump()} for kind, item in items],
-        }
+    return WatchResponse(
+        header=ResponseHeader(revision=max(item.mod_revision for _, item in items)),
+        events=tuple(Event(type=kind, kv=item) for kind, item in items),  # type: ignore[arg-type]
     )
 
 

@@ -356,11 +356,21 @@ async def test_deregister_leaves_a_record_someone_else_rewrote(
 async def test_keepalive_on_a_revoked_lease_is_lease_lost(
     etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
 ) -> None:
-    provider = make_provider(etcd_server)
+    # 3 s TTL: keepalives due within 1 s, one covers the lease's renewals
+    # for a quarter of that (the grant counts as one).
+    provider = make_provider(etcd_server, ttl_seconds=3)
     registered = await provider.register(record(), soon())
+    await provider.renew(registered, soon())  # just granted: nothing sent
+    assert provider.statistics().keepalives == 0
     await raw.revoke(int(registered.handle))
+    await anyio.sleep(0.3)
     with pytest.raises(LeaseLost, match="expired or was revoked"):
         await provider.renew(registered, soon())
+    assert provider.statistics().keepalives == 1
+    # the lease is known lost: no request, the same answer
+    with pytest.raises(LeaseLost, match="expired or was revoked"):
+        await provider.renew(registered, soon())
+    assert provider.statistics().keepalives == 1
     assert await provider.check(registered, soon()) is HealthStatus.MISSING
 
 

@@ -16,7 +16,7 @@ import nadisc_etcd._state as state_module
 import pytest
 from nadisc_etcd._layout import Layout
 from nadisc_etcd._state import ServiceState
-from nadisc_etcd._wire import KeyValue, WatchResponse, b64
+from nadisc_etcd._wire import Event, KeyValue, ResponseHeader, WatchResponse, b64
 
 from nadisc import Instance, ProviderSnapshot
 from nadisc._capacity import SnapshotLedger
@@ -36,11 +36,9 @@ def kv(n: int, mod: int, port: int = 80) -> KeyValue:
 
 
 def batch(revision: int, changes: Iterable[tuple[str, KeyValue]]) -> WatchResponse:
-    return WatchResponse.model_validate(
-        {
-            "header": {"revision": revision},
-            "events": [{"type": kind, "kv": item.model_dump()} for kind, item in changes],
-        }
+    return WatchResponse(
+        header=ResponseHeader(revision=revision),
+        events=tuple(Event(type=kind, kv=item) for kind, item in changes),  # type: ignore[arg-type]
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import importlib.metadata
 import inspect
+import itertools
 import json
 import random
 from collections.abc import Callable
@@ -17,7 +18,7 @@ import anyio
 import httpx
 import pydantic
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from nadisc_etcd import (
     EtcdClient,
@@ -30,13 +31,19 @@ from nadisc_etcd import (
     factory,
 )
 from nadisc_etcd._client import LineBuffer, _Body
+from nadisc_etcd._leases import LeasePool
+from nadisc_etcd._provider import page_size, record_bytes
 from nadisc_etcd._state import Backoff, ProbeVerdict, ServiceState
 from nadisc_etcd._wire import (
+    Event,
     GatewayStatus,
     KeyValue,
     RangeResponse,
+    ResponseHeader,
     WatchLine,
     WatchResponse,
+    WireError,
+    decode,
     prefix_range_end,
 )
 
@@ -76,24 +83,25 @@ def value(document: object) -> str:
 
 
 def test_omitted_zero_values_decode_as_zero() -> None:
-    answer = RangeResponse.model_validate_json(b'{"header":{"revision":"7"}}')
+    answer = decode(RangeResponse, b'{"header":{"revision":"7"}}')
     assert (answer.header.revision, answer.kvs, answer.more, answer.count) == (7, (), False, 0)
-    line = WatchLine.model_validate_json(
+    line = decode(
+        WatchLine,
         b'{"result":{"header":{"revision":"9"},"events":[{"kv":{"key":"YQ==",'
-        b'"mod_revision":"9"}},{"type":"DELETE","kv":{"key":"Yg=="}}]}}'
+        b'"mod_revision":"9"}},{"type":"DELETE","kv":{"key":"Yg=="}}]}}',
     )
     assert line.result is not None
     put, delete = line.result.events
     assert (put.type, put.kv.key, put.kv.value, put.kv.lease) == ("PUT", b"a", "", 0)
     assert (delete.type, delete.kv.key, delete.kv.mod_revision) == ("DELETE", b"b", 0)
     assert not line.result.is_progress
-    progress = WatchResponse.model_validate_json(b'{"header":{"revision":"12"}}')
+    progress = decode(WatchResponse, b'{"header":{"revision":"12"}}')
     assert progress.is_progress
 
 
 def test_a_key_that_is_not_base64_makes_the_body_unreadable() -> None:
-    with pytest.raises(pydantic.ValidationError, match="base64"):
-        KeyValue.model_validate_json(b'{"key":"!!!"}')
+    with pytest.raises(WireError, match="base64"):
+        decode(KeyValue, b'{"key":"!!!"}')
 
 
 def test_prefix_range_end() -> None:
@@ -243,11 +251,9 @@ def kv(key: str, mod: int, addr: str | None = "10.0.0.1:80") -> KeyValue:
 
 
 def events(revision: int, *items: tuple[str, KeyValue]) -> WatchResponse:
-    return WatchResponse.model_validate(
-        {
-            "header": {"revision": revision},
-            "events": [{"type": kind, "kv": item.model_dump()} for kind, item in items],
-        }
+    return WatchResponse(
+        header=ResponseHeader(revision=revision),
+        events=tuple(Event(type=kind, kv=item) for kind, item in items),  # type: ignore[arg-type]
     )
 
 
@@ -521,7 +527,7 @@ async def test_undecodable_and_oversized_bodies() -> None:
     client = client_with(handler)
     with pytest.raises(IncompleteSnapshot, match="undecodable") as caught:
         await client.range(b"k", None, deadline=soon())
-    assert isinstance(caught.value.__cause__, pydantic.ValidationError)
+    assert isinstance(caught.value.__cause__, WireError)
     with pytest.raises(OutcomeUnknown, match="undecodable"):
         await client.put(b"k", b"v", lease=0, deadline=soon())
     with pytest.raises(CapacityRejected, match="max_response_bytes=4096"):
@@ -803,3 +809,168 @@ async def test_request_bodies_are_sent_without_an_async_generator() -> None:
     assert not inspect.isasyncgen(chunks)
     assert [chunk async for chunk in chunks] == [b'{"key":"YQ=="}']
     assert [chunk async for chunk in body] == [b'{"key":"YQ=="}']  # fresh each time
+
+
+# ------------------------------------------------------------- range pages
+
+
+def test_page_size_follows_the_byte_limit_and_the_instance_limit() -> None:
+    # the whole listing in one page when it fits the page budget
+    assert page_size(64 * 2**20, 300, 4096) == 4097
+    # a smaller response limit: half of it at the estimated record size
+    assert page_size(64 * 1024, 256, 4096) == 128
+    # never below one record, whatever the records weigh
+    assert page_size(4096, 1_000_000, 4096) == 1
+    # the estimate of a page of records: base64 key and value text + framing
+    page = (kv("p/orders/i1", 3), kv("p/orders/i2", 4))
+    size = len(page[0].value) + (len(page[0].key) * 4 + 2) // 3 + 120
+    assert record_bytes(page) == size
+
+
+class RangeServer:
+    """The gateway's ``/v3/kv/range`` over a fixed key set, as etcd answers it
+    (api/etcdserverpb/rpc.proto RangeRequest: ``limit``, ``revision``,
+    ``range_end``; RangeResponse ``more`` and ``count`` of the whole range)."""
+
+    def __init__(self, records: dict[bytes, str]) -> None:
+        self.records = dict(sorted(records.items()))
+        self.limits: list[int] = []
+        self.revisions: list[int] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        start = base64.b64decode(body["key"])
+        end = base64.b64decode(body["range_end"])
+        limit = int(body.get("limit", 0))
+        self.limits.append(limit)
+        self.revisions.append(int(body.get("revision", 0)))
+        keys = [k for k in self.records if start <= k < end]
+        page = keys[:limit] if limit else keys
+        kvs = [{"key": b64(k), "value": self.records[k], "mod_revision": "9"} for k in page]
+        payload = {
+            "header": {"revision": "9"},
+            "kvs": kvs,
+            "more": len(page) < len(keys),
+            "count": str(len(keys)),
+        }
+        return reply(200, payload)
+
+
+def range_provider(server: RangeServer, max_response_bytes: int) -> EtcdProvider:
+    return EtcdProvider(
+        make_context(max_response_bytes=max_response_bytes),
+        settings_of(endpoints=["http://a:1"], prefix="p", max_record_bytes=8192),
+        transport=httpx.MockTransport(server.handle),
+    )
+
+
+def addr_value(n: int, pad: int = 0) -> str:
+    return value(
+        {"Op": 0, "Addr": f"10.1.{n // 250}.{n % 250 + 1}:80", "Metadata": {"p": "x" * pad}}
+    )
+
+
+async def test_a_listing_that_fits_is_one_request() -> None:
+    server = RangeServer({f"p/orders/i{n:04d}".encode(): addr_value(n) for n in range(300)})
+    provider = range_provider(server, 4 * 2**20)
+    snapshot = await provider.query("orders", soon())
+    assert len(snapshot.instances) == 300
+    assert len(server.limits) == 1
+    await provider.aclose()
+
+
+async def test_pages_follow_the_byte_limit_at_one_revision() -> None:
+    server = RangeServer({f"p/orders/i{n:04d}".encode(): addr_value(n) for n in range(300)})
+    provider = range_provider(server, 64 * 1024)
+    snapshot = await provider.query("orders", soon())
+    assert len(snapshot.instances) == 300
+    # first page at the default estimate (1 KiB a record), the next ones at
+    # the measured size: far fewer than 300 / 32 requests
+    assert server.limits[0] == 32
+    assert all(limit > 32 for limit in server.limits[1:])
+    assert 2 <= len(server.limits) <= 4
+    # every later page read at the first page's revision
+    assert server.revisions == [0] + [9] * (len(server.limits) - 1)
+    await provider.aclose()
+
+
+async def test_records_larger_than_estimated_are_asked_again_in_smaller_pages() -> None:
+    server = RangeServer(
+        {f"p/orders/i{n:04d}".encode(): addr_value(n, pad=3000) for n in range(40)}
+    )
+    provider = range_provider(server, 64 * 1024)
+    snapshot = await provider.query("orders", soon())
+    assert len(snapshot.instances) == 40
+    # 32 records of ~4 KiB exceed the 64 KiB limit: refused, then smaller pages
+    assert server.limits[0] == 32
+    assert server.limits[1] < 32
+    await provider.aclose()
+
+
+# ------------------------------------------------------------- shared leases
+
+
+def test_a_lease_is_shared_until_full_and_revoked_with_its_last_key() -> None:
+    pool = LeasePool(renew_within=5.0, group=3)
+    assert pool.joinable() is None
+    lease = pool.granted(11, now=0.0)
+    for key in (b"a", b"b", b"c"):
+        assert pool.joinable() is lease
+        assert pool.attach(lease, key) is None
+    assert pool.joinable() is None  # full: the next registration grants one
+    other = pool.granted(12, now=1.0)
+    # a key put again on another lease leaves the first one
+    assert pool.attach(other, b"a") is None
+    assert lease.keys == {b"b", b"c"}
+    assert not pool.detach(11, b"b")
+    assert pool.detach(11, b"c")  # the last key: revoke it
+    assert pool.get(11) is None and len(pool) == 1
+
+
+def test_a_lost_lease_takes_every_key_and_is_never_joined() -> None:
+    pool = LeasePool(renew_within=5.0)
+    lease = pool.granted(7, now=0.0)
+    pool.attach(lease, b"a")
+    pool.attach(lease, b"b")
+    pool.lost(7)
+    assert pool.is_lost(7) and pool.alive(7, 0.0) == -1
+    assert pool.joinable() is None
+    fresh = pool.granted(8, now=1.0)
+    # the owner registers each again on the new lease; the lost one empties
+    assert pool.attach(fresh, b"a") is None
+    assert pool.attach(fresh, b"b") is None
+    assert pool.get(7) is None and fresh.keys == {b"a", b"b"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    periods=st.lists(st.floats(min_value=0.05, max_value=1.0), min_size=1, max_size=12),
+    offsets=st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=12, max_size=12),
+    took=st.floats(min_value=0.0, max_value=0.2),
+)
+def test_shared_keepalives_stay_within_the_renewal_window(
+    periods: list[float], offsets: list[float], took: float
+) -> None:
+    """Registrations on one lease renew at their own periods (each at most
+    ``renew_within``, 1.0 here); the keepalives actually sent (the grant
+    counts as one) are never further apart than ``renew_within + fresh``
+    (1.25: a third of the TTL plus a quarter of that, so one keepalive may
+    be lost before the lease lapses at 3.0)."""
+    pool = LeasePool(renew_within=1.0)
+    pool.granted(1, now=0.0)
+    calls = sorted(
+        (offset * period + n * period, i)
+        for i, (period, offset) in enumerate(zip(periods, offsets, strict=False))
+        for n in range(int(20 / period) + 1)
+    )
+    sent = [0.0]
+    for at, _ in calls:
+        if at > 20:
+            break
+        if pool.keepalive_due(1, at):
+            sent.append(at)
+            pool.kept(1, at, ttl=3)
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert max(gaps, default=0.0) <= 1.0 + pool.fresh + 1e-9
+    # and far fewer than one per call when many registrations share it
+    assert len(sent) <= 20 / pool.fresh + 2

@@ -109,7 +109,9 @@ async def test_100_registrations_on_one_owner_all_active_and_all_removed(
     ) as owner:
         assert {s.state for s in owner.registrations().values()} == {RegistrationState.ACTIVE}
         assert await keys_under(raw, f"{prefix}/") == count
-        assert await leases(raw) == count
+        # One TTL per connection: every registration shares one lease
+        # (LEASE_GROUP is 256 keys).
+        assert await leases(raw) == 1
     report = owner.close_report
     assert report is not None
     outcomes = {getattr(e, "outcome", None) for e in report.registrations}
@@ -221,4 +223,66 @@ async def test_a_400_key_burst_is_seen_in_full_soon_after_the_last_write(
         seen_after = trio.current_time() - last_ack
         assert seen_after < 5.0, seen_after
         assert lag.longest < 0.5, lag.longest
+    assert all_tasks() == before
+
+
+async def test_registrations_share_a_lease_and_a_lost_one_registers_all_again(
+    own_etcd: EtcdServer, raw_factory: Callable[[EtcdServer], RawEtcd]
+) -> None:
+    raw = raw_factory(own_etcd)
+    prefix = unique_prefix()
+    count = 20
+    names = [f"r{n:03d}" for n in range(count)]
+    registrations = {
+        name: {
+            "service_name": "self",
+            "ip": "10.0.0.6",
+            "port": 21_000 + n,
+            "eligibility_ref": name,
+        }
+        for n, name in enumerate(names)
+    }
+    config = etcd_config(
+        own_etcd.url,
+        prefix,
+        registrations=registrations,
+        etcd={"ttl_seconds": 3},
+        limits={"max_registrations": count},
+        shutdown_timeout_ms=20_000,
+    )
+    provider = injected_provider(EtcdProvider, own_etcd.url, prefix, ttl_seconds=3)
+    before = all_tasks()
+    async with open_discovery(
+        config,
+        providers={"primary": provider},
+        eligibility={name: Eligibility.always() for name in names},
+        prepare_deadline=soon(),
+        publish_deadline=soon(30),
+    ) as owner:
+        assert await leases(raw) == 1
+        (first,) = (await raw.call("/v3/lease/leases", {}))["leases"]
+        sent = provider.statistics().keepalives
+        # 3 s of renewals (each registration due every second): one
+        # keepalive per quarter renewal window for the one lease, not 20 per second
+        await trio.sleep(3)
+        assert provider.statistics().keepalives - sent <= 3 / 0.25 + 2
+        assert await leases(raw) == 1
+        await raw.revoke(int(first["ID"]))  # every key on it is gone at once
+        with trio.fail_after(15):
+            while not (  # noqa: ASYNC110 - polls the server and the owner's view
+                await keys_under(raw, f"{prefix}/") == count
+                and {s.state for s in owner.registrations().values()} == {RegistrationState.ACTIVE}
+            ):
+                await trio.sleep(0.1)
+        # each registration was registered again, all on one new lease
+        (second,) = (await raw.call("/v3/lease/leases", {}))["leases"]
+        assert second["ID"] != first["ID"]
+        assert provider.statistics().leases_granted == 2
+    report = owner.close_report
+    assert report is not None
+    assert {getattr(e, "outcome", None) for e in report.registrations} == {
+        CloseOutcome.DEREGISTERED
+    }
+    assert await keys_under(raw, f"{prefix}/") == 0
+    assert await leases(raw) == 0
     assert all_tasks() == before

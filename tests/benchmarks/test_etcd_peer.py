@@ -1,0 +1,31 @@
+"""Smoke run of the etcd peer benchmark (starts its own etcd; aetcd is the peer)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from benchmarks import etcd_peer
+
+pytestmark = [pytest.mark.real_server]
+
+
+def test_smoke_run_prints_every_row_against_the_peer(capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("etcd") is None and os.environ.get("CI", "").lower() != "true":
+        pytest.skip(reason="etcd is not installed (apt-get install etcd-server); never under CI")
+    rows = etcd_peer.main(["--smoke"])
+    out = capsys.readouterr().out
+    assert [r.measure for r in rows] == [
+        "put -> observed p50",
+        "put -> observed p99",
+        "CPU per change",
+        f"{etcd_peer.SMOKE.keys:,}-key range wall",
+        f"{etcd_peer.SMOKE.keys:,}-key range CPU",
+    ]
+    assert "load average" in out
+    for row in rows:
+        # both sides measured something real (each range checked its key count)
+        assert row.ours > 0 and row.peer > 0, row
+        assert row.measure in out
