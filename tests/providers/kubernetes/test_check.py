@@ -23,6 +23,9 @@ def config_file(tmp_path: Path, kubeconfig: Path, **extra: Any) -> Path:
             "connections": {
                 "primary": {
                     "provider": "kubernetes",
+                    # A production grace, so that `check` has nothing to say
+                    # about the fail-closed default (stale_if_error_ms: 0).
+                    "snapshot": {"stale_if_error_ms": 20000, "max_age_ms": 60000},
                     "kubernetes": {
                         "credentials": "kubeconfig",
                         "kubeconfig": str(kubeconfig),
