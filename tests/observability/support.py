@@ -79,13 +79,19 @@ async def consul_console(
 def apply_message(state: dict[str, Any], text: str | bytes) -> dict[str, Any]:
     """Fold one console message into ``state`` the way the page does."""
     message: dict[str, Any] = json.loads(text)
+    if message["type"] == "tick":
+        return message
     services: dict[str, Any] = state.setdefault("services", {})
     if message["type"] == "full":
         services.clear()
     services.update(message["services"])
     for key in message["removed"]:
         services.pop(key, None)
-    state["overview"] = message["overview"]
+    if "overview" in message:
+        state["overview"] = message["overview"]
+    state.setdefault("routes", {}).update(message.get("routes", {}))
+    for key in message.get("removed_routes", []):
+        state["routes"].pop(key, None)
     state["seq"] = message["seq"]
     return message
 

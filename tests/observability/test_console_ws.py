@@ -148,7 +148,12 @@ async def test_a_client_that_does_not_read_gets_the_newest_state_not_a_backlog()
 
         url = base.replace("http", "ws") + "/ws"
         async with trio.open_nursery() as nursery, open_websocket_url(url) as fast:
-            scope = {"type": "websocket", "path": "/ws", "headers": [], "root_path": ""}
+            scope = {
+                "type": "websocket",
+                "path": "/ws",
+                "headers": [(b"host", b"127.0.0.1")],
+                "root_path": "",
+            }
             nursery.start_soon(app, scope, receive, send)  # type: ignore[arg-type]
             fast_state: dict[str, Any] = {}
             apply_message(fast_state, await fast.get_message())
