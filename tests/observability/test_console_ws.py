@@ -220,7 +220,7 @@ async def test_state_is_fresh_with_no_client_connected() -> None:
             while app.model.samples < taken + 2:
                 await trio.sleep(0.01)
         assert app.model.current.taken_at <= app.model.sampled_at
-        seen = {}
+        seen: dict[str, Any] = {}
         apply_message(seen, app.model.current.delta({}, full=True) or "")
         assert identities(seen) == ["orders-1"]
         async with httpx.AsyncClient() as client:
