@@ -179,6 +179,9 @@ class RouteMetrics:
     endpoints: tuple[EndpointMetrics, ...]
     #: (failure kind, count) for every :class:`~nadisc.CallFailureKind` value, in declaration order.
     failures: tuple[tuple[str, int], ...] = ()
+    #: Whole-call latency per outcome: (outcome, counts per ``CALL_LATENCY_BUCKETS``
+    #: bound plus one over the last, sum of seconds), in ``CALL_OUTCOMES`` order.
+    latency: tuple[tuple[str, tuple[int, ...], float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,6 +439,7 @@ def route_metrics(route: Route) -> RouteMetrics:
         failed_endpoints=failed,
         endpoints=tuple(endpoints),
         failures=tuple(stats.failures.items()),
+        latency=tuple((k, counts, total) for k, (counts, total) in stats.latency.items()),
     )
 
 

@@ -9,8 +9,10 @@ Contract:
   hypercorn until SIGINT/SIGTERM. The bind defaults to ``127.0.0.1:8765``;
   a non-loopback bind needs a token. The token comes from the environment
   variable named by ``--token-env`` (default ``NADISC_CONSOLE_TOKEN``),
-  never from the command line (``ps`` would show it). It prints
-  ``console: http://HOST:PORT/`` once it serves.
+  never from the command line (``ps`` would show it). It answers only for
+  loopback ``Host`` names, the bind address and ``--allow-host`` names, and
+  accepts WebSockets only from its own page or an ``--allow-origin``. It
+  prints ``console: http://HOST:PORT/`` once it serves.
 * ``nadisc watch CONFIG SERVICE... [--json] [--updates N]`` opens an owner
   the same way, observes SERVICE (an alias on the default connection, or
   ``connection/alias``) and redraws a table on each change: revision,
@@ -19,10 +21,13 @@ Contract:
   changed service instead.
 * ``nadisc watch [CONFIG] SERVICE... --connect ws://HOST:PORT/ws`` follows
   a running console instead (trio-websocket), sending the token from the
-  same environment variable as ``Authorization: Bearer``.
+  same environment variable as ``Authorization: Bearer``; a lost connection
+  is retried with backoff (0.1 s doubling to 1 s), and the status line
+  shows the data's age (``STALE`` past what the console's interval allows).
+  On a terminal the table is cut to its width and redrawn on resize.
 
-Exit status: 0 (stopped by a signal or after ``--updates``), 2 on a usage
-or config error, 1 when discovery or the connection failed.
+Exit status: 0 (stopped by SIGINT/Ctrl-C, SIGTERM or after ``--updates``;
+no traceback), 2 on a usage or config error, 1 when discovery failed.
 """
 
 from __future__ import annotations
@@ -60,6 +65,20 @@ def add_commands(sub: Any) -> None:
     console.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, help="seconds")
     console.add_argument("--token-env", default=TOKEN_ENV, help="variable holding the token")
     console.add_argument("--timeout", type=float, default=5.0, help="first-listing wait")
+    console.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name to answer for besides loopback and the bind address (repeatable)",
+    )
+    console.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a page origin (scheme://host[:port]) whose WebSocket is accepted (repeatable)",
+    )
     console.set_defaults(run=_run_console)
 
     watch = sub.add_parser("watch", help="watch services live in the terminal")
@@ -235,6 +254,8 @@ class _View:
         try:
             width = os.get_terminal_size(self.out.fileno()).columns
         except (AttributeError, OSError, ValueError):
+            width = 0
+        if width <= 0:  # not a terminal, or one that never set its size
             width = shutil.get_terminal_size((120, 40)).columns
         text = format_table(self._rows or [])
         if self._status:
@@ -289,9 +310,25 @@ def _run_console(
         raise ConfigError(
             "--bind", f"a console on a non-loopback address needs a token (set {args.token_env})"
         )
+    from ._asgi import RequestGuard
+
+    try:
+        RequestGuard(args.allow_host, args.allow_origin)
+    except ValueError as exc:
+        raise ConfigError("--allow-host/--allow-origin", str(exc)) from None
     import trio
 
-    trio.run(_console_main, _viewer_config(config), host, port, interval, timeout, token, out)
+    trio.run(
+        _console_main,
+        _viewer_config(config),
+        host,
+        port,
+        interval,
+        timeout,
+        token,
+        out,
+        (tuple(args.allow_host), tuple(args.allow_origin)),
+    )
     return 0
 
 
@@ -316,6 +353,7 @@ async def _console_main(
     first_wait: float,
     token: str | None,
     out: TextIO,
+    allowed: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
 ) -> None:
     import signal
 
@@ -327,7 +365,14 @@ async def _console_main(
 
     async with open_discovery(config) as owner:
         held = await _observe_all(owner, config, first_wait)
-        app = console_app(owner, token=token, interval=interval, metrics=True)
+        app = console_app(
+            owner,
+            token=token,
+            interval=interval,
+            metrics=True,
+            allowed_hosts=allowed[0],
+            allowed_origins=allowed[1],
+        )
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(serve, app, f"{host}:{port}")
             out.write(f"console: {urls[0]}/\n")
