@@ -560,9 +560,22 @@ def _fold(
     clock["sampled"] = float(message.get("sampled") or clock["now"])
     clock["stale_after"] = float(message.get("stale_after") or 3.0)
     clock["at"] = received
-    if kind == "full":
+    _merge(services, message)
+    return message
+
+
+def _merge(services: dict[str, dict[str, Any]], message: Mapping[str, Any]) -> None:
+    """Fold a ``full`` or ``delta`` message's service parts into ``services``;
+    each part gets its ``confirmed_at`` from the message's ``confirmed``
+    times (or keeps the one it had)."""
+    if message.get("type") == "full":
         services.clear()
-    services.update(message.get("services", {}))
+    for key, part in message.get("services", {}).items():
+        old = services.get(key)
+        part.setdefault("confirmed_at", old.get("confirmed_at") if old else None)
+        services[key] = part
+    for key, stamp in message.get("confirmed", {}).items():
+        if key in services:
+            services[key]["confirmed_at"] = stamp
     for key in message.get("removed", []):
         services.pop(key, None)
-    return message

@@ -202,6 +202,9 @@ class ConsoleSample:
     services: Parts
     #: route key -> (version, JSON text)
     routes: Parts = field(default_factory=dict)
+    #: service key -> (version, JSON number or null): when its listing was last
+    #: confirmed (moves with every poll; kept out of the service's part).
+    confirmed: Parts = field(default_factory=dict)
 
     def delta(
         self,
@@ -216,14 +219,17 @@ class ConsoleSample:
         update ``seen``); None when it already has everything.
 
         ``seen`` maps ``""`` to the overview's version, ``"s:<key>"`` and
-        ``"r:<key>"`` to the versions of service and route parts. Only the
-        parts whose version moved are in the message, with their versions.
+        ``"r:<key>"`` to the versions of service and route parts (``"c:<key>"``
+        to those of the confirmed-at times). Only the parts whose version
+        moved are in the message, with their versions; a service part has no
+        ``confirmed_at``: it is in ``confirmed`` (key -> loop-clock time).
         ``now`` (server clock when sent) and ``sampled`` (when the owner was
         last read) let the client tell how old its data is."""
         services, versions, removed = _changed(self.services, "s:", seen, full)
         routes, route_versions, removed_routes = _changed(self.routes, "r:", seen, full)
+        stamps, _versions, _removed = _changed(self.confirmed, "c:", seen, full)
         overview = full or seen.get("") != self.overview_version
-        if not (overview or services or removed or routes or removed_routes):
+        if not (overview or services or removed or routes or removed_routes or stamps):
             return None
         seen[""] = self.overview_version
         kind = "full" if full else "delta"
@@ -231,7 +237,8 @@ class ConsoleSample:
             f'{{"type":"{kind}","seq":{self.seq},{self._clock(now, sampled, interval)},'
             + (f'"overview":{self.overview},' if overview else "")
             + f'"services":{{{",".join(services)}}},"versions":{{{",".join(versions)}}},'
-            f'"removed":{_dumps(removed)},"routes":{{{",".join(routes)}}},'
+            f'"removed":{_dumps(removed)},"confirmed":{{{",".join(stamps)}}},'
+            f'"routes":{{{",".join(routes)}}},'
             f'"route_versions":{{{",".join(route_versions)}}},'
             f'"removed_routes":{_dumps(removed_routes)}}}'
         )
@@ -287,6 +294,7 @@ class ConsoleModel:
         # key -> (cache key, version, text)
         self._parts: dict[str, tuple[object, int, str]] = {}
         self._routes: dict[str, tuple[int, str]] = {}
+        self._confirmed: dict[str, tuple[int, str]] = {}
         self._overview: tuple[str, int] = ("", 0)
         self._sampling = False
         self._event = anyio.Event()
@@ -339,13 +347,24 @@ class ConsoleModel:
                 extra.extend(route_metrics(route) for route in transport.routes())
         changed = False
         services: dict[str, tuple[int, str]] = {}
+        confirmed: dict[str, tuple[int, str]] = {}
         for listing in self._observer.listings(at):
             key = f"{listing.connection}/{listing.service}"
             if self._filter is not None and key not in self._filter:
                 continue
+            # When the listing was last confirmed moves with every poll or
+            # watch progress: a part of its own (a number), so the card's
+            # version moves only when what it shows changed.
+            stamp = _dumps(_num(listing.confirmed_at))
+            old_stamp = self._confirmed.get(key)
+            if old_stamp is None or old_stamp[1] != stamp:
+                confirmed[key] = (old_stamp[0] + 1 if old_stamp else 1, stamp)
+                changed = True
+            else:
+                confirmed[key] = old_stamp
             cache_key = (
                 listing.revision,
-                listing.confirmed_at,
+                listing.confirmed_at is None,
                 listing.unavailable_reason,
                 listing.last_failure,
                 listing.degraded,
@@ -356,7 +375,9 @@ class ConsoleModel:
             if known is not None and known[0] == cache_key:
                 services[key] = (known[1], known[2])
                 continue
-            text = _dumps(service_part(listing))
+            content = service_part(listing)
+            del content["confirmed_at"]
+            text = _dumps(content)
             if known is not None and known[2] == text:
                 self._parts[key] = (cache_key, known[1], text)
                 services[key] = (known[1], text)
@@ -368,6 +389,7 @@ class ConsoleModel:
         for key in [k for k in self._parts if k not in services]:
             del self._parts[key]
             changed = True
+        self._confirmed = confirmed
         routes: dict[str, tuple[int, str]] = {}
         for route in (*snap.routes, *extra):
             key = f"{route.connection}/{route.service}"
@@ -395,6 +417,7 @@ class ConsoleModel:
                 overview_version=self._overview[1],
                 services=services,
                 routes=dict(routes),
+                confirmed=confirmed,
             )
             event, self._event = self._event, anyio.Event()
             event.set()

@@ -170,6 +170,6 @@ async def test_a_page_on_another_origin_cannot_read_the_console(tmp_path: Path) 
             assert "orders" not in text and "does not answer" in text
             # The console's own page still reads it (same origin).
             page = await browser.open_page(base + "/")
-            await page.wait_for("document.body.dataset.fresh === 'yes'")
+            await page.wait_for("document.body && document.body.dataset.fresh === 'yes'")
             assert await page.evaluate(TRY_WS % ws, await_promise=True) != "refused"
         assert app.refused >= 2

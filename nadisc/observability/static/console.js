@@ -189,9 +189,7 @@
             el("td", {}, ...marks(e))));
         }
       }
-      card.append(el("table", { class: "grid fixed" },
-        el("colgroup", {}, el("col", { class: "c-id" }), el("col", { class: "c-addr" }),
-          el("col", { class: "c-weight" }), el("col", { class: "c-marks" })),
+      card.append(el("table", { class: "grid fixed instances" },
         el("thead", {}, el("tr", {}, ...["instance", "address", "weight", "marks"]
           .map((h) => el("th", {}, h)))),
         el("tbody", {}, ...rows)));
@@ -207,47 +205,66 @@
     const sig = marksSignature(key);
     if (!force && known && known.version === version && known.marks === sig) return;
     const node = serviceCard(key, s);
+    counts.rebuilt += 1;
+    document.body.dataset.rebuilt = String(counts.rebuilt);
     node.setAttribute("data-version", String(version));
-    if (known) known.node.replaceWith(node);
+    if (known) { watcher.unobserve(known.node); known.node.replaceWith(node); }
     else placeService(key, node);
     cards.set(key, { node, version, marks: sig });
+    watcher.observe(node);
+  }
+
+  const order = []; // service keys of the cards, sorted
+
+  function position(key) {
+    let lo = 0, hi = order.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (order[mid] < key) lo = mid + 1; else hi = mid; }
+    return lo;
   }
 
   function placeService(key, node) {
     const box = document.getElementById("services");
     const empty = box.querySelector("p.dim");
     if (empty) empty.remove();
-    // Keep the cards sorted by key: insert before the first larger key.
-    let before = null;
-    for (const [other, card] of cards) {
-      if (other > key && (before === null || other < before[0])) before = [other, card.node];
-    }
-    box.insertBefore(node, before ? before[1] : null);
+    const at = position(key);
+    const next = at < order.length ? cards.get(order[at]) : null;
+    order.splice(at, 0, key);
+    box.insertBefore(node, next ? next.node : null);
   }
 
   function removeService(key) {
     const known = cards.get(key);
-    if (known) known.node.remove();
+    if (known) { watcher.unobserve(known.node); known.node.remove(); }
+    onScreen.delete(key);
     cards.delete(key);
+    const at = position(key);
+    if (order[at] === key) order.splice(at, 1);
     if (!cards.size) {
       document.getElementById("services").replaceChildren(el("p", { class: "dim" }, "nothing observed yet"));
     }
   }
 
+  function tickAge(key, now) {
+    const card = cards.get(key);
+    const s = state.services.get(key);
+    if (!card || !s || card.node.hidden) return;
+    if (!card.age) {
+      card.age = card.node.querySelector("[data-age]");
+      card.fill = card.node.querySelector(".age .bar");
+    }
+    const age = ageText(s, now === undefined ? serverNow() : now);
+    if (card.age && card.age.textContent !== age.text) card.age.textContent = age.text;
+    const width = (Math.max(0, Math.min(1, age.fraction)) * 100).toFixed(0) + "%";
+    if (card.fill && card.width !== width) {
+      card.width = width;
+      card.fill.className = "bar " + age.kind;
+      card.fill.firstChild.style.width = width;
+    }
+  }
+
   function tickAges() {
     const now = serverNow();
-    for (const [key, card] of cards) {
-      const s = state.services.get(key);
-      const target = card.node.querySelector("[data-age]");
-      if (!s || !target) continue;
-      const age = ageText(s, now);
-      if (target.textContent !== age.text) target.textContent = age.text;
-      const fill = card.node.querySelector(".age .bar");
-      if (fill) {
-        fill.className = "bar " + age.kind;
-        fill.firstChild.style.width = (Math.max(0, Math.min(1, age.fraction)) * 100).toFixed(1) + "%";
-      }
-    }
+    for (const key of onScreen) tickAge(key, now);
   }
 
   // ------------------------------------------------------------------ routes
@@ -322,7 +339,20 @@
 
   // ------------------------------------------------------------------ messages
 
+  // Ages move every second: only the cards on screen follow them (a card
+  // coming into view is brought up to date at once).
+  const onScreen = new Set();
+  const watcher = new IntersectionObserver((entries) => {
+    for (const entry of entries) {
+      const key = entry.target.getAttribute("data-service");
+      if (entry.isIntersecting) { onScreen.add(key); tickAge(key); } else onScreen.delete(key);
+    }
+  });
+
+  const counts = { messages: 0, rebuilt: 0 }; // diagnostics, on the body's data-* attributes
+
   function apply(message) {
+    counts.messages += 1;
     state.now = message.now; state.sampled = message.sampled; state.receivedAt = Date.now();
     state.interval = message.interval; state.staleAfter = message.stale_after; state.seq = message.seq;
     if (message.type === "tick") { freshness(); return; }
@@ -339,16 +369,51 @@
     for (const [key, value] of Object.entries(message.routes || {})) state.routes.set(key, value);
     for (const key of message.removed_routes || []) { state.routes.delete(key); removeRoute(key); }
     for (const [key, value] of Object.entries(message.services)) {
+      const old = state.services.get(key);
+      if (!("confirmed_at" in value)) value.confirmed_at = old ? old.confirmed_at : null;
       state.services.set(key, value);
       state.versions.set(key, message.versions[key]);
+    }
+    // Confirmed-at times move with every poll: only the age texts follow them.
+    let stamped = false;
+    for (const [key, stamp] of Object.entries(message.confirmed || {})) {
+      const s = state.services.get(key);
+      if (s) { s.confirmed_at = stamp; stamped = true; }
     }
     for (const key of message.removed) { state.services.delete(key); state.versions.delete(key); removeService(key); }
     // A service card is rebuilt when its version moved, or when its route's marks changed.
     const touched = new Set([...Object.keys(message.services), ...Object.keys(message.routes || {})]);
-    for (const key of [...touched].sort()) if (state.services.has(key)) rebuildService(key, false);
+    const keys = [...touched].sort();
+    if (!cards.size && keys.length) {
+      // First render: every card into one fragment, in order, one insertion.
+      const fragment = document.createDocumentFragment();
+      for (const key of keys) {
+        if (!state.services.has(key)) continue;
+        const node = serviceCard(key, state.services.get(key));
+        const version = state.versions.get(key);
+        node.setAttribute("data-version", String(version));
+        cards.set(key, { node, version, marks: marksSignature(key) });
+        order.push(key);
+        fragment.append(node);
+        watcher.observe(node);
+      }
+      const box = document.getElementById("services");
+      box.replaceChildren(fragment);
+    } else {
+      for (const key of keys) if (state.services.has(key)) rebuildService(key, false);
+    }
     for (const key of Object.keys(message.routes || {})) rebuildRoute(key);
+    if (stamped && cards.size) tickAges();
     document.body.setAttribute("data-seq", String(state.seq));
+    document.body.dataset.messages = String(counts.messages);
+    document.body.dataset.rebuilt = String(counts.rebuilt);
     freshness();
+    if (message.type === "full" && !document.body.dataset.firstRenderMs) {
+      performance.mark("nadisc:applied");
+      void document.body.offsetHeight; // include the layout in the measure
+      // Milliseconds from the navigation to the first full render (for tests and benchmarks).
+      document.body.dataset.firstRenderMs = performance.now().toFixed(1);
+    }
   }
   state.versions = new Map();
 
@@ -364,8 +429,9 @@
     const label = age === null ? "no data yet" : "data " + seconds(age) + " old";
     const box = document.getElementById("age");
     if (box.textContent !== label) box.textContent = label;
-    document.body.classList.toggle("stale", stale);
-    document.body.setAttribute("data-fresh", stale ? "no" : "yes");
+    if (document.body.classList.contains("stale") !== stale) document.body.classList.toggle("stale", stale);
+    const fresh = stale ? "no" : "yes";
+    if (document.body.dataset.fresh !== fresh) document.body.dataset.fresh = fresh;
     if (state.connected) setLink(stale ? "stale" : "live", stale ? "stale" : "live");
   }
 
@@ -379,9 +445,11 @@
     socket.onopen = () => {
       if (token) socket.send(JSON.stringify({ token }));
       state.connected = true;
+      performance.mark("nadisc:open");
       setLink("live", "live");
     };
     socket.onmessage = (event) => {
+      if (!document.body.dataset.firstRenderMs) performance.mark("nadisc:first-message");
       const message = JSON.parse(event.data);
       apply(message);
       socket.send(JSON.stringify({ ack: message.seq }));
