@@ -12,15 +12,25 @@ the request it serves. Routes, relative to the mount point::
     /state        the newest full state as JSON (one-shot, for scripts)
     /metrics      the Prometheus exposition (when ``metrics=True``)
 
+Who may read it: every route needs a ``Host`` that is a loopback name, the
+address the request arrived on, or one of ``allowed_hosts`` (403 otherwise:
+DNS rebinding); ``/ws`` also needs the page's own ``Origin`` or one of
+``allowed_origins`` when the handshake carries one (403 otherwise).
+
+Sampling: the lifespan runs :meth:`ConsoleModel.run` in the server's task
+group (``ConsoleApp.run`` for a server without lifespan), so the owner is
+read every interval with or without clients.
+
 Per WebSocket client::
 
-    accept ─▶ [token?] ─▶ send full ─▶ wait_newer(seq) ─▶ send delta ─┐
-                                            ▲──────────────────────────┘
+    accept ─▶ [token?] ─▶ send full ─▶ [ack?] ─▶ wait_newer(seq) or 1 s ─▶ delta/tick ─┐
+                                          ▲─────────────────────────────────────────────┘
     disconnect (any time) ─▶ the handler's scope is cancelled, nothing left
 
-Latest-only: a client that reads slowly blocks only its own send; when it
-is done it receives one delta from what it saw to the newest sample (see
-:mod:`nadisc.observability._model`), never a backlog.
+Latest-only: a message is built at send time from the newest sample and
+what this client saw; a slow client blocks only its own send. With
+``/ws?ack=1`` the next message waits for ``{"ack": ...}``, so one frame at
+most is in flight (no socket or browser buffer keeps stale frames).
 
 Token: with ``token`` set, ``/ws`` needs ``Authorization: Bearer <token>``
 or a first text message ``{"token": "<token>"}`` within 5 s (browsers
