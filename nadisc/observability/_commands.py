@@ -570,10 +570,23 @@ def _merge(services: dict[str, dict[str, Any]], message: Mapping[str, Any]) -> N
     times (or keeps the one it had)."""
     if message.get("type") == "full":
         services.clear()
+    touched = set()
     for key, part in message.get("services", {}).items():
         old = services.get(key)
         part.setdefault("confirmed_at", old.get("confirmed_at") if old else None)
+        part["_chunks"] = old.get("_chunks", {}) if old else {}
         services[key] = part
+        touched.add(key)
+    for mark, chunk in message.get("instances", {}).items():
+        key, _, n = mark.rpartition("#")
+        if key in services:
+            services[key]["_chunks"][int(n)] = chunk
+            touched.add(key)
+    for key in touched:
+        part = services[key]
+        if "chunks" in part:
+            pieces = part["_chunks"]
+            part["instances"] = [i for n in range(part["chunks"]) for i in pieces.get(n, [])]
     for key, stamp in message.get("confirmed", {}).items():
         if key in services:
             services[key]["confirmed_at"] = stamp

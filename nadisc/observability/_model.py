@@ -158,6 +158,9 @@ def _dumps(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
 
 
+#: Instances per chunk of a service's listing (a part of its own).
+CHUNK = 50
+
 #: Seconds between two messages to a client when nothing changed (a "tick"
 #: that carries only how old the data is).
 HEARTBEAT = 1.0
@@ -205,6 +208,9 @@ class ConsoleSample:
     #: service key -> (version, JSON number or null): when its listing was last
     #: confirmed (moves with every poll; kept out of the service's part).
     confirmed: Parts = field(default_factory=dict)
+    #: ``"<service key>#<n>"`` -> (version, JSON list): the service's instances
+    #: ``n * CHUNK`` to ``(n + 1) * CHUNK`` (the service part says how many).
+    chunks: Parts = field(default_factory=dict)
 
     def delta(
         self,
@@ -222,14 +228,17 @@ class ConsoleSample:
         ``"r:<key>"`` to the versions of service and route parts (``"c:<key>"``
         to those of the confirmed-at times). Only the parts whose version
         moved are in the message, with their versions; a service part has no
-        ``confirmed_at``: it is in ``confirmed`` (key -> loop-clock time).
+        ``confirmed_at`` (it is in ``confirmed``: key -> loop-clock time) and
+        no ``instances``: it has ``chunks`` (a count), and ``instances`` maps
+        ``"<key>#<n>"`` to the changed chunks (``CHUNK`` instances each).
         ``now`` (server clock when sent) and ``sampled`` (when the owner was
         last read) let the client tell how old its data is."""
         services, versions, removed = _changed(self.services, "s:", seen, full)
         routes, route_versions, removed_routes = _changed(self.routes, "r:", seen, full)
         stamps, _versions, _removed = _changed(self.confirmed, "c:", seen, full)
+        chunks, _versions, _removed = _changed(self.chunks, "i:", seen, full)
         overview = full or seen.get("") != self.overview_version
-        if not (overview or services or removed or routes or removed_routes or stamps):
+        if not (overview or services or removed or routes or removed_routes or stamps or chunks):
             return None
         seen[""] = self.overview_version
         kind = "full" if full else "delta"
@@ -238,6 +247,7 @@ class ConsoleSample:
             + (f'"overview":{self.overview},' if overview else "")
             + f'"services":{{{",".join(services)}}},"versions":{{{",".join(versions)}}},'
             f'"removed":{_dumps(removed)},"confirmed":{{{",".join(stamps)}}},'
+            f'"instances":{{{",".join(chunks)}}},'
             f'"routes":{{{",".join(routes)}}},'
             f'"route_versions":{{{",".join(route_versions)}}},'
             f'"removed_routes":{_dumps(removed_routes)}}}'
@@ -295,6 +305,9 @@ class ConsoleModel:
         self._parts: dict[str, tuple[object, int, str]] = {}
         self._routes: dict[str, tuple[int, str]] = {}
         self._confirmed: dict[str, tuple[int, str]] = {}
+        # "<key>#<n>" -> (version, JSON list of instances); key -> chunk count
+        self._chunks: dict[str, tuple[int, str]] = {}
+        self._counts: dict[str, int] = {}
         self._overview: tuple[str, int] = ("", 0)
         self._sampling = False
         self._event = anyio.Event()
@@ -348,6 +361,7 @@ class ConsoleModel:
         changed = False
         services: dict[str, tuple[int, str]] = {}
         confirmed: dict[str, tuple[int, str]] = {}
+        chunks: dict[str, tuple[int, str]] = {}
         for listing in self._observer.listings(at):
             key = f"{listing.connection}/{listing.service}"
             if self._filter is not None and key not in self._filter:
@@ -374,9 +388,27 @@ class ConsoleModel:
             known = self._parts.get(key)
             if known is not None and known[0] == cache_key:
                 services[key] = (known[1], known[2])
+                for n in range(self._counts.get(key, 0)):
+                    mark = f"{key}#{n}"
+                    chunks[mark] = self._chunks[mark]
                 continue
             content = service_part(listing)
             del content["confirmed_at"]
+            # The instances in chunks of their own: one instance changing in a
+            # large service resends its chunk, not the service.
+            instances = content.pop("instances")
+            count = math.ceil(len(instances) / CHUNK)
+            content["chunks"] = count
+            for n in range(count):
+                mark = f"{key}#{n}"
+                chunk = _dumps(instances[n * CHUNK : (n + 1) * CHUNK])
+                old = self._chunks.get(mark)
+                if old is not None and old[1] == chunk:
+                    chunks[mark] = old
+                else:
+                    chunks[mark] = (old[0] + 1 if old is not None else 1, chunk)
+                    changed = True
+            self._counts[key] = count
             text = _dumps(content)
             if known is not None and known[2] == text:
                 self._parts[key] = (cache_key, known[1], text)
@@ -388,7 +420,11 @@ class ConsoleModel:
             changed = True
         for key in [k for k in self._parts if k not in services]:
             del self._parts[key]
+            self._counts.pop(key, None)
             changed = True
+        if set(self._chunks) - set(chunks):
+            changed = True
+        self._chunks = chunks
         self._confirmed = confirmed
         routes: dict[str, tuple[int, str]] = {}
         for route in (*snap.routes, *extra):
@@ -418,6 +454,7 @@ class ConsoleModel:
                 services=services,
                 routes=dict(routes),
                 confirmed=confirmed,
+                chunks=chunks,
             )
             event, self._event = self._event, anyio.Event()
             event.set()

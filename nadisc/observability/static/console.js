@@ -368,11 +368,28 @@
     }
     for (const [key, value] of Object.entries(message.routes || {})) state.routes.set(key, value);
     for (const key of message.removed_routes || []) { state.routes.delete(key); removeRoute(key); }
+    const changedCards = new Set(Object.keys(message.services));
     for (const [key, value] of Object.entries(message.services)) {
       const old = state.services.get(key);
       if (!("confirmed_at" in value)) value.confirmed_at = old ? old.confirmed_at : null;
+      value.pieces = old ? old.pieces : new Map();
       state.services.set(key, value);
-      state.versions.set(key, message.versions[key]);
+    }
+    // Instances come in chunks: only the chunks that changed are sent.
+    for (const [mark, chunk] of Object.entries(message.instances || {})) {
+      const at = mark.lastIndexOf("#");
+      const s = state.services.get(mark.slice(0, at));
+      if (!s) continue;
+      s.pieces.set(Number(mark.slice(at + 1)), chunk);
+      changedCards.add(mark.slice(0, at));
+    }
+    for (const key of changedCards) {
+      const s = state.services.get(key);
+      if (!s) continue;
+      const all = [];
+      for (let n = 0; n < s.chunks; n++) for (const i of s.pieces.get(n) || []) all.push(i);
+      s.instances = all;
+      state.versions.set(key, (state.versions.get(key) || 0) + 1); // the card's own version
     }
     // Confirmed-at times move with every poll: only the age texts follow them.
     let stamped = false;
@@ -382,7 +399,7 @@
     }
     for (const key of message.removed) { state.services.delete(key); state.versions.delete(key); removeService(key); }
     // A service card is rebuilt when its version moved, or when its route's marks changed.
-    const touched = new Set([...Object.keys(message.services), ...Object.keys(message.routes || {})]);
+    const touched = new Set([...changedCards, ...Object.keys(message.routes || {})]);
     const keys = [...touched].sort();
     if (!cards.size && keys.length) {
       // First render: every card into one fragment, in order, one insertion.
