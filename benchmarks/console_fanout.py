@@ -218,8 +218,9 @@ async def _client(
                     continue
                 now = time.time()
                 message = json.loads(text)
-                for key, part in message["services"].items():
-                    seen = [int(i["identity"].rsplit("-v", 1)[1]) for i in part["instances"]]
+                # Instances come in chunks (one part each): the newest change per chunk.
+                for key, chunk in message.get("instances", {}).items():
+                    seen = [int(i["identity"].rsplit("-v", 1)[1]) for i in chunk]
                     versions[key] = max(seen)
                     if role == "probe":
                         for v in seen:
