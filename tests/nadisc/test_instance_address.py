@@ -75,3 +75,15 @@ def test_a_trusted_listing_lists_a_bad_host_as_invalid() -> None:
             and "not an IP address or DNS name" in snap.invalid["b"]
         )
         assert snap.approximate_bytes() == 64 + sum(i.approximate_bytes() for i in snap.instances)
+
+
+def test_a_static_instance_with_a_bad_host_is_a_config_error_naming_its_path() -> None:
+    from pydantic import ValidationError
+
+    from nadisc import DiscoveryConfig
+
+    static = {"services": {"a": [{"id": "i1", "host": HOSTILE, "port": 80}]}}
+    with pytest.raises(ValidationError, match=r"static\.services\.a\.0\.host"):
+        DiscoveryConfig.model_validate(
+            {"enabled": True, "connections": {"p": {"provider": "static", "static": static}}}
+        )
