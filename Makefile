@@ -25,6 +25,13 @@ servers:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			etcd-server dnsmasq-base openssl chromium >/dev/null; \
 	fi
+	@# promtool (Debian's prometheus package) checks the metrics exposition and
+	@# the documented alert rules; tmux runs `nadisc watch` in a real terminal.
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v tmux >/dev/null 2>&1; then \
+		echo "installing prometheus (promtool) and tmux"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends prometheus tmux >/dev/null; \
+	fi
 	@# kubectl drives the Kubernetes fake's tests (any kubectl on PATH will do; the
 	@# image may ship one already, which Debian's package would conflict with).
 	@if ! command -v kubectl >/dev/null 2>&1; then \

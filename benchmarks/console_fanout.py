@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -217,8 +218,9 @@ async def _client(
                     continue
                 now = time.time()
                 message = json.loads(text)
-                for key, part in message["services"].items():
-                    seen = [int(i["identity"].rsplit("-v", 1)[1]) for i in part["instances"]]
+                # Instances come in chunks (one part each): the newest change per chunk.
+                for key, chunk in message.get("instances", {}).items():
+                    seen = [int(i["identity"].rsplit("-v", 1)[1]) for i in chunk]
                     versions[key] = max(seen)
                     if role == "probe":
                         for v in seen:
@@ -291,15 +293,241 @@ def print_table(r: Result) -> None:
     )
 
 
+# ------------------------------------------------------------------ pages: the issue's scenario
+
+PAGES_FULL: dict[str, Any] = {
+    "big": 1000, "small": 20, "per_small": 3, "rate": 20, "seconds": 15.0, "tabs": 3,
+    "drain": 2.0, "slow_period": 1.0,
+}  # fmt: skip
+PAGES_SMOKE: dict[str, Any] = {
+    "big": 200, "small": 4, "per_small": 3, "rate": 20, "seconds": 1.0, "tabs": 1,
+    "drain": 0.5, "slow_period": 0.3,
+}  # fmt: skip
+PAGES_INTERVAL = 0.1
+
+#: Installed in each page once it rendered: records when each instance row
+#: appears (wall clock, the system's, as the owner's stamps).
+_WATCH_ROWS = """
+window.__seen = [];
+new MutationObserver((records) => {
+  const t = performance.timeOrigin + performance.now();
+  for (const r of records) for (const n of r.addedNodes) {
+    if (n.nodeType !== 1) continue;
+    const rows = n.matches('[data-instance]') ? [n] : n.querySelectorAll('[data-instance]');
+    for (const row of rows) window.__seen.push([row.dataset.instance, t]);
+  }
+}).observe(document.getElementById('services'), {childList: true, subtree: true});
+true
+"""
+
+
+@dataclass
+class PagesResult:
+    big: int
+    small: int
+    changes: int
+    small_changes: int
+    first_render_ms: list[float]
+    pages: list[tuple[int, float, float, float]]  # (seen, p50, p99, max) per tab
+    slow_reads: int
+    slow_max_lag_ms: float
+    full_bytes: int
+    big_msgs: tuple[int, float]  # (messages, mean bytes) carrying the big service
+    small_msgs: tuple[int, float]  # (messages, mean bytes) of small services only
+    bytes_per_change: float
+    big_part_bytes: int
+    load: float
+
+
+async def _pages_main(cfg: dict[str, Any], profile: str) -> PagesResult:
+    import os
+
+    from trio_websocket import open_websocket_url
+
+    from nadisc import DiscoveryConfig, Instance, open_discovery
+    from nadisc.observability import console_app, serve
+    from nadisc.testing import MemoryProvider
+    from tests.observability.chromium import open_chromium
+
+    big, small, per = cfg["big"], cfg["small"], cfg["per_small"]
+    names = {"big": "big", **{f"sm{i:02d}": f"sm{i:02d}" for i in range(small)}}
+    provider = MemoryProvider(services=names, watch=True)
+    provider.set("big", [Instance(f"big-{j}-v0", "10.2.0.1", 1000 + j) for j in range(big)])
+    for i in range(small):
+        provider.set(
+            f"sm{i:02d}", [Instance(f"sm{i:02d}-{j}-v0", "10.3.0.1", 2000 + j) for j in range(per)]
+        )
+    config = DiscoveryConfig.model_validate(
+        {"enabled": True, "connections": {"primary": {"provider": "host"}}}
+    )
+    stamps: dict[str, float] = {}
+    probe: dict[str, Any] = {"big": [], "small": [], "bytes": 0, "full": 0}
+    slow_lags: list[float] = []
+    async with open_discovery(config, providers={"primary": provider}) as owner:
+        held = [await owner.client().observe(n, trio.current_time() + 10) for n in names]
+        app = console_app(owner, interval=PAGES_INTERVAL)
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(serve, app, "127.0.0.1:0")
+            ws = urls[0].replace("http", "ws") + "/ws?ack=1"
+            done = trio.Event()
+
+            async def probe_client() -> None:
+                # Reads and acks every message, as the page does; counts bytes.
+                async with open_websocket_url(ws, max_message_size=1 << 26) as socket:
+                    first = await socket.get_message()
+                    probe["full"] = len(first)
+                    await socket.send_message('{"ack":0}')
+                    while not done.is_set():
+                        text = await socket.get_message()
+                        await socket.send_message('{"ack":0}')
+                        message = json.loads(text)
+                        if message["type"] == "tick":
+                            continue
+                        probe["bytes"] += len(text)
+                        kind = "big" if "primary/big" in message["services"] else "small"
+                        probe[kind].append(len(text))
+
+            async def slow_client() -> None:
+                # Deliberately slow: one read a second; acks just before reading.
+                async with open_websocket_url(ws, max_message_size=1 << 26) as socket:
+                    await socket.get_message()
+                    while not done.is_set():
+                        await trio.sleep(cfg["slow_period"])
+                        await socket.send_message('{"ack":0}')
+                        message = json.loads(await socket.get_message())
+                        slow_lags.append(trio.current_time() - float(message["sampled"]))
+
+            async with open_chromium(Path(profile)) as browser:
+                pages = [
+                    await browser.open_page(urls[0] + "/", width=1400, height=900)
+                    for _ in range(cfg["tabs"])
+                ]
+                renders = []
+                for page in pages:
+                    await page.wait_for(
+                        "document.body && document.body.dataset.firstRenderMs", timeout=60
+                    )
+                    renders.append(
+                        float(await page.evaluate("document.body.dataset.firstRenderMs"))
+                    )
+                    await page.evaluate(_WATCH_ROWS)
+                nursery.start_soon(probe_client)
+                nursery.start_soon(slow_client)
+                await trio.sleep(cfg["drain"])
+                k = 0
+                period = 1.0 / cfg["rate"]
+                next_at = trio.current_time()
+                deadline = next_at + cfg["seconds"]
+                while trio.current_time() < deadline:
+                    k += 1
+                    if k % 2:
+                        slot = (k // 2) % big
+                        current = list(provider.listing("big").instances)
+                        current[slot] = Instance(f"big-{slot}-v{k}", "10.2.0.1", 1000 + slot)
+                        provider.set("big", current)
+                    else:
+                        svc = f"sm{(k // 2) % small:02d}"
+                        slot = (k // 2 // small) % per
+                        current = list(provider.listing(svc).instances)
+                        identity = f"{svc}-{slot}-v{k}"
+                        current[slot] = Instance(identity, "10.3.0.1", 2000 + slot)
+                        stamps[identity] = time.time() * 1000.0
+                        provider.set(svc, current)
+                    next_at += period
+                    await trio.sleep_until(next_at)
+                await trio.sleep(cfg["drain"])  # let every page catch up
+                seen_per_page = [await page.evaluate("window.__seen") for page in pages]
+                done.set()
+            nursery.cancel_scope.cancel()
+        big_part = len(
+            json.dumps([[i.identity, i.host] for i in provider.listing("big").instances])
+        )
+        del held
+    rows = []
+    for seen in seen_per_page:
+        first: dict[str, float] = {}
+        for identity, at in seen:
+            if identity in stamps and identity not in first:
+                first[identity] = at
+        latencies = [first[i] - stamps[i] for i in first]
+        if latencies:
+            rows.append(
+                (len(first), quantile(latencies, 0.5), quantile(latencies, 0.99), max(latencies))
+            )
+        else:
+            rows.append((0, math.nan, math.nan, math.nan))
+    bigs, smalls = probe["big"], probe["small"]
+    return PagesResult(
+        big=big,
+        small=small,
+        changes=k,
+        small_changes=len(stamps),
+        first_render_ms=renders,
+        pages=rows,
+        slow_reads=len(slow_lags),
+        slow_max_lag_ms=max(slow_lags, default=math.nan) * 1000.0,
+        full_bytes=probe["full"],
+        big_msgs=(len(bigs), sum(bigs) / max(1, len(bigs))),
+        small_msgs=(len(smalls), sum(smalls) / max(1, len(smalls))),
+        bytes_per_change=probe["bytes"] / max(1, k),
+        big_part_bytes=big_part,
+        load=os.getloadavg()[0],
+    )
+
+
+def print_pages(r: PagesResult, cfg: dict[str, Any]) -> None:
+    print(
+        f"console pages: 1 service x {r.big} instances + {r.small} x {cfg['per_small']}, "
+        f"{cfg['rate']} changes/s for {cfg['seconds']:g} s ({r.changes} changes, "
+        f"{r.small_changes} to small services), interval {PAGES_INTERVAL * 1000:.0f} ms, "
+        f"{cfg['tabs']} Chromium tabs + 1 slow client, load average {r.load:.1f}"
+    )
+    print(
+        f"{'client':<8} {'first render ms':>16} {'changes seen':>13} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
+    )
+    for n, (seen, p50, p99, worst) in enumerate(r.pages):
+        print(
+            f"{'page ' + str(n + 1):<8} {r.first_render_ms[n]:16.0f} {seen:>13} "
+            f"{p50:8.1f} {p99:8.1f} {worst:8.1f}"
+        )
+    print(
+        f"slow client: {r.slow_reads} reads (one per {cfg['slow_period']:g} s), "
+        "newest sample at most "
+        f"{r.slow_max_lag_ms:.0f} ms old when read (interval {PAGES_INTERVAL * 1000:.0f} ms)"
+    )
+    print(
+        f"bytes: full state {r.full_bytes}; deltas with the big service {r.big_msgs[1]:.0f} "
+        f"({r.big_msgs[0]} msgs; its ids+hosts alone {r.big_part_bytes}); deltas of small "
+        f"services only {r.small_msgs[1]:.0f} ({r.small_msgs[0]} msgs); per change "
+        f"{r.bytes_per_change:.0f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> Result | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a small, short run")
     parser.add_argument("--clients", type=int, help="override the number of clients")
     parser.add_argument("--seconds", type=float, help="override the change window")
+    parser.add_argument(
+        "--pages",
+        action="store_true",
+        help="the page scenario: one 1,000-instance service, 20 small ones, Chromium tabs",
+    )
     parser.add_argument("--child", nargs=2, metavar=("URL", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         trio.run(_child_main, args.child[0], json.loads(args.child[1]))
+        return None
+    if args.pages:
+        import tempfile
+
+        pages_cfg = dict(PAGES_SMOKE if args.smoke else PAGES_FULL)
+        if args.seconds:
+            pages_cfg["seconds"] = args.seconds
+        with tempfile.TemporaryDirectory() as profile:
+            pages = trio.run(_pages_main, pages_cfg, profile)
+        print_pages(pages, pages_cfg)
         return None
     cfg = dict(SMOKE if args.smoke else FULL)
     if args.clients:

@@ -64,6 +64,7 @@ from ._evidence import Reason as Reason
 from ._instance import EvidenceKind as EvidenceKind
 from ._instance import IncrementalListing as IncrementalListing
 from ._instance import Instance as Instance
+from ._instance import InvalidInstanceAddress as InvalidInstanceAddress
 from ._instance import ProviderSnapshot as ProviderSnapshot
 from ._loading import ConfigWarning as ConfigWarning
 from ._loading import config_json_schema as config_json_schema
@@ -197,6 +198,7 @@ __all__ = [
     "Instance",
     "InstanceSchemeMismatch",
     "InstanceView",
+    "InvalidInstanceAddress",
     "InvalidRequest",
     "InvalidSnapshot",
     "LeaseLost",

@@ -66,7 +66,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ._errors import ConfigError
-from ._instance import Instance
+from ._instance import Instance, valid_host
 
 __all__ = [
     "BUILTIN_PROVIDERS",
@@ -602,6 +602,14 @@ class StaticInstanceConfig(_Frozen):
     metadata: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     #: Tags of the instance.
     tags: list[StrictStr] = Field(default_factory=list)
+
+    @field_validator("host")
+    @classmethod
+    def _valid_host(cls, value: str) -> str:
+        # The check every provider's instances pass (nadisc.InvalidInstanceAddress).
+        if not valid_host(value):
+            raise ValueError("is not an IP address or DNS name")
+        return value
 
     @property
     def identity(self) -> str:

@@ -26,17 +26,27 @@ from __future__ import annotations
 
 import bisect
 import enum
+import ipaddress
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
 import msgspec
 import msgspec.structs
 
-__all__ = ["EvidenceKind", "IncrementalListing", "Instance", "ProviderSnapshot"]
+__all__ = [
+    "EvidenceKind",
+    "IncrementalListing",
+    "Instance",
+    "InvalidInstanceAddress",
+    "ProviderSnapshot",
+    "valid_host",
+]
 
 
 class EvidenceKind(enum.Enum):
@@ -65,6 +75,95 @@ class EvidenceKind(enum.Enum):
 
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+class InvalidInstanceAddress(ValueError):
+    """An instance's address is not ``host:port`` with a valid host: an IP
+    address or a DNS name. Names the instance; quotes the host only as a
+    short excerpt (it is registry text)."""
+
+    def __init__(self, identity: str, host: str, port: int) -> None:
+        from ._redact import redacted_excerpt
+
+        self.identity = identity
+        self.host = host
+        self.port = port
+        super().__init__(
+            f"instance {redacted_excerpt(identity, limit=80)!r}: address host "
+            f"{redacted_excerpt(host, limit=60)!r} is not an IP address or DNS name"
+        )
+
+
+# One DNS label (RFC 1123 letters, digits, hyphens; underscores too, as
+# service-discovery names use them), and the whole name.
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+_MAX_NAME = 253
+#: Hosts already found valid (hosts repeat across polls): a bounded cache.
+_VALID_HOSTS: set[str] = set()
+_CACHE_LIMIT = 65536
+
+
+def valid_host(host: str) -> bool:
+    """True when ``host`` is an IPv4 or IPv6 address (no brackets; an IPv6
+    zone allowed) or a DNS name (labels of 1-63 letters, digits, ``-`` or
+    ``_``, not starting or ending with ``-``; 253 characters at most; an
+    all-digit last label only as an IPv4 address)."""
+    if host in _VALID_HOSTS:
+        return True
+    ok = _check_host(host)
+    if ok:
+        if len(_VALID_HOSTS) >= _CACHE_LIMIT:
+            _VALID_HOSTS.clear()
+        _VALID_HOSTS.add(host)
+    return ok
+
+
+def _check_host(host: str) -> bool:
+    if not isinstance(host, str) or not host or not host.isascii():
+        return False
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return False
+        return True
+    try:
+        ipaddress.IPv4Address(host)
+        return True
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    if not name or len(name) > _MAX_NAME:
+        return False
+    labels = name.split(".")
+    if labels[-1].isdigit():
+        return False
+    return all(_LABEL.fullmatch(label) for label in labels)
+
+
+_host_of = attrgetter("host")
+
+
+def _screen(
+    instances: tuple[Instance, ...], invalid: Mapping[str, str]
+) -> tuple[tuple[Instance, ...], Mapping[str, str]] | None:
+    """Instances whose host is not valid (built by ``_trusted_instances``,
+    which skips the constructor's checks) moved to ``invalid``; None when
+    every host is valid (the common case: one C-level pass and a set
+    difference against the cache)."""
+    hosts = set(map(_host_of, instances))
+    if hosts <= _VALID_HOSTS or all(valid_host(h) for h in hosts - _VALID_HOSTS):
+        return None
+    kept: list[Instance] = []
+    refused = dict(invalid)
+    for instance in instances:
+        if valid_host(instance.host):
+            kept.append(instance)
+        else:
+            error = InvalidInstanceAddress(instance.identity, instance.host, instance.port)
+            refused[instance.identity] = str(error)
+    return tuple(kept), MappingProxyType(refused)
+
 
 #: Passed as ``draining`` by :func:`_trusted_instances` only: "already checked".
 _TRUSTED: object = object()
@@ -102,6 +201,8 @@ class Instance(msgspec.Struct, frozen=True, gc=False):
             raise ValueError("instance identity must not be empty")
         if not self.host:
             raise ValueError(f"instance {self.identity!r}: host must not be empty")
+        if not valid_host(self.host):
+            raise InvalidInstanceAddress(self.identity, self.host, self.port)
         if not (0 < self.port < 65536):
             raise ValueError(f"instance {self.identity!r}: port {self.port} out of range 1-65535")
         if not (math.isfinite(self.weight) and self.weight > 0):
@@ -169,6 +270,10 @@ class ProviderSnapshot:
     _size: int = field(default=-1, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
+        screened = _screen(self.instances, self.invalid)
+        if screened is not None:
+            object.__setattr__(self, "instances", screened[0])
+            object.__setattr__(self, "invalid", screened[1])
         seen: set[str] = set()
         for instance in self.instances:
             if instance.identity in seen:
@@ -202,8 +307,28 @@ class ProviderSnapshot:
         invalid: Mapping[str, str],
         size: int,
     ) -> ProviderSnapshot:
-        """A listing whose identities and size :class:`IncrementalListing`
-        already established (no per-instance work here)."""
+        """A listing whose identities (and size, unless -1) its builder
+        already established. Hosts are screened once here (the trusted
+        builder skipped the constructor's check): an instance whose host is
+        not an IP address or DNS name is left out and listed in ``invalid``
+        as an :class:`InvalidInstanceAddress` naming it."""
+        screened = _screen(instances, invalid)
+        if screened is not None:
+            instances, invalid = screened
+            size = -1
+        return cls._assembled(service, instances, evidence, invalid, size)
+
+    @classmethod
+    def _assembled(
+        cls,
+        service: str,
+        instances: tuple[Instance, ...],
+        evidence: EvidenceKind,
+        invalid: Mapping[str, str],
+        size: int,
+    ) -> ProviderSnapshot:
+        """:meth:`_checked` without the host screen: for instances that all
+        went through :class:`Instance`'s own checks (no per-instance work)."""
         snapshot = object.__new__(cls)
         object.__setattr__(snapshot, "service", service)
         object.__setattr__(snapshot, "instances", instances)
@@ -351,7 +476,8 @@ class IncrementalListing(Generic[K]):
             and (cached.invalid is invalid or cached.invalid == invalid)
         ):
             return cached
-        snapshot = ProviderSnapshot._checked(
+        # Every instance here was built by Instance (hosts checked).
+        snapshot = ProviderSnapshot._assembled(
             service, tuple(self._instances), evidence, invalid, self._size
         )
         self._cached = snapshot

@@ -192,6 +192,9 @@ class RouteMetrics:
     ejected_endpoints: int = 0
     #: Ejections since the route opened.
     ejections: int = 0
+    #: Whole-call latency per outcome: (outcome, counts per ``CALL_LATENCY_BUCKETS``
+    #: bound plus one over the last, sum of seconds), in ``CALL_OUTCOMES`` order.
+    latency: tuple[tuple[str, tuple[int, ...], float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,6 +459,7 @@ def route_metrics(route: Route) -> RouteMetrics:
         balancing=route.balancing.statistics(),
         ejected_endpoints=len(ejected),
         ejections=stats.ejections,
+        latency=tuple((k, counts, total) for k, (counts, total) in stats.latency.items()),
     )
 
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import enum
 import math
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
@@ -77,6 +78,8 @@ from ._observation import Observation, ObservationSnapshot
 
 __all__ = [
     "CALL_FAILURE_KINDS",
+    "CALL_LATENCY_BUCKETS",
+    "CALL_OUTCOMES",
     "LB_STRATEGIES",
     "SCHEME_METADATA",
     "SECURE_METADATA",
@@ -137,6 +140,29 @@ class CallFailureKind(enum.Enum):
 CALL_FAILURE_KINDS: tuple[str, ...] = tuple(kind.value for kind in CallFailureKind)
 # Indexes into Route.failures (a list: a failure path adds one to an int).
 TRANSPORT, TIMEOUT, STATUS, NO_ENDPOINT, OTHER = range(len(CALL_FAILURE_KINDS))
+
+
+#: Upper bounds (seconds) of the routed-call latency histogram, 1 ms to 30 s.
+CALL_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+#: Outcome of a whole call (all its attempts): ``ok`` (a response below 500)
+#: or the :data:`CALL_FAILURE_KINDS` value that ended it.
+CALL_OUTCOMES: tuple[str, ...] = ("ok", *CALL_FAILURE_KINDS)
+
+
+def call_outcome(error: BaseException | None, status: int = 200) -> int:
+    """The index into :data:`CALL_OUTCOMES` of a call that returned a
+    response with ``status`` (``error`` None) or raised ``error``."""
+    if error is None:
+        return STATUS + 1 if status >= 500 else 0
+    from ._errors import CallEvidenceUnavailable, CallTimeout
+
+    if isinstance(error, CallTimeout):
+        return TIMEOUT + 1
+    if isinstance(error, CallEvidenceUnavailable | EvidenceUnavailable):
+        return NO_ENDPOINT + 1
+    return failure_kind(error) + 1
 
 
 def failure_kind(error: BaseException) -> int:
@@ -355,6 +381,10 @@ class RouteStatistics:
     ejected: Mapping[str, float] = field(default_factory=dict)
     #: Ejections since the route opened (0 when ejection is off).
     ejections: int = 0
+    #: Per :data:`CALL_OUTCOMES` value: (calls per :data:`CALL_LATENCY_BUCKETS`
+    #: bound plus one over the last, sum of seconds). Whole calls, as the
+    #: caller saw them (to the response headers, or the error).
+    latency: Mapping[str, tuple[tuple[int, ...], float]] = field(default_factory=dict)
 
 
 class InstanceService:
@@ -476,6 +506,8 @@ class Route:
         "detector",
         "ejection_log",
         "failures",
+        "latency",
+        "latency_sum",
         "observation",
         "options",
     )
@@ -502,6 +534,9 @@ class Route:
         self._sent: dict[str, int] = {}
         #: Failures by kind, indexed as :data:`CALL_FAILURE_KINDS` (touched on failure paths only).
         self.failures = [0] * len(CALL_FAILURE_KINDS)
+        #: Calls per outcome (:data:`CALL_OUTCOMES`) per latency bucket (the last: over 30 s).
+        self.latency = [[0] * (len(CALL_LATENCY_BUCKETS) + 1) for _ in CALL_OUTCOMES]
+        self.latency_sum = [0.0] * len(CALL_OUTCOMES)
         self._failed: dict[str, int] = {}
         self._synced = -1
         self._closed = False
@@ -568,6 +603,10 @@ class Route:
             failed=dict(self._failed),
             ejected=self.ejected(),
             ejections=self.ejection_log.ejections,
+            latency={
+                outcome: (tuple(self.latency[i]), self.latency_sum[i])
+                for i, outcome in enumerate(CALL_OUTCOMES)
+            },
         )
 
     def ejected(self) -> dict[str, float]:
@@ -581,6 +620,11 @@ class Route:
             if until is not None:
                 ends[str(key)] = until
         return ends
+
+    def observe_call(self, outcome: int, seconds: float) -> None:
+        """Count one whole call's latency under ``outcome`` (index into :data:`CALL_OUTCOMES`)."""
+        self.latency[outcome][bisect_left(CALL_LATENCY_BUCKETS, seconds)] += 1
+        self.latency_sum[outcome] += seconds
 
     def __repr__(self) -> str:
         return (

@@ -109,6 +109,7 @@ from ._route import (
     InstanceSchemeMismatch,
     RestOptions,
     Route,
+    call_outcome,
     failure_kind,
 )
 from ._tls import default_tls_context
@@ -709,13 +710,22 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             own = deadline < clock[1]()
             if route is None:
                 route = await self._route(target.qualifier, target.service, budget)
-            if own and not self._pool_enforces:
-                # A pool that may ignore the timeout extension: one scope.
-                with anyio.move_on_at(deadline):
-                    return await self._balanced(route, request, target, budget, own)
-                route.count_failure(TIMEOUT)
-                raise budget.exceeded(route, 0)
-            return await self._balanced(route, request, target, budget, own)
+            response: httpx.Response | None = None
+            try:
+                if own and not self._pool_enforces:
+                    # A pool that may ignore the timeout extension: one scope.
+                    with anyio.move_on_at(deadline):
+                        response = await self._balanced(route, request, target, budget, own)
+                    if response is None:
+                        route.count_failure(TIMEOUT)
+                        raise budget.exceeded(route, 0)
+                else:
+                    response = await self._balanced(route, request, target, budget, own)
+            except Exception as exc:
+                route.observe_call(call_outcome(exc), clock[0]() - start)
+                raise
+            route.observe_call(call_outcome(None, response.status_code), clock[0]() - start)
+            return response
         except CallError:
             # A failure that waited for nothing still yields once, so a
             # caller's retry loop cannot starve the tasks that would mend it

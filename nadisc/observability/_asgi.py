@@ -9,10 +9,21 @@ time and never echoed.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
-__all__ = ["Receive", "Scope", "Send", "bearer_ok", "lifespan", "local_path", "send_text"]
+__all__ = [
+    "LOOPBACK_NAMES",
+    "Receive",
+    "RequestGuard",
+    "Scope",
+    "Send",
+    "bearer_ok",
+    "host_of",
+    "lifespan",
+    "local_path",
+    "send_text",
+]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -54,12 +65,17 @@ def bearer_ok(scope: Scope, token: str | None) -> bool:
     return scheme.lower() == "bearer" and token_ok(given.strip(), token)
 
 
-async def lifespan(receive: Receive, send: Send) -> None:
-    """Answer the lifespan protocol (nothing to start: the apps own no task)."""
+async def lifespan(
+    receive: Receive, send: Send, *, started: Callable[[], Awaitable[object]] | None = None
+) -> None:
+    """Answer the lifespan protocol; ``started`` (awaited at startup) starts
+    what the app runs in the server's task group."""
     while True:
         message = await receive()
         kind = message.get("type")
         if kind == "lifespan.startup":
+            if started is not None:
+                await started()
             await send({"type": "lifespan.startup.complete"})
         elif kind == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
@@ -85,3 +101,120 @@ async def send_text(
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
+
+
+#: Host names every console answers for (besides the address it was reached on).
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def _normal_host(text: str) -> str:
+    """``text`` (a host name or address, IPv6 with or without brackets) lowercased,
+    without brackets or a trailing dot."""
+    host = text.strip().lower()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host.rstrip(".")
+
+
+def host_of(value: str) -> str | None:
+    """The host part of a ``Host`` header value (``name``, ``name:port``,
+    ``[v6]``, ``[v6]:port``), normalised; None when it is malformed."""
+    text = value.strip()
+    if not text or any(c in text for c in " /\\@?#"):
+        return None
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            return None
+        rest = text[end + 1 :]
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            return None
+        return _normal_host(text[: end + 1])
+    name, sep, port = text.rpartition(":")
+    if not sep:
+        return _normal_host(text)
+    if ":" in name or not port.isdigit() or not name:
+        return None
+    return _normal_host(name)
+
+
+def _origin_parts(origin: str) -> tuple[str, str, int] | None:
+    scheme, sep, rest = origin.strip().lower().partition("://")
+    if not sep or scheme not in ("http", "https") or not rest or "/" in rest:
+        return None
+    host = host_of(rest)
+    if host is None:
+        return None
+    port = 443 if scheme == "https" else 80
+    if rest.startswith("["):
+        tail = rest[rest.find("]") + 1 :]
+        if tail:
+            port = int(tail[1:])
+    elif ":" in rest:
+        port = int(rest.rpartition(":")[2])
+    return scheme, host, port
+
+
+class RequestGuard:
+    """Which ``Host`` names a request may carry, and which ``Origin`` a WebSocket.
+
+    Host (DNS rebinding): the host part of the ``Host`` header must be a
+    loopback name (``localhost``, ``127.0.0.1``, ``::1``), the address the
+    request was received on (``scope["server"]``), or one of ``hosts``.
+    A request without a ``Host`` header is refused too.
+
+    Origin (cross-site WebSocket): browsers send ``Origin`` on every
+    WebSocket handshake; it must be the page's own origin (its host and port
+    are the ``Host`` header's) or one of ``origins`` (``scheme://host[:port]``).
+    A handshake without ``Origin`` comes from a program, not a page, and is
+    let through (it still needs the token when one is set).
+    """
+
+    def __init__(self, hosts: Sequence[str] = (), origins: Sequence[str] = ()) -> None:
+        names = set(LOOPBACK_NAMES)
+        for item in hosts:
+            if not isinstance(item, str) or host_of(item) is None:
+                raise ValueError(f"allowed host {item!r} is not a host name or address")
+            names.add(host_of(item) or "")
+        allowed: set[tuple[str, str, int]] = set()
+        for item in origins:
+            parts = _origin_parts(item) if isinstance(item, str) else None
+            if parts is None:
+                raise ValueError(f"allowed origin {item!r} is not scheme://host[:port]")
+            allowed.add(parts)
+        self._names = frozenset(names)
+        self._origins = frozenset(allowed)
+
+    def host_ok(self, scope: Scope) -> bool:
+        value = header(scope, b"host")
+        if value is None:
+            return False
+        host = host_of(value.decode("latin-1"))
+        if host is None:
+            return False
+        if host in self._names:
+            return True
+        server = scope.get("server")
+        if not server:
+            return False
+        return host == _normal_host(str(server[0]))
+
+    def origin_ok(self, scope: Scope) -> bool:
+        value = header(scope, b"origin")
+        if value is None:
+            return True
+        parts = _origin_parts(value.decode("latin-1"))
+        if parts is None:
+            return False
+        if parts in self._origins:
+            return True
+        own = header(scope, b"host")
+        if own is None:
+            return False
+        text = own.decode("latin-1").strip().lower()
+        secure = scope.get("scheme") in ("https", "wss")
+        same = _origin_parts(("https://" if secure else "http://") + text)
+        return same is not None and same == parts
+
+    def __repr__(self) -> str:
+        return f"<RequestGuard hosts={len(self._names)} origins={len(self._origins)}>"

@@ -9,8 +9,10 @@ Contract:
   hypercorn until SIGINT/SIGTERM. The bind defaults to ``127.0.0.1:8765``;
   a non-loopback bind needs a token. The token comes from the environment
   variable named by ``--token-env`` (default ``NADISC_CONSOLE_TOKEN``),
-  never from the command line (``ps`` would show it). It prints
-  ``console: http://HOST:PORT/`` once it serves.
+  never from the command line (``ps`` would show it). It answers only for
+  loopback ``Host`` names, the bind address and ``--allow-host`` names, and
+  accepts WebSockets only from its own page or an ``--allow-origin``. It
+  prints ``console: http://HOST:PORT/`` once it serves.
 * ``nadisc watch CONFIG SERVICE... [--json] [--updates N]`` opens an owner
   the same way, observes SERVICE (an alias on the default connection, or
   ``connection/alias``) and redraws a table on each change: revision,
@@ -19,10 +21,13 @@ Contract:
   changed service instead.
 * ``nadisc watch [CONFIG] SERVICE... --connect ws://HOST:PORT/ws`` follows
   a running console instead (trio-websocket), sending the token from the
-  same environment variable as ``Authorization: Bearer``.
+  same environment variable as ``Authorization: Bearer``; a lost connection
+  is retried with backoff (0.1 s doubling to 1 s), and the status line
+  shows the data's age (``STALE`` past what the console's interval allows).
+  On a terminal the table is cut to its width and redrawn on resize.
 
-Exit status: 0 (stopped by a signal or after ``--updates``), 2 on a usage
-or config error, 1 when discovery or the connection failed.
+Exit status: 0 (stopped by SIGINT/Ctrl-C, SIGTERM or after ``--updates``;
+no traceback), 2 on a usage or config error, 1 when discovery failed.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ import argparse
 import ipaddress
 import json
 import math
+import os
+import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 import anyio
@@ -58,6 +65,20 @@ def add_commands(sub: Any) -> None:
     console.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, help="seconds")
     console.add_argument("--token-env", default=TOKEN_ENV, help="variable holding the token")
     console.add_argument("--timeout", type=float, default=5.0, help="first-listing wait")
+    console.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name to answer for besides loopback and the bind address (repeatable)",
+    )
+    console.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a page origin (scheme://host[:port]) whose WebSocket is accepted (repeatable)",
+    )
     console.set_defaults(run=_run_console)
 
     watch = sub.add_parser("watch", help="watch services live in the terminal")
@@ -170,27 +191,42 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 class _View:
-    """Prints rows: a redrawn table on a terminal, lines otherwise, or JSON lines."""
+    """Prints rows: a redrawn table on a terminal, lines otherwise, or JSON lines.
 
-    def __init__(self, out: TextIO, *, as_json: bool, updates: int) -> None:
+    On a terminal the table is cut to its width and redrawn when it is
+    resized; ``status`` (the followed console's link and the data's age)
+    is the first line. Elsewhere status changes go to ``err``.
+    """
+
+    def __init__(
+        self, out: TextIO, *, as_json: bool, updates: int, err: TextIO | None = None
+    ) -> None:
         self.out = out
+        self.err = err
         self.json = as_json
         self.tty = bool(getattr(out, "isatty", lambda: False)())
         self.left = updates if updates > 0 else -1
         self._last: dict[str, tuple[object, ...]] = {}
+        self._rows: Sequence[dict[str, Any]] | None = None
+        self._status: str | None = None
+        self._said: str | None = None
 
-    def show(self, rows: Sequence[dict[str, Any]], *, tick: bool = False) -> bool:
+    def show(
+        self, rows: Sequence[dict[str, Any]], *, tick: bool = False, status: str | None = None
+    ) -> bool:
         """Print what changed; return False once ``--updates`` were printed."""
         changed = [r for r in rows if self._last.get(self._key(r)) != _change_key(r)]
         for r in rows:
             self._last[self._key(r)] = _change_key(r)
+        self._rows = rows
+        self._status = status
         if not changed and not (tick and self.tty and not self.json):
             return True
         if self.json:
             for r in changed:
                 self.out.write(json.dumps(r, sort_keys=True) + "\n")
         elif self.tty:
-            self.out.write("\x1b[H\x1b[2J" + format_table(rows) + "\n")
+            self._redraw()
         else:
             self.out.write(format_table(rows) + "\n\n")
         self.out.flush()
@@ -199,9 +235,64 @@ class _View:
             return self.left > 0
         return True
 
+    def notice(self, text: str) -> None:
+        """A change of the link (lost, reconnecting, back): the status line on
+        a terminal, a line on ``err`` otherwise (once per distinct text)."""
+        if self.tty and not self.json:
+            self._status = text
+            self._redraw()
+        elif text != self._said and self.err is not None:
+            self.err.write(f"nadisc: {text}\n")
+            self.err.flush()
+        self._said = text
+
+    def resized(self) -> None:
+        if self.tty and not self.json:
+            self._redraw()
+
+    def _redraw(self) -> None:
+        try:
+            width = os.get_terminal_size(self.out.fileno()).columns
+        except (AttributeError, OSError, ValueError):
+            width = 0
+        if width <= 0:  # not a terminal, or one that never set its size
+            width = shutil.get_terminal_size((120, 40)).columns
+        text = format_table(self._rows or [])
+        if self._status:
+            text = self._status + "\n" + text
+        lines = [line[:width] for line in text.splitlines()]
+        self.out.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
+        self.out.flush()
+
     @staticmethod
     def _key(row: Mapping[str, Any]) -> str:
         return f"{row['connection']}/{row['service']}"
+
+
+async def _until_signal(body: Callable[[], Awaitable[None]], view: _View) -> None:
+    """Run ``body`` until it returns or SIGINT/SIGTERM arrives (then return
+    quietly: Ctrl-C is the way to stop a watch); SIGWINCH redraws the table."""
+    import signal
+
+    import trio
+
+    wanted = [signal.SIGINT, signal.SIGTERM]
+    if hasattr(signal, "SIGWINCH"):
+        wanted.append(signal.SIGWINCH)
+    async with trio.open_nursery() as nursery:
+
+        async def signals() -> None:
+            with trio.open_signal_receiver(*wanted) as received:
+                async for number in received:
+                    if number == getattr(signal, "SIGWINCH", None):
+                        view.resized()
+                    else:
+                        nursery.cancel_scope.cancel()
+                        return
+
+        nursery.start_soon(signals)
+        await body()
+        nursery.cancel_scope.cancel()
 
 
 # ----------------------------------------------------------------------------- console
@@ -219,9 +310,25 @@ def _run_console(
         raise ConfigError(
             "--bind", f"a console on a non-loopback address needs a token (set {args.token_env})"
         )
+    from ._asgi import RequestGuard
+
+    try:
+        RequestGuard(args.allow_host, args.allow_origin)
+    except ValueError as exc:
+        raise ConfigError("--allow-host/--allow-origin", str(exc)) from None
     import trio
 
-    trio.run(_console_main, _viewer_config(config), host, port, interval, timeout, token, out)
+    trio.run(
+        _console_main,
+        _viewer_config(config),
+        host,
+        port,
+        interval,
+        timeout,
+        token,
+        out,
+        (tuple(args.allow_host), tuple(args.allow_origin)),
+    )
     return 0
 
 
@@ -246,6 +353,7 @@ async def _console_main(
     first_wait: float,
     token: str | None,
     out: TextIO,
+    allowed: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
 ) -> None:
     import signal
 
@@ -257,7 +365,14 @@ async def _console_main(
 
     async with open_discovery(config) as owner:
         held = await _observe_all(owner, config, first_wait)
-        app = console_app(owner, token=token, interval=interval, metrics=True)
+        app = console_app(
+            owner,
+            token=token,
+            interval=interval,
+            metrics=True,
+            allowed_hosts=allowed[0],
+            allowed_origins=allowed[1],
+        )
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(serve, app, f"{host}:{port}")
             out.write(f"console: {urls[0]}/\n")
@@ -286,22 +401,34 @@ def _run_watch(
     if args.updates < 0:
         raise ConfigError("--updates", "must be >= 0")
     timeout = _positive("--timeout", args.timeout)
-    view = _View(out, as_json=args.json, updates=args.updates)
+    view = _View(out, as_json=args.json, updates=args.updates, err=err)
     import trio
 
+    if args.connect is not None:
+        keys = items if config is None else _service_keys(config, items)
+        token = _token(environ, args.token_env)
+        url = args.connect
+
+        async def body() -> None:
+            await watch_remote(url, keys, view, token)
+
+    else:
+        assert config is not None
+        keys = _service_keys(config, items)
+        viewer = _viewer_config(config)
+
+        async def body() -> None:
+            await _watch_local(viewer, keys, view, timeout)
+
     try:
-        if args.connect is not None:
-            keys = items if config is None else _service_keys(config, items)
-            trio.run(watch_remote, args.connect, keys, view, _token(environ, args.token_env))
-        else:
-            assert config is not None
-            keys = _service_keys(config, items)
-            trio.run(_watch_local, _viewer_config(config), keys, view, timeout)
+        trio.run(_until_signal, body, view)
     except KeyboardInterrupt:
         return 0
-    except OSError as exc:
-        err.write(f"nadisc: cannot follow the console: {exc.strerror or type(exc).__name__}\n")
-        return 1
+    except BaseExceptionGroup as group:
+        rest = group.split(KeyboardInterrupt)[1]
+        if rest is not None:
+            raise
+        return 0
     return 0
 
 
@@ -347,27 +474,121 @@ async def _watch_local(
                     await dirty.wait()
 
 
+#: Reconnect backoff of ``watch --connect``: first wait, cap (seconds).
+RECONNECT_FIRST = 0.1
+RECONNECT_MAX = 1.0
+#: Seconds between redraws while no message arrives (the age keeps moving).
+_REDRAW = 1.0
+
+
 async def watch_remote(url: str, keys: Sequence[str], view: Any, token: str | None) -> None:
     """Follow a console's ``/ws`` and show ``keys`` (``connection/service``,
-    or a bare service name matching it on any connection) through ``view``."""
-    from trio_websocket import open_websocket_url
+    or a bare service name matching it on any connection) through ``view``.
+
+    A lost or refused connection is retried with backoff (0.1 s doubling
+    up to 1 s), and ``view.notice`` says so; the table keeps the last rows,
+    marked with their growing age, until the console answers again.
+    """
+    import trio
+    from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     services: dict[str, dict[str, Any]] = {}
     wanted = set(keys)
+    clock: dict[str, float] = {"now": 0.0, "sampled": 0.0, "at": 0.0, "stale_after": 3.0}
+    notice = getattr(view, "notice", None)
 
     def shown(key: str) -> bool:
         return key in wanted or key.partition("/")[2] in wanted
 
-    async with open_websocket_url(url, extra_headers=headers) as socket:
-        while True:
-            message = json.loads(await socket.get_message())
-            if message.get("type") == "full":
-                services.clear()
-            services.update(message.get("services", {}))
-            for key in message.get("removed", []):
-                services.pop(key, None)
-            now = float(message.get("now") or 0.0)
-            rows = [_row(part, now) for key, part in sorted(services.items()) if shown(key)]
-            if not view.show(rows):
-                return
+    def rows_and_status(link: str) -> tuple[list[dict[str, Any]], str]:
+        elapsed = trio.current_time() - clock["at"] if clock["at"] else 0.0
+        now = clock["now"] + elapsed
+        age = max(0.0, now - clock["sampled"])
+        stale = " STALE" if age > clock["stale_after"] else ""
+        rows = [_row(part, now) for key, part in sorted(services.items()) if shown(key)]
+        return rows, f"{link} · data {age:.1f}s old{stale} · {url}"
+
+    def draw(link: str, *, tick: bool = False) -> bool:
+        rows, status = rows_and_status(link)
+        return bool(view.show(rows, tick=tick, status=status))
+
+    delay = RECONNECT_FIRST
+    attempt = 0
+    while True:
+        try:
+            async with open_websocket_url(url, extra_headers=headers) as socket:
+                if attempt and notice is not None:
+                    notice(f"reconnected to {url}")
+                delay = RECONNECT_FIRST
+                attempt = 0
+                while True:
+                    with trio.move_on_after(_REDRAW):
+                        text = await socket.get_message()
+                        message = _fold(json.loads(text), services, clock, trio.current_time())
+                        if message is not None:
+                            tick = message.get("type") == "tick"
+                            if not draw("live", tick=tick):
+                                return
+                        continue
+                    draw("live", tick=True)
+        except (OSError, HandshakeError, ConnectionClosed) as exc:
+            reason = getattr(exc, "strerror", None) or type(exc).__name__
+            attempt += 1
+            if notice is not None:
+                _rows, status = rows_and_status("disconnected")
+                notice(
+                    f"console connection lost ({reason}); reconnecting in {delay:.1f}s "
+                    f"(attempt {attempt}) · data {status.split('data ', 1)[1]}"
+                )
+            await trio.sleep(delay)
+            delay = min(RECONNECT_MAX, delay * 2)
+
+
+def _fold(
+    message: Mapping[str, Any],
+    services: dict[str, dict[str, Any]],
+    clock: dict[str, float],
+    received: float,
+) -> Mapping[str, Any] | None:
+    """Fold one console message into ``services`` and ``clock``; the message
+    (None for a message of another kind)."""
+    kind = message.get("type")
+    if kind not in ("full", "delta", "tick"):
+        return None
+    clock["now"] = float(message.get("now") or 0.0)
+    clock["sampled"] = float(message.get("sampled") or clock["now"])
+    clock["stale_after"] = float(message.get("stale_after") or 3.0)
+    clock["at"] = received
+    _merge(services, message)
+    return message
+
+
+def _merge(services: dict[str, dict[str, Any]], message: Mapping[str, Any]) -> None:
+    """Fold a ``full`` or ``delta`` message's service parts into ``services``;
+    each part gets its ``confirmed_at`` from the message's ``confirmed``
+    times (or keeps the one it had)."""
+    if message.get("type") == "full":
+        services.clear()
+    touched = set()
+    for key, part in message.get("services", {}).items():
+        old = services.get(key)
+        part.setdefault("confirmed_at", old.get("confirmed_at") if old else None)
+        part["_chunks"] = old.get("_chunks", {}) if old else {}
+        services[key] = part
+        touched.add(key)
+    for mark, chunk in message.get("instances", {}).items():
+        key, _, n = mark.rpartition("#")
+        if key in services:
+            services[key]["_chunks"][int(n)] = chunk
+            touched.add(key)
+    for key in touched:
+        part = services[key]
+        if "chunks" in part:
+            pieces = part["_chunks"]
+            part["instances"] = [i for n in range(part["chunks"]) for i in pieces.get(n, [])]
+    for key, stamp in message.get("confirmed", {}).items():
+        if key in services:
+            services[key]["confirmed_at"] = stamp
+    for key in message.get("removed", []):
+        services.pop(key, None)

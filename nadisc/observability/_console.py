@@ -12,15 +12,25 @@ the request it serves. Routes, relative to the mount point::
     /state        the newest full state as JSON (one-shot, for scripts)
     /metrics      the Prometheus exposition (when ``metrics=True``)
 
+Who may read it: every route needs a ``Host`` that is a loopback name, the
+address the request arrived on, or one of ``allowed_hosts`` (403 otherwise:
+DNS rebinding); ``/ws`` also needs the page's own ``Origin`` or one of
+``allowed_origins`` when the handshake carries one (403 otherwise).
+
+Sampling: the lifespan runs :meth:`ConsoleModel.run` in the server's task
+group (``ConsoleApp.run`` for a server without lifespan), so the owner is
+read every interval with or without clients.
+
 Per WebSocket client::
 
-    accept ─▶ [token?] ─▶ send full ─▶ wait_newer(seq) ─▶ send delta ─┐
-                                            ▲──────────────────────────┘
+    accept ─▶ [token?] ─▶ send full ─▶ [ack?] ─▶ wait_newer(seq) or 1 s ─▶ delta/tick ─┐
+                                          ▲─────────────────────────────────────────────┘
     disconnect (any time) ─▶ the handler's scope is cancelled, nothing left
 
-Latest-only: a client that reads slowly blocks only its own send; when it
-is done it receives one delta from what it saw to the newest sample (see
-:mod:`nadisc.observability._model`), never a backlog.
+Latest-only: a message is built at send time from the newest sample and
+what this client saw; a slow client blocks only its own send. With
+``/ws?ack=1`` the next message waits for ``{"ack": ...}``, so one frame at
+most is in flight (no socket or browser buffer keeps stale frames).
 
 Token: with ``token`` set, ``/ws`` needs ``Authorization: Bearer <token>``
 or a first text message ``{"token": "<token>"}`` within 5 s (browsers
@@ -40,12 +50,23 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.abc
 from prometheus_client import CollectorRegistry
 
 from .._observer import RuntimeObserver
-from ._asgi import Receive, Scope, Send, bearer_ok, header, lifespan, local_path, send_text
+from ._asgi import (
+    Receive,
+    RequestGuard,
+    Scope,
+    Send,
+    bearer_ok,
+    header,
+    lifespan,
+    local_path,
+    send_text,
+)
 from ._metrics import MetricsApp, register_metrics
-from ._model import DEFAULT_INTERVAL, ConsoleModel
+from ._model import DEFAULT_INTERVAL, HEARTBEAT, ConsoleModel
 
 if TYPE_CHECKING:
     from .._owner import DiscoveryOwner
@@ -56,6 +77,7 @@ __all__ = ["ConsoleApp", "console_app"]
 #: Seconds a client may take to send its token message.
 AUTH_TIMEOUT = 5.0
 _CLOSE_UNAUTHORIZED = 4401
+_CLOSE_FORBIDDEN = 4403
 
 _STATIC = {
     "/": ("console.html", "text/html; charset=utf-8"),
@@ -85,15 +107,20 @@ class ConsoleApp:
         *,
         token: str | None = None,
         metrics: MetricsApp | None = None,
+        allowed_hosts: Sequence[str] = (),
+        allowed_origins: Sequence[str] = (),
     ) -> None:
         if token is not None and (not isinstance(token, str) or not token):
             raise ValueError("the console token must be a non-empty string")
         self.model = model
         self._token = token
         self._metrics = metrics
+        self._guard = RequestGuard(allowed_hosts, allowed_origins)
         self._files = {path: (_read_static(name), kind) for path, (name, kind) in _STATIC.items()}
         #: WebSocket clients connected now.
         self.clients = 0
+        #: Requests and handshakes refused for their Host or Origin (diagnostic).
+        self.refused = 0
 
     def __repr__(self) -> str:
         return (
@@ -104,13 +131,35 @@ class ConsoleApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope.get("type")
         if kind == "lifespan":
-            await lifespan(receive, send)
+            await self._lifespan(receive, send)
         elif kind == "http":
+            if not self._guard.host_ok(scope):
+                self.refused += 1
+                await send_text(send, 403, "this console does not answer for that Host name\n")
+                return
             await self._http(scope, send)
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
         else:
             raise RuntimeError(f"the console does not serve {kind!r} connections")
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Sample the owner on the console's schedule until cancelled.
+
+        The lifespan does this for a server that runs it (hypercorn, and a
+        host's admin listener); a host that serves the app without lifespan
+        starts it in its own task group (``await group.start(app.run)``).
+        """
+        await self.model.run(task_status=task_status)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as group:
+            try:
+                await lifespan(receive, send, started=lambda: group.start(self.run))
+            finally:
+                group.cancel_scope.cancel()
 
     async def _http(self, scope: Scope, send: Send) -> None:
         path = local_path(scope)
@@ -128,9 +177,16 @@ class ConsoleApp:
             if not bearer_ok(scope, self._token):
                 await send_text(send, 401, "unauthorized\n")
                 return
-            sample = self.model.current
-            body = sample.delta({}, full=True) or "{}"
-            await send_text(send, 200, body, content_type="application/json")
+            model = self.model
+            sample = model.fresh()
+            body = sample.delta(
+                {},
+                full=True,
+                now=anyio.current_time(),
+                sampled=model.sampled_at,
+                interval=model.interval,
+            )
+            await send_text(send, 200, body or "{}", content_type="application/json")
             return
         found = self._files.get(path)
         if found is None:
@@ -150,12 +206,18 @@ class ConsoleApp:
         message = await receive()
         if message.get("type") != "websocket.connect":
             return
+        if not (self._guard.host_ok(scope) and self._guard.origin_ok(scope)):
+            # Refused before the handshake completes: the client sees HTTP 403.
+            self.refused += 1
+            await send({"type": "websocket.close", "code": _CLOSE_FORBIDDEN})
+            return
         if local_path(scope) != "/ws":
             await send({"type": "websocket.close", "code": 4404})
             return
         authorized = self._token is None or (
             header(scope, b"authorization") is not None and bearer_ok(scope, self._token)
         )
+        credit = _Credit(b"ack=1" in bytes(scope.get("query_string") or b"").split(b"&"))
         await send({"type": "websocket.accept"})
         self.clients += 1
         try:
@@ -174,9 +236,10 @@ class ConsoleApp:
                         if incoming.get("type") == "websocket.disconnect":
                             group.cancel_scope.cancel()
                             return
+                        credit.read(incoming.get("text"))
 
                 group.start_soon(read)
-                await self._push(send)
+                await self._push(send, credit)
                 group.cancel_scope.cancel()
         finally:
             self.clients -= 1
@@ -198,18 +261,65 @@ class ConsoleApp:
             )
         return False
 
-    async def _push(self, send: Send) -> None:
+    async def _push(self, send: Send, credit: _Credit) -> None:
+        """Full state, then per-part deltas; a tick when nothing changed for a
+        heartbeat. With ``?ack=1`` one message is in flight at a time: the
+        next one is built (from the newest sample) only once the client acked
+        the previous one, so no socket or browser buffer holds old frames."""
         model = self.model
         seen: dict[str, int] = {}
-        sample = model.current
-        first = sample.delta(seen, full=True)
+        sample = model.fresh()
+        first = sample.delta(
+            seen,
+            full=True,
+            now=anyio.current_time(),
+            sampled=model.sampled_at,
+            interval=model.interval,
+        )
         assert first is not None
         await send({"type": "websocket.send", "text": first})
+        credit.spend()
+        sent_at = anyio.current_time()
         while True:
-            sample = await model.wait_newer(sample.seq)
-            text = sample.delta(seen)
-            if text is not None:
-                await send({"type": "websocket.send", "text": text})
+            await credit.wait()
+            with anyio.move_on_after(max(0.0, sent_at + HEARTBEAT - anyio.current_time())):
+                sample = await model.wait_newer(sample.seq)
+            now = anyio.current_time()
+            text = sample.delta(seen, now=now, sampled=model.sampled_at, interval=model.interval)
+            if text is None:
+                if now - sent_at < HEARTBEAT:
+                    continue
+                text = sample.tick(now=now, sampled=model.sampled_at, interval=model.interval)
+            await send({"type": "websocket.send", "text": text})
+            credit.spend()
+            sent_at = anyio.current_time()
+
+
+class _Credit:
+    """Flow control of one WebSocket client: unlimited, or (``?ack=1``) one
+    message in flight until the client sends ``{"ack": <seq>}``."""
+
+    __slots__ = ("_acking", "_event", "_left")
+
+    def __init__(self, acking: bool) -> None:
+        self._acking = acking
+        self._left = 1
+        self._event = anyio.Event()
+
+    def spend(self) -> None:
+        if self._acking:
+            self._left = 0
+
+    def read(self, text: object) -> None:
+        if not self._acking or not isinstance(text, str) or '"ack"' not in text:
+            return
+        self._left = 1
+        self._event.set()
+
+    async def wait(self) -> None:
+        while self._left <= 0:
+            self._event = anyio.Event()
+            await self._event.wait()
 
 
 def console_app(
@@ -221,10 +331,17 @@ def console_app(
     transports: Sequence[DiscoveryTransport] = (),
     metrics: bool = False,
     registry: CollectorRegistry | None = None,
+    allowed_hosts: Sequence[str] = (),
+    allowed_origins: Sequence[str] = (),
 ) -> ConsoleApp:
     """The console of ``owner`` (or of an observer) as an ASGI app.
 
-    ``interval``: seconds between samples while clients are connected.
+    ``interval``: seconds between samples (taken whether or not a client
+    is connected, while the server runs the app's lifespan or ``app.run``).
+    ``allowed_hosts``: ``Host`` names answered besides the loopback names
+    and the address a request arrived on; ``allowed_origins``: page origins
+    (``scheme://host[:port]``) whose WebSocket is accepted besides the
+    console's own.
     ``services``: show only these ``"connection/service"`` keys.
     ``metrics=True`` also serves ``/metrics`` (from ``registry`` when given,
     else a private registry); it needs the owner, not an observer.
@@ -242,4 +359,10 @@ def console_app(
         target = registry if registry is not None else CollectorRegistry(auto_describe=False)
         register_metrics(owner, target, transports=transports)
         metrics_app = MetricsApp(target, token=token)
-    return ConsoleApp(model, token=token, metrics=metrics_app)
+    return ConsoleApp(
+        model,
+        token=token,
+        metrics=metrics_app,
+        allowed_hosts=allowed_hosts,
+        allowed_origins=allowed_origins,
+    )

@@ -32,9 +32,12 @@ instance (not part of it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import importlib.metadata
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import anyio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -45,10 +48,16 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from .._evidence import FailureKind, Reason
-from .._observer import ObserverSnapshot, RouteMetrics, RuntimeObserver, route_metrics
+from .._observer import (
+    ObserverSnapshot,
+    RouteMetrics,
+    RuntimeObserver,
+    ServiceListing,
+    route_metrics,
+)
 from .._registration import CloseOutcome
 from .._registration_state import RegistrationState
-from .._route import CALL_FAILURE_KINDS
+from .._route import CALL_FAILURE_KINDS, CALL_LATENCY_BUCKETS, CALL_OUTCOMES
 from ._asgi import Receive, Scope, Send, bearer_ok, lifespan, local_path, send_text
 
 if TYPE_CHECKING:
@@ -84,7 +93,11 @@ class DiscoveryCollector(Collector):
     """
 
     def __init__(
-        self, observer: RuntimeObserver, *, transports: Sequence[DiscoveryTransport] = ()
+        self,
+        observer: RuntimeObserver,
+        *,
+        transports: Sequence[DiscoveryTransport] = (),
+        providers: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(observer, RuntimeObserver):
             raise TypeError(
@@ -92,10 +105,12 @@ class DiscoveryCollector(Collector):
             )
         self._observer = observer
         self._transports = tuple(transports)
+        #: connection name -> configured provider name (for ``connection_info``).
+        self._providers = dict(providers or {})
 
     def describe(self) -> Iterable[Metric]:
         # Names only: registering must not read the owner (it may run off the loop).
-        return list(_families(None, ()))
+        return [*_build_info(), *_families(None, ()), *_extra_families(None, (), {}, ())]
 
     def collect(self) -> Iterable[Metric]:
         try:
@@ -109,7 +124,12 @@ class DiscoveryCollector(Collector):
         for transport in self._transports:
             if not transport.closed:
                 extra.extend(route_metrics(route) for route in transport.routes())
-        return list(_families(snapshot, tuple(extra)))
+        listings = self._observer.listings()
+        return [
+            *_build_info(),
+            *_families(snapshot, tuple(extra)),
+            *_extra_families(snapshot, tuple(extra), self._providers, listings),
+        ]
 
     def __repr__(self) -> str:
         return f"<DiscoveryCollector transports={len(self._transports)}>"
@@ -320,6 +340,96 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
     yield from (refused, hedges, hedge_wins, mirrored)
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("poise-nadisc")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "unknown"
+
+
+_VERSION = _version()
+
+
+def _build_info() -> Iterator[Metric]:
+    info = GaugeMetricFamily(
+        "nadisc_build_info",
+        "The nadisc build serving these metrics (always 1).",
+        labels=["version"],
+    )
+    info.add_metric([_VERSION], 1.0)
+    yield info
+
+
+def _extra_families(
+    snap: ObserverSnapshot | None,
+    extra: tuple[RouteMetrics, ...],
+    providers: Mapping[str, str],
+    listings: Sequence[ServiceListing],
+) -> Iterator[Metric]:
+    """Connection info and state, evidence age against max_age, and routed-call latency."""
+    conn = ["connection"]
+    info = GaugeMetricFamily(
+        _name("connection_info"),
+        "A configured connection and its provider (always 1).",
+        labels=[*conn, "provider"],
+    )
+    state = GaugeMetricFamily(
+        _name("connection_state"),
+        "Connection preparation state (one-hot): pending, prepared or failed.",
+        labels=[*conn, "state"],
+    )
+    ratio = GaugeMetricFamily(
+        _name("evidence_age_ratio"),
+        "Largest evidence age / snapshot.max_age among the connection's observed services "
+        "(1 = the oldest listing reached max_age; a never-confirmed service counts as 1).",
+        labels=conn,
+    )
+    latency = HistogramMetricFamily(
+        _name("call_duration_seconds"),
+        "Routed calls (all attempts, to the response headers or the error) by outcome: "
+        "ok, or the call failure kind that ended it.",
+        labels=[*conn, "outcome"],
+    )
+    if snap is not None:
+        for m in snap.connections:
+            info.add_metric([m.name, providers.get(m.name, "unknown")], 1.0)
+            current = "pending" if m.prepared is None else "prepared" if m.prepared else "failed"
+            for known in _CONNECTION_STATES:
+                state.add_metric([m.name, known], 1.0 if known == current else 0.0)
+        worst: dict[str, float] = {}
+        at = anyio.current_time()
+        for listing in listings:
+            if listing.confirmed_at is None or listing.max_age <= 0:
+                value = 1.0
+            else:
+                value = max(0.0, at - listing.confirmed_at) / listing.max_age
+            worst[listing.connection] = max(worst.get(listing.connection, 0.0), value)
+        for name, value in sorted(worst.items()):
+            ratio.add_metric([name], value)
+        per: dict[str, list[RouteMetrics]] = {m.name: [] for m in snap.connections}
+        for route in (*snap.routes, *extra):
+            per.setdefault(route.connection, []).append(route)
+        for name, items in sorted(per.items()):
+            for outcome in CALL_OUTCOMES:
+                counts = [0] * (len(CALL_LATENCY_BUCKETS) + 1)
+                total = 0.0
+                for route in items:
+                    for kind, values, seconds in route.latency:
+                        if kind == outcome:
+                            counts = [a + b for a, b in zip(counts, values, strict=True)]
+                            total += seconds
+                buckets: list[tuple[str, float]] = []
+                cumulative = 0
+                for bound, count in zip((*CALL_LATENCY_BUCKETS, math.inf), counts, strict=True):
+                    cumulative += count
+                    buckets.append(("+Inf" if bound == math.inf else repr(bound), cumulative))
+                latency.add_metric([name, outcome], buckets, total)
+    yield from (info, state, ratio, latency)
+
+
+_CONNECTION_STATES = ("pending", "prepared", "failed")
+
+
 def register_metrics(
     owner: DiscoveryOwner,
     registry: CollectorRegistry,
@@ -332,7 +442,8 @@ def register_metrics(
     Raises ``ValueError`` (from ``prometheus_client``) when the registry
     already holds ``nadisc_discovery_*`` families, e.g. a second owner.
     """
-    collector = DiscoveryCollector(owner.observer(), transports=transports)
+    providers = {name: c.policy.provider for name, c in owner._connections.items()}
+    collector = DiscoveryCollector(owner.observer(), transports=transports, providers=providers)
     registry.register(collector)
     return collector
 

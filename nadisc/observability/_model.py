@@ -13,11 +13,13 @@ what it saw to the newest sample, whatever happened in between, so a slow
 client skips intermediate states instead of queueing them. Memory per
 client: one version per service, never a queue of messages.
 
-Sampling, change-driven by ticks: :meth:`ConsoleModel.wait_newer` lets
-one waiting client at a time sample every ``interval`` seconds (the others
-sleep on one event); a sample whose parts all kept their versions wakes
-nobody. No task is started: sampling runs inside a client's own handler
-(the host's server task group).
+Sampling: :meth:`ConsoleModel.run` reads the owner every ``interval``
+seconds whether or not a client is connected (the console's lifespan runs
+it in the server's task group); a sample whose parts all kept their
+versions wakes nobody. Without it (an app served without lifespan), a
+waiting client samples for everyone and ``/state`` samples on demand.
+Routes are parts of their own, so a route's counters moving does not
+resend the overview or any service.
 
 Costs per sample: O(services + registrations + route endpoints) while
 listings are unchanged; a changed service is re-encoded once (O(its
@@ -35,10 +37,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
 
 from .._observer import (
     ObserverSnapshot,
@@ -106,7 +109,7 @@ def _route_part(route: RouteMetrics) -> dict[str, Any]:
     }
 
 
-def overview_part(snap: ObserverSnapshot, extra: Sequence[RouteMetrics]) -> dict[str, Any]:
+def overview_part(snap: ObserverSnapshot) -> dict[str, Any]:
     capacity = snap.capacity
     return {
         "phase": snap.phase.value,
@@ -148,7 +151,6 @@ def overview_part(snap: ObserverSnapshot, extra: Sequence[RouteMetrics]) -> dict
             }
             for r in snap.registration_states
         ],
-        "routes": [_route_part(r) for r in (*snap.routes, *extra)],
     }
 
 
@@ -156,38 +158,113 @@ def _dumps(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
 
 
+#: Instances per chunk of a service's listing (a part of its own).
+CHUNK = 50
+
+#: Seconds between two messages to a client when nothing changed (a "tick"
+#: that carries only how old the data is).
+HEARTBEAT = 1.0
+
+Parts = Mapping[str, tuple[int, str]]
+
+
+def _changed(
+    parts: Parts, prefix: str, seen: dict[str, int], full: bool
+) -> tuple[list[str], list[str], list[str]]:
+    """(JSON members of the changed parts, their version members, removed keys)
+    for one kind of part; ``seen`` keys are ``prefix + key``."""
+    out: list[str] = []
+    versions: list[str] = []
+    for key, (version, text) in parts.items():
+        mark = prefix + key
+        if full or seen.get(mark) != version:
+            name = _dumps(key)
+            out.append(f"{name}:{text}")
+            versions.append(f"{name}:{version}")
+            seen[mark] = version
+    removed = [k for k in seen if k.startswith(prefix) and k[len(prefix) :] not in parts]
+    for mark in removed:
+        del seen[mark]
+    return out, versions, [k[len(prefix) :] for k in removed]
+
+
 @dataclass(frozen=True, slots=True)
 class ConsoleSample:
-    """One sample: versioned JSON parts. Immutable; shared by every client."""
+    """One sample: versioned JSON parts. Immutable; shared by every client.
+
+    Parts: the overview (owner, connections, registrations), one per
+    observed service and one per calling route (``"connection/service"``).
+    A part's version moves only when its text changes.
+    """
 
     seq: int
     taken_at: float
     overview: str
     overview_version: int
     #: service key -> (version, JSON text)
-    services: Mapping[str, tuple[int, str]]
+    services: Parts
+    #: route key -> (version, JSON text)
+    routes: Parts = field(default_factory=dict)
+    #: service key -> (version, JSON number or null): when its listing was last
+    #: confirmed (moves with every poll; kept out of the service's part).
+    confirmed: Parts = field(default_factory=dict)
+    #: ``"<service key>#<n>"`` -> (version, JSON list): the service's instances
+    #: ``n * CHUNK`` to ``(n + 1) * CHUNK`` (the service part says how many).
+    chunks: Parts = field(default_factory=dict)
 
-    def delta(self, seen: dict[str, int], *, full: bool = False) -> str | None:
+    def delta(
+        self,
+        seen: dict[str, int],
+        *,
+        full: bool = False,
+        now: float | None = None,
+        sampled: float | None = None,
+        interval: float = DEFAULT_INTERVAL,
+    ) -> str | None:
         """The message bringing a client from ``seen`` to this sample (and
-        update ``seen``); None when it already has everything. ``seen`` uses
-        the key ``""`` for the overview part."""
-        parts: list[str] = []
-        changed = full or seen.get("") != self.overview_version
-        for key, (version, text) in self.services.items():
-            if full or seen.get(key) != version:
-                parts.append(f"{_dumps(key)}:{text}")
-                seen[key] = version
-        removed = [key for key in seen if key and key not in self.services]
-        for key in removed:
-            del seen[key]
-        if not (changed or parts or removed):
+        update ``seen``); None when it already has everything.
+
+        ``seen`` maps ``""`` to the overview's version, ``"s:<key>"`` and
+        ``"r:<key>"`` to the versions of service and route parts (``"c:<key>"``
+        to those of the confirmed-at times). Only the parts whose version
+        moved are in the message, with their versions; a service part has no
+        ``confirmed_at`` (it is in ``confirmed``: key -> loop-clock time) and
+        no ``instances``: it has ``chunks`` (a count), and ``instances`` maps
+        ``"<key>#<n>"`` to the changed chunks (``CHUNK`` instances each).
+        ``now`` (server clock when sent) and ``sampled`` (when the owner was
+        last read) let the client tell how old its data is."""
+        services, versions, removed = _changed(self.services, "s:", seen, full)
+        routes, route_versions, removed_routes = _changed(self.routes, "r:", seen, full)
+        stamps, _versions, _removed = _changed(self.confirmed, "c:", seen, full)
+        chunks, _versions, _removed = _changed(self.chunks, "i:", seen, full)
+        overview = full or seen.get("") != self.overview_version
+        if not (overview or services or removed or routes or removed_routes or stamps or chunks):
             return None
         seen[""] = self.overview_version
         kind = "full" if full else "delta"
         return (
-            f'{{"type":"{kind}","seq":{self.seq},"now":{_dumps(_num(self.taken_at))},'
-            f'"overview":{self.overview},"services":{{{",".join(parts)}}},'
-            f'"removed":{_dumps(removed)}}}'
+            f'{{"type":"{kind}","seq":{self.seq},{self._clock(now, sampled, interval)},'
+            + (f'"overview":{self.overview},' if overview else "")
+            + f'"services":{{{",".join(services)}}},"versions":{{{",".join(versions)}}},'
+            f'"removed":{_dumps(removed)},"confirmed":{{{",".join(stamps)}}},'
+            f'"instances":{{{",".join(chunks)}}},'
+            f'"routes":{{{",".join(routes)}}},'
+            f'"route_versions":{{{",".join(route_versions)}}},'
+            f'"removed_routes":{_dumps(removed_routes)}}}'
+        )
+
+    def tick(self, *, now: float, sampled: float, interval: float) -> str:
+        """A message with no parts: only how old the client's data is."""
+        return f'{{"type":"tick","seq":{self.seq},{self._clock(now, sampled, interval)}}}'
+
+    def _clock(self, now: float | None, sampled: float | None, interval: float) -> str:
+        at = self.taken_at if now is None else now
+        last = self.taken_at if sampled is None else sampled
+        stale_after = HEARTBEAT + 2 * interval + 1.0
+        return (
+            f'"now":{_dumps(_num(at))},"sampled":{_dumps(_num(last))},'
+            f'"changed":{_dumps(_num(self.taken_at))},"interval":{_dumps(_num(interval))},'
+            f'"stale_after":{_dumps(_num(stale_after))}'
         )
 
 
@@ -197,6 +274,11 @@ class ConsoleModel:
     ``services`` (keys ``"connection/service"``) limits what is shown; by
     default every observed service is. ``transports`` adds routes of
     transports built directly.
+
+    Sampling: :meth:`run` samples every ``interval`` seconds until
+    cancelled, whether or not a client is connected (the console's lifespan
+    runs it inside the server's task group). Without it, :meth:`fresh`
+    samples on demand and a waiting client samples for everyone, as before.
     """
 
     def __init__(
@@ -221,11 +303,20 @@ class ConsoleModel:
         self._sample: ConsoleSample | None = None
         # key -> (cache key, version, text)
         self._parts: dict[str, tuple[object, int, str]] = {}
+        self._routes: dict[str, tuple[int, str]] = {}
+        self._confirmed: dict[str, tuple[int, str]] = {}
+        # "<key>#<n>" -> (version, JSON list of instances); key -> chunk count
+        self._chunks: dict[str, tuple[int, str]] = {}
+        self._counts: dict[str, int] = {}
         self._overview: tuple[str, int] = ("", 0)
         self._sampling = False
         self._event = anyio.Event()
         #: Samples taken (diagnostic).
         self.samples = 0
+        #: When the owner was last read (loop clock), changed or not.
+        self.sampled_at = -math.inf
+        #: :meth:`run` loops sampling now.
+        self.running = 0
 
     @property
     def current(self) -> ConsoleSample:
@@ -235,10 +326,33 @@ class ConsoleModel:
             sample = self.resample()
         return sample
 
+    def fresh(self) -> ConsoleSample:
+        """The newest sample, taken again first when it is older than one
+        interval (no sampler running, or it fell behind)."""
+        if anyio.current_time() - self.sampled_at > self.interval:
+            return self.resample()
+        return self.current
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Sample every ``interval`` seconds (on the interval's grid) until cancelled."""
+        self.running += 1
+        try:
+            self.resample()
+            task_status.started()
+            while True:
+                now = anyio.current_time()
+                await anyio.sleep_until((math.floor(now / self.interval) + 1) * self.interval)
+                self.resample()
+        finally:
+            self.running -= 1
+
     def resample(self, now: float | None = None) -> ConsoleSample:
         """Take a sample now; the sequence number moves only when something changed."""
         at = anyio.current_time() if now is None else now
         self.samples += 1
+        self.sampled_at = at
         snap = self._observer.snapshot()
         extra: list[RouteMetrics] = []
         for transport in self._transports:
@@ -246,13 +360,25 @@ class ConsoleModel:
                 extra.extend(route_metrics(route) for route in transport.routes())
         changed = False
         services: dict[str, tuple[int, str]] = {}
+        confirmed: dict[str, tuple[int, str]] = {}
+        chunks: dict[str, tuple[int, str]] = {}
         for listing in self._observer.listings(at):
             key = f"{listing.connection}/{listing.service}"
             if self._filter is not None and key not in self._filter:
                 continue
+            # When the listing was last confirmed moves with every poll or
+            # watch progress: a part of its own (a number), so the card's
+            # version moves only when what it shows changed.
+            stamp = _dumps(_num(listing.confirmed_at))
+            old_stamp = self._confirmed.get(key)
+            if old_stamp is None or old_stamp[1] != stamp:
+                confirmed[key] = (old_stamp[0] + 1 if old_stamp else 1, stamp)
+                changed = True
+            else:
+                confirmed[key] = old_stamp
             cache_key = (
                 listing.revision,
-                listing.confirmed_at,
+                listing.confirmed_at is None,
                 listing.unavailable_reason,
                 listing.last_failure,
                 listing.degraded,
@@ -262,8 +388,28 @@ class ConsoleModel:
             known = self._parts.get(key)
             if known is not None and known[0] == cache_key:
                 services[key] = (known[1], known[2])
+                for n in range(self._counts.get(key, 0)):
+                    mark = f"{key}#{n}"
+                    chunks[mark] = self._chunks[mark]
                 continue
-            text = _dumps(service_part(listing))
+            content = service_part(listing)
+            del content["confirmed_at"]
+            # The instances in chunks of their own: one instance changing in a
+            # large service resends its chunk, not the service.
+            instances = content.pop("instances")
+            count = math.ceil(len(instances) / CHUNK)
+            content["chunks"] = count
+            for n in range(count):
+                mark = f"{key}#{n}"
+                chunk = _dumps(instances[n * CHUNK : (n + 1) * CHUNK])
+                old = self._chunks.get(mark)
+                if old is not None and old[1] == chunk:
+                    chunks[mark] = old
+                else:
+                    chunks[mark] = (old[0] + 1 if old is not None else 1, chunk)
+                    changed = True
+            self._counts[key] = count
+            text = _dumps(content)
             if known is not None and known[2] == text:
                 self._parts[key] = (cache_key, known[1], text)
                 services[key] = (known[1], text)
@@ -274,8 +420,26 @@ class ConsoleModel:
             changed = True
         for key in [k for k in self._parts if k not in services]:
             del self._parts[key]
+            self._counts.pop(key, None)
             changed = True
-        overview = _dumps(overview_part(snap, extra))
+        if set(self._chunks) - set(chunks):
+            changed = True
+        self._chunks = chunks
+        self._confirmed = confirmed
+        routes: dict[str, tuple[int, str]] = {}
+        for route in (*snap.routes, *extra):
+            key = f"{route.connection}/{route.service}"
+            text = _dumps(_route_part(route))
+            old = self._routes.get(key) or routes.get(key)
+            if old is not None and old[1] == text:
+                routes[key] = old
+                continue
+            routes[key] = (old[0] + 1 if old is not None else 1, text)
+            changed = True
+        if set(self._routes) - set(routes):
+            changed = True
+        self._routes = routes
+        overview = _dumps(overview_part(snap))
         if overview != self._overview[0]:
             self._overview = (overview, self._overview[1] + 1)
             changed = True
@@ -288,6 +452,9 @@ class ConsoleModel:
                 overview=self._overview[0],
                 overview_version=self._overview[1],
                 services=services,
+                routes=dict(routes),
+                confirmed=confirmed,
+                chunks=chunks,
             )
             event, self._event = self._event, anyio.Event()
             event.set()
@@ -297,30 +464,30 @@ class ConsoleModel:
     async def wait_newer(self, seq: int) -> ConsoleSample:
         """Wait for a sample newer than ``seq``; return the newest one.
 
-        While no client samples, the caller samples every ``interval``
-        seconds until something changed; otherwise it sleeps on the change
-        event. The sampling role is given up when this returns (or is
-        cancelled), and the other waiters are woken to take it over.
+        With :meth:`run` sampling, this sleeps on the change event. Without
+        it, while no client samples, the caller samples every ``interval``
+        seconds until something changed; the sampling role is given up when
+        this returns (or is cancelled), and the other waiters are woken to
+        take it over.
         """
         while True:
             sample = self.current
             if sample.seq > seq:
                 return sample
-            if self._sampling:
+            if self._sampling or self.running:
                 await self._event.wait()
                 continue
             self._sampling = True
             try:
-                while self.current.seq <= seq:
+                while self.current.seq <= seq and not self.running:
                     now = anyio.current_time()
                     tick = (math.floor(now / self.interval) + 1) * self.interval
                     await anyio.sleep_until(tick)
                     self.resample()
-                return self.current
             finally:
                 self._sampling = False
                 event, self._event = self._event, anyio.Event()
                 event.set()
 
     def __repr__(self) -> str:
-        return f"<ConsoleModel interval={self.interval} seq={self._seq}>"
+        return f"<ConsoleModel interval={self.interval} seq={self._seq} running={self.running}>"

@@ -77,6 +77,7 @@ from nadisc import (
     EvidenceKind,
     IncompleteSnapshot,
     Instance,
+    InvalidInstanceAddress,
     InvalidSnapshot,
     ProviderSnapshot,
 )
@@ -532,7 +533,11 @@ class HealthDecoder:
         ):
             self._instances.append(old)
         else:
-            self._instances.append(Instance(identity, host, port, weight, meta, tags))
+            try:
+                self._instances.append(Instance(identity, host, port, weight, meta, tags))
+            except InvalidInstanceAddress as exc:  # nadisc's shared address check
+                del self._seen[identity]
+                self._invalid[f"{node_name}/{service_id}"] = str(exc)
 
     def columns(self, entries: list[_Entry]) -> ProviderSnapshot | None:
         """The snapshot of typed ``entries`` decoded column by column, or None
@@ -769,7 +774,12 @@ class HealthDecoder:
         # immutable copy per distinct value (fewer objects for the collector).
         shared_meta = self._share_meta(meta)
         shared_tags = self._tags.setdefault(tags, tags) if tags else ()
-        instance = Instance(identity, host, port, weight, shared_meta, shared_tags)
+        try:
+            instance = Instance(identity, host, port, weight, shared_meta, shared_tags)
+        except InvalidInstanceAddress as exc:  # nadisc's shared address check
+            del self._seen[identity]
+            self._invalid[f"{node_name}/{service_id}"] = str(exc)
+            return
         old = self._previous.get(identity)
         self._instances.append(old if old is not None and old == instance else instance)
 

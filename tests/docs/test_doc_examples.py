@@ -135,6 +135,9 @@ FRAGMENTS: dict[tuple[str, str], str] = {
         "the context-manager form of the executed serve() example; binds a fixed public port",
     ("observability.md", "from prometheus_client import CollectorRegistry"):
         "needs the host's running owner and its own CollectorRegistry",
+    ("observability.md", "groups:"):
+        "Prometheus alert rules, not a nadisc document; promtool checks them in "
+        "tests/observability/test_metrics_calls.py",
     ("poise.md", "Endpoint(key, service, *, weight=1.0"):
         "a signature",
     ("poise.md", "async with balance.open(request) as response:"):

@@ -142,11 +142,11 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 
 @asynccontextmanager
-async def open_chromium(profile: Path) -> AsyncIterator[Browser]:
+async def open_chromium(profile: Path, *, flags: tuple[str, ...] = ()) -> AsyncIterator[Browser]:
     binary = require_chromium()
     profile.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
-        [binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        [binary, *FLAGS, *flags, f"--user-data-dir={profile}", "about:blank"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

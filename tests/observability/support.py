@@ -11,6 +11,7 @@ import trio
 
 from nadisc import DiscoveryConfig, DiscoveryOwner, open_discovery
 from nadisc.observability import ConsoleApp, console_app, serve
+from nadisc.observability._commands import _merge
 
 CONSUL_TOKEN = "s3cret-consul-token-7f1d"
 
@@ -79,13 +80,14 @@ async def consul_console(
 def apply_message(state: dict[str, Any], text: str | bytes) -> dict[str, Any]:
     """Fold one console message into ``state`` the way the page does."""
     message: dict[str, Any] = json.loads(text)
-    services: dict[str, Any] = state.setdefault("services", {})
-    if message["type"] == "full":
-        services.clear()
-    services.update(message["services"])
-    for key in message["removed"]:
-        services.pop(key, None)
-    state["overview"] = message["overview"]
+    if message["type"] == "tick":
+        return message
+    _merge(state.setdefault("services", {}), message)
+    if "overview" in message:
+        state["overview"] = message["overview"]
+    state.setdefault("routes", {}).update(message.get("routes", {}))
+    for key in message.get("removed_routes", []):
+        state["routes"].pop(key, None)
     state["seq"] = message["seq"]
     return message
 

@@ -40,8 +40,9 @@ async def test_console_and_metrics_served_by_hypercorn_on_this_loop() -> None:
                             await anyio.sleep(0.05)
                 assert page.status_code == 200 and "console.js" in page.text
                 state = json.loads((await client.get("/state")).text)
-                part = state["services"]["primary/orders"]
-                assert [i["identity"] for i in part["instances"]] == ["w1", "w2"]
+                assert state["services"]["primary/orders"]["chunks"] == 1
+                chunk = state["instances"]["primary/orders#0"]
+                assert [i["identity"] for i in chunk] == ["w1", "w2"]
                 metrics = (await client.get("/metrics")).text
             group.cancel_scope.cancel()
         del held

@@ -56,7 +56,7 @@ async def test_the_page_shows_a_registered_instance_within_a_second(tmp_path: Pa
             "Array.from(document.querySelector('[data-instance=\"orders-1\"]').cells)"
             ".map(c => c.textContent)"
         )
-        assert row[:4] == ["orders-1", "10.0.0.1:8001", "1", "registry_health"]
+        assert row[:3] == ["orders-1", "10.0.0.1:8001", "1"]
         html = await page.evaluate("document.documentElement.outerHTML")
         # Never a secret or metadata on the page.
         for secret in (CONSUL_TOKEN, "hunter2-meta", "ops@example.com"):

@@ -148,7 +148,12 @@ async def test_a_client_that_does_not_read_gets_the_newest_state_not_a_backlog()
 
         url = base.replace("http", "ws") + "/ws"
         async with trio.open_nursery() as nursery, open_websocket_url(url) as fast:
-            scope = {"type": "websocket", "path": "/ws", "headers": [], "root_path": ""}
+            scope = {
+                "type": "websocket",
+                "path": "/ws",
+                "headers": [(b"host", b"127.0.0.1")],
+                "root_path": "",
+            }
             nursery.start_soon(app, scope, receive, send)  # type: ignore[arg-type]
             fast_state: dict[str, Any] = {}
             apply_message(fast_state, await fast.get_message())
@@ -194,3 +199,68 @@ async def test_watch_connect_follows_the_console() -> None:
         assert lines[0]["unavailable"] == "empty"
         assert lines[1]["unavailable"] is None and lines[1]["evidence"] == "registry_health"
         assert lines[1]["revision"] > lines[0]["revision"]
+
+
+async def test_state_is_fresh_with_no_client_connected() -> None:
+    """The console samples the owner on its own schedule (its lifespan, run by
+    hypercorn): with no WebSocket client and no request, samples are taken,
+    and ``/state`` shows a registry change, read within one interval."""
+    async with run_consul_fake() as fake, consul_console(fake.url, interval=0.05) as (o, app, base):
+        with trio.fail_after(5):  # hypercorn runs the lifespan once it listens
+            while not app.model.running:
+                await trio.sleep(0.01)
+        assert app.clients == 0
+        fake.register(orders_instance(1), now=trio.current_time())
+        with trio.fail_after(5):
+            while not any(listing.instances for listing in o.observer().listings()):
+                await trio.sleep(0.01)
+        # Two samples after the observer had it, none asked for by a client.
+        taken = app.model.samples
+        with trio.fail_after(5):
+            while app.model.samples < taken + 2:
+                await trio.sleep(0.01)
+        assert app.model.current.taken_at <= app.model.sampled_at
+        seen: dict[str, Any] = {}
+        apply_message(seen, app.model.current.delta({}, full=True) or "")
+        assert identities(seen) == ["orders-1"]
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(base + "/state")).text
+        state = json.loads(text)
+        folded: dict[str, Any] = {}
+        apply_message(folded, text)
+        assert identities(folded) == ["orders-1"]
+        assert list(state["instances"]) == ["primary/orders#0"]  # the instances' one chunk
+        # Read within one sampling interval of the answer (server clock).
+        assert 0 <= state["now"] - state["sampled"] <= state["interval"]
+        assert state["stale_after"] > state["interval"]
+
+
+async def test_ticks_tell_a_client_how_old_its_data_is_and_acks_bound_the_frames() -> None:
+    async with run_consul_fake() as fake, consul_console(fake.url, interval=0.05) as (_, app, base):
+        url = base.replace("http", "ws") + "/ws?ack=1"
+        async with open_websocket_url(url) as socket:
+            state: dict[str, Any] = {}
+            first = apply_message(state, await socket.get_message())
+            assert first["type"] == "full" and first["versions"]["primary/orders"] >= 1
+            # Nothing changes: within a heartbeat a tick arrives carrying the age.
+            with trio.fail_after(10):
+                tick = first
+                while tick["type"] != "tick":
+                    await socket.send_message(json.dumps({"ack": tick["seq"]}))
+                    tick = apply_message(state, await socket.get_message())
+            assert tick["now"] >= tick["sampled"]
+            assert "services" not in tick
+            # Without an ack, nothing more is sent, whatever changes.
+            fake.register(orders_instance(1), now=trio.current_time())
+            fake.register(orders_instance(2), now=trio.current_time())
+            with trio.move_on_after(1.5) as waited:
+                await socket.get_message()
+            assert waited.cancelled_caught
+            # The ack brings one delta with the newest state of the changed card only.
+            await socket.send_message(json.dumps({"ack": tick["seq"]}))
+            with trio.fail_after(5):
+                delta = apply_message(state, await socket.get_message())
+            assert delta["type"] == "delta" and list(delta["services"]) == ["primary/orders"]
+            assert identities(state) == ["orders-1", "orders-2"]
+            assert delta["versions"]["primary/orders"] > first["versions"]["primary/orders"]
+            assert app.clients == 1

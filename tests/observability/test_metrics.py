@@ -380,6 +380,10 @@ async def test_hostile_names_metadata_and_secrets_never_reach_the_exposition(
                     assert label_value in closed
                 elif label == "le":
                     float(label_value)
+                elif label == "provider":
+                    assert label_value == "consul"  # the configured provider name
+                elif label == "version":
+                    assert family.name == "nadisc_build_info"
                 else:
                     assert label in ("phase", "state", "kind", "reason", "outcome", "readiness")
                     assert label_value.replace("_", "").isalpha()

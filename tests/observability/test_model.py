@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import trio
@@ -11,8 +12,10 @@ import trio.testing
 
 from nadisc import DiscoveryConfig, open_discovery
 from nadisc.observability import ConsoleModel
+from nadisc.observability._model import CHUNK
 from nadisc.testing import MemoryProvider
 from tests.nadisc.owner_support import inst
+from tests.observability.support import apply_message, identities
 
 pytestmark = pytest.mark.trio_only
 
@@ -56,12 +59,12 @@ async def test_versions_move_only_on_change_and_deltas_carry_only_what_changed(
         await trio.lowlevel.checkpoint()
         second = model.resample()
         assert second.seq == first.seq + 1
-        delta = json.loads(second.delta(seen) or "")
+        state: dict[str, Any] = {}
+        apply_message(state, first.delta({}, full=True) or "")
+        delta = apply_message(state, second.delta(seen) or "")
         assert delta["type"] == "delta" and set(delta["services"]) == {"primary/a"}
-        assert [i["identity"] for i in delta["services"]["primary/a"]["instances"]] == [
-            "a1",
-            "a2",
-        ]
+        assert list(delta["instances"]) == ["primary/a#0"]
+        assert identities(state, "primary/a") == ["a1", "a2"]
 
         # A client that skipped several samples gets one delta to the newest.
         lagging = dict(seen)
@@ -71,11 +74,9 @@ async def test_versions_move_only_on_change_and_deltas_carry_only_what_changed(
             await trio.lowlevel.checkpoint()
             model.resample()
         newest = model.current
-        catch_up = json.loads(newest.delta(lagging) or "")
-        assert [i["identity"] for i in catch_up["services"]["primary/a"]["instances"]] == [
-            f"a{i}" for i in range(1, 7)
-        ]
-        assert [i["identity"] for i in catch_up["services"]["primary/b"]["instances"]] == ["b1"]
+        apply_message(state, newest.delta(lagging) or "")
+        assert identities(state, "primary/a") == [f"a{i}" for i in range(1, 7)]
+        assert identities(state, "primary/b") == ["b1"]
         assert newest.delta(lagging) is None
         del held
 
@@ -99,7 +100,7 @@ async def test_one_waiter_samples_and_cancelling_it_hands_the_role_over(
                     last = (await model.wait_newer(last)).seq
                     if scope is None:
                         results.append(last)
-                        if "a9" in model.current.services["primary/a"][1]:
+                        if "a9" in model.current.chunks["primary/a#0"][1]:
                             return
 
         async with trio.open_nursery() as nursery:
@@ -117,8 +118,35 @@ async def test_one_waiter_samples_and_cancelling_it_hands_the_role_over(
             await trio.sleep(1.0)
             assert 9 <= model.samples - before <= 11
             memory.set("svc-a", [inst("a9")])
-        assert results and "a9" in model.current.services["primary/a"][1]
+        assert results and "a9" in model.current.chunks["primary/a#0"][1]
         assert results == sorted(results)
+        del held
+
+
+async def test_one_instance_changing_in_a_large_service_sends_its_chunk_only(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    memory = provider()
+    big = [inst(f"i{n:03d}") for n in range(3 * CHUNK + 7)]
+    memory.set("svc-a", big)
+    async with open_discovery(CONFIG, providers={"primary": memory}) as owner:
+        held = await owner.client().observe("a", trio.current_time() + 5)
+        model = ConsoleModel(owner.observer(), interval=0.1)
+        seen: dict[str, int] = {}
+        state: dict[str, Any] = {}
+        full = model.resample().delta(seen, full=True) or ""
+        apply_message(state, full)
+        assert identities(state, "primary/a") == [i.identity for i in big]
+        changed = list(big)
+        changed[CHUNK + 3] = inst("replaced")
+        memory.set("svc-a", changed)
+        await trio.lowlevel.checkpoint()
+        text = model.resample().delta(seen) or ""
+        message = apply_message(state, text)
+        # The service's header (its revision moved) and one chunk of 50: not 157 instances.
+        assert list(message["instances"]) == ["primary/a#1"]
+        assert len(text) * 2 < len(full)
+        assert identities(state, "primary/a") == [i.identity for i in changed]
         del held
 
 

@@ -1,11 +1,25 @@
 // nadisc console: follows the owner over a WebSocket and renders the state.
 // Plain DOM code, no framework; every value is written with textContent.
+//
+// The server sends the parts that changed (per service, per route, the
+// overview) with their versions; a card is rebuilt only when its version
+// moved, so selection and scroll survive updates elsewhere. Between
+// messages only the age texts move. One message is in flight at a time
+// (?ack=1): the page acks each one once it is applied.
 "use strict";
 
 (function () {
-  const state = { now: 0, receivedAt: 0, overview: null, services: new Map() };
+  const COLLAPSE_OVER = 20; // instances: larger cards start collapsed
+  const state = {
+    now: 0, sampled: 0, receivedAt: 0, interval: 0.1, staleAfter: 3, seq: 0,
+    overview: null, services: new Map(), routes: new Map(), connected: false,
+  };
+  const cards = new Map(); // service key -> {node, version, marks}
+  const routeCards = new Map(); // route key -> {node, version}
+  const expanded = new Set(); // service keys the user opened
   const recent = new Map(); // route key -> [{t, sent: Map}]
   const RECENT_SECONDS = 10;
+  let filter = "";
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -14,6 +28,7 @@
       if (key === "class") node.className = value;
       else if (key.startsWith("data-")) node.setAttribute(key, String(value));
       else if (key === "title") node.title = String(value);
+      else if (key === "type") node.type = String(value);
     }
     for (const child of children) {
       if (child === null || child === undefined || child === false) continue;
@@ -32,6 +47,7 @@
   }
 
   function serverNow() { return state.now + (Date.now() - state.receivedAt) / 1000; }
+  function dataAge() { return Math.max(0, serverNow() - state.sampled); }
 
   function seconds(value) {
     if (value === null || value === undefined) return "–";
@@ -47,14 +63,19 @@
     deregistered: "", closed: "",
   };
 
+  // ------------------------------------------------------------------ overview
+
   function renderOwner(o) {
     const box = document.getElementById("owner");
     const cap = o.capacity;
+    const served = o.connections.reduce((sum, c) => sum + c.instances, 0);
     box.replaceChildren(
       el("span", {}, "phase ", pill(o.phase, STATE_KIND[o.phase])),
       el("span", {}, "prepared ", el("b", {}, o.prepared ? "yes" : "no")),
       el("span", {}, "tasks ", el("b", { class: "num" }, o.live_tasks)),
-      el("span", {}, "instances ", el("b", { class: "num" }, cap.instances[0] + " / " + cap.instances[1])),
+      el("span", { title: "instances in usable listings (held in admitted listings / limit)" },
+        "instances served ", el("b", { class: "num", "data-served": served }, served),
+        el("span", { class: "dim" }, " (held " + cap.instances[0] + " / " + cap.instances[1] + ")")),
       el("span", {}, "watch streams ", el("b", { class: "num" }, cap.watch_streams[0] + " / " + cap.watch_streams[1])),
       el("span", {}, "transport tasks ", el("b", { class: "num" }, cap.transport_tasks[0] + " / " + cap.transport_tasks[1])),
     );
@@ -74,62 +95,6 @@
     }));
   }
 
-  function routeFor(connection, service) {
-    for (const r of state.overview ? state.overview.routes : []) {
-      if (r.connection === connection && r.service === service) return r;
-    }
-    return null;
-  }
-
-  function marks(endpoint) {
-    const out = [];
-    if (!endpoint) return out;
-    if (endpoint.draining) out.push(pill("draining", "warn"));
-    if (!endpoint.eligible) out.push(pill("ineligible", "warn"));
-    if (endpoint.readiness === "failed") out.push(pill("quarantined", "bad"));
-    return out;
-  }
-
-  function renderServices() {
-    const box = document.getElementById("services");
-    const keys = [...state.services.keys()].sort();
-    if (!keys.length) { box.replaceChildren(el("p", { class: "dim" }, "nothing observed yet")); return; }
-    const now = serverNow();
-    box.replaceChildren(...keys.map((key) => {
-      const s = state.services.get(key);
-      const age = s.confirmed_at === null ? null : Math.max(0, now - s.confirmed_at);
-      const fraction = age === null ? 0 : age / s.max_age;
-      const ageKind = fraction >= 1 ? "bad" : fraction >= 0.75 ? "warn" : "";
-      const route = routeFor(s.connection, s.service);
-      const endpoints = new Map((route ? route.endpoints : []).map((e) => [e.identity, e]));
-      const status = s.unavailable ? pill("unavailable: " + s.unavailable, "bad")
-        : s.degraded ? pill("degraded", "warn") : pill("usable", "ok");
-      const rows = s.instances.map((i) => el("tr", { "data-instance": i.identity },
-        el("td", {}, i.identity), el("td", { class: "num" }, i.address),
-        el("td", { class: "num" }, i.weight), el("td", {}, s.evidence || "–"),
-        el("td", {}, bar(fraction, ageKind, seconds(age) + " of " + seconds(s.max_age)), " ",
-          el("span", { class: "num dim" }, seconds(age))),
-        el("td", { class: "num" }, s.revision), el("td", {}, ...marks(endpoints.get(i.identity)))));
-      const listed = new Set(s.instances.map((i) => i.identity));
-      for (const e of endpoints.values()) {
-        if (!listed.has(e.identity)) {
-          rows.push(el("tr", { "data-instance": e.identity, class: "dim" }, el("td", {}, e.identity),
-            el("td", {}, "–"), el("td", {}, "–"), el("td", {}, "–"), el("td", {}, "–"),
-            el("td", {}, "–"), el("td", {}, ...marks(e))));
-        }
-      }
-      return el("div", { class: "card", "data-service": key },
-        el("h3", {}, el("span", {}, s.service), el("span", { class: "meta" }, "on " + s.connection),
-          status, el("span", { class: "meta" }, "revision " + s.revision),
-          el("span", { class: "meta", "data-count": s.instances.length }, s.instances.length + " instances"),
-          s.last_failure ? pill("last failure: " + s.last_failure, "warn") : null),
-        el("table", { class: "grid" },
-          el("thead", {}, el("tr", {}, ...["instance", "address", "weight", "evidence",
-            "age / max_age", "revision", "marks"].map((h) => el("th", {}, h)))),
-          el("tbody", {}, ...rows)));
-    }));
-  }
-
   function renderRegistrations(list) {
     const body = document.querySelector("#registrations tbody");
     if (!list.length) {
@@ -145,6 +110,164 @@
       el("td", {}, el("span", { class: "history" }, ...r.history.map(([t, s]) =>
         el("span", { class: "pill " + (STATE_KIND[s] || ""), title: "at " + seconds(t) }, s)))))));
   }
+
+  // ------------------------------------------------------------------ services
+
+  function marks(endpoint) {
+    const out = [];
+    if (!endpoint) return out;
+    if (endpoint.draining) out.push(pill("draining", "warn"));
+    if (!endpoint.eligible) out.push(pill("ineligible", "warn"));
+    if (endpoint.readiness === "failed") out.push(pill("quarantined", "bad"));
+    return out;
+  }
+
+  function marksSignature(key) {
+    const route = state.routes.get(key);
+    if (!route) return "";
+    return route.endpoints.map((e) => e.identity + ":" + (e.draining ? "d" : "") +
+      (e.eligible ? "" : "i") + (e.readiness === "failed" ? "q" : "")).join(",");
+  }
+
+  function ageText(s, now) {
+    if (s.confirmed_at === null) return { text: "never confirmed", fraction: 1, kind: "bad" };
+    const age = Math.max(0, now - s.confirmed_at);
+    const fraction = age / s.max_age;
+    return {
+      text: seconds(age) + " of " + seconds(s.max_age),
+      fraction, kind: fraction >= 1 ? "bad" : fraction >= 0.75 ? "warn" : "",
+    };
+  }
+
+  function matches(text) { return !filter || String(text).toLowerCase().includes(filter); }
+
+  function serviceMatches(key, s) {
+    if (!filter || matches(key)) return true;
+    return s.instances.some((i) => matches(i.identity) || matches(i.address));
+  }
+
+  function serviceCard(key, s) {
+    const route = state.routes.get(key);
+    const endpoints = new Map((route ? route.endpoints : []).map((e) => [e.identity, e]));
+    const status = s.unavailable ? pill("unavailable: " + s.unavailable, "bad")
+      : s.degraded ? pill("degraded", "warn") : pill("usable", "ok");
+    const age = ageText(s, serverNow());
+    const large = s.instances.length > COLLAPSE_OVER;
+    const open = !large || expanded.has(key);
+    const head = el("h3", {}, el("span", { class: "name" }, s.service),
+      el("span", { class: "meta" }, "on " + s.connection), status,
+      el("span", { class: "meta" }, "revision " + s.revision),
+      el("span", { class: "meta" }, "evidence " + (s.evidence || "–")),
+      el("span", { class: "meta", "data-count": s.instances.length }, s.instances.length + " instances"),
+      el("span", { class: "age" }, bar(age.fraction, age.kind, "evidence age of max_age"), " ",
+        el("span", { class: "num dim", "data-age": "" }, age.text)),
+      s.last_failure ? pill("last failure: " + s.last_failure, "warn") : null);
+    const card = el("div", { class: "card", "data-service": key, "data-version": "" }, head);
+    if (large) {
+      const toggle = el("button", { type: "button", class: "toggle" },
+        open ? "collapse" : "show " + s.instances.length + " instances");
+      toggle.addEventListener("click", () => {
+        if (expanded.has(key)) expanded.delete(key); else expanded.add(key);
+        rebuildService(key, true);
+      });
+      head.append(toggle);
+    }
+    if (open) {
+      const keyMatches = !filter || matches(key);
+      const rows = [];
+      for (const i of s.instances) {
+        if (!keyMatches && !(matches(i.identity) || matches(i.address))) continue;
+        rows.push(el("tr", { "data-instance": i.identity },
+          el("td", { class: "id" }, i.identity), el("td", { class: "num id" }, i.address),
+          el("td", { class: "num" }, i.weight), el("td", {}, ...marks(endpoints.get(i.identity)))));
+      }
+      const listed = new Set(s.instances.map((i) => i.identity));
+      for (const e of endpoints.values()) {
+        if (!listed.has(e.identity)) {
+          rows.push(el("tr", { "data-instance": e.identity, class: "dim" },
+            el("td", { class: "id" }, e.identity), el("td", {}, "–"), el("td", {}, "–"),
+            el("td", {}, ...marks(e))));
+        }
+      }
+      card.append(el("table", { class: "grid fixed instances" },
+        el("thead", {}, el("tr", {}, ...["instance", "address", "weight", "marks"]
+          .map((h) => el("th", {}, h)))),
+        el("tbody", {}, ...rows)));
+    }
+    if (!serviceMatches(key, s)) card.hidden = true;
+    return card;
+  }
+
+  function rebuildService(key, force) {
+    const s = state.services.get(key);
+    const known = cards.get(key);
+    const version = state.versions.get(key);
+    const sig = marksSignature(key);
+    if (!force && known && known.version === version && known.marks === sig) return;
+    const node = serviceCard(key, s);
+    counts.rebuilt += 1;
+    document.body.dataset.rebuilt = String(counts.rebuilt);
+    node.setAttribute("data-version", String(version));
+    if (known) { watcher.unobserve(known.node); known.node.replaceWith(node); }
+    else placeService(key, node);
+    cards.set(key, { node, version, marks: sig });
+    watcher.observe(node);
+  }
+
+  const order = []; // service keys of the cards, sorted
+
+  function position(key) {
+    let lo = 0, hi = order.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (order[mid] < key) lo = mid + 1; else hi = mid; }
+    return lo;
+  }
+
+  function placeService(key, node) {
+    const box = document.getElementById("services");
+    const empty = box.querySelector("p.dim");
+    if (empty) empty.remove();
+    const at = position(key);
+    const next = at < order.length ? cards.get(order[at]) : null;
+    order.splice(at, 0, key);
+    box.insertBefore(node, next ? next.node : null);
+  }
+
+  function removeService(key) {
+    const known = cards.get(key);
+    if (known) { watcher.unobserve(known.node); known.node.remove(); }
+    onScreen.delete(key);
+    cards.delete(key);
+    const at = position(key);
+    if (order[at] === key) order.splice(at, 1);
+    if (!cards.size) {
+      document.getElementById("services").replaceChildren(el("p", { class: "dim" }, "nothing observed yet"));
+    }
+  }
+
+  function tickAge(key, now) {
+    const card = cards.get(key);
+    const s = state.services.get(key);
+    if (!card || !s || card.node.hidden) return;
+    if (!card.age) {
+      card.age = card.node.querySelector("[data-age]");
+      card.fill = card.node.querySelector(".age .bar");
+    }
+    const age = ageText(s, now === undefined ? serverNow() : now);
+    if (card.age && card.age.textContent !== age.text) card.age.textContent = age.text;
+    const width = (Math.max(0, Math.min(1, age.fraction)) * 100).toFixed(0) + "%";
+    if (card.fill && card.width !== width) {
+      card.width = width;
+      card.fill.className = "bar " + age.kind;
+      card.fill.firstChild.style.width = width;
+    }
+  }
+
+  function tickAges() {
+    const now = serverNow();
+    for (const key of onScreen) tickAge(key, now);
+  }
+
+  // ------------------------------------------------------------------ routes
 
   function shares(key, route) {
     const now = serverNow();
@@ -172,72 +295,195 @@
       total + " failed (" + parts.map(([kind, n]) => kind.replace("_", " ") + " " + n).join(", ") + ")");
   }
 
-  function renderRoutes(list) {
-    const box = document.getElementById("routes");
-    if (!list.length) { box.replaceChildren(el("p", { class: "dim" }, "no calls routed yet")); return; }
-    box.replaceChildren(...list.map((r) => {
-      const key = r.connection + "/" + r.service;
-      const { delta, total } = shares(key, r);
-      return el("div", { class: "card", "data-route": key },
-        el("h3", {}, el("span", {}, r.service), el("span", { class: "meta" }, "on " + r.connection),
-          el("span", { class: "meta" }, r.calls + " calls"),
-          el("span", { class: "meta" }, r.in_flight + " in flight"),
-          failedCalls(r.failures),
-          r.failed_endpoints ? pill(r.failed_endpoints + " quarantined", "bad") : null),
-        el("table", { class: "grid" },
-          el("thead", {}, el("tr", {}, ...["endpoint", "in flight", "EWMA", "sent", "failed", "share of recent calls", "marks"]
-            .map((h) => el("th", {}, h)))),
-          el("tbody", {}, ...r.endpoints.map((e) => {
-            const share = total ? (delta.get(e.identity) || 0) / total : 0;
-            return el("tr", { "data-endpoint": e.identity },
-              el("td", {}, e.identity), el("td", { class: "num" }, e.in_flight),
-              el("td", { class: "num" }, e.rtt === null ? "–" : seconds(e.rtt)),
-              el("td", { class: "num" }, e.sent),
-              el("td", { class: "num" }, e.failed || 0),
-              el("td", {}, bar(share, "share"), " ", el("span", { class: "num dim" }, (share * 100).toFixed(0) + "%")),
-              el("td", {}, ...marks(e)));
-          }))));
-    }));
+  function routeCard(key, r) {
+    const { delta, total } = shares(key, r);
+    return el("div", { class: "card", "data-route": key },
+      el("h3", {}, el("span", { class: "name" }, r.service), el("span", { class: "meta" }, "on " + r.connection),
+        el("span", { class: "meta" }, r.calls + " calls"),
+        el("span", { class: "meta" }, r.in_flight + " in flight"),
+        failedCalls(r.failures),
+        r.failed_endpoints ? pill(r.failed_endpoints + " quarantined", "bad") : null),
+      el("table", { class: "grid fixed" },
+        el("thead", {}, el("tr", {}, ...["endpoint", "in flight", "EWMA", "sent", "failed", "share of recent calls", "marks"]
+          .map((h) => el("th", {}, h)))),
+        el("tbody", {}, ...r.endpoints.slice(0, 200).map((e) => {
+          const share = total ? (delta.get(e.identity) || 0) / total : 0;
+          return el("tr", { "data-endpoint": e.identity },
+            el("td", { class: "id" }, e.identity), el("td", { class: "num" }, e.in_flight),
+            el("td", { class: "num" }, e.rtt === null ? "–" : seconds(e.rtt)),
+            el("td", { class: "num" }, e.sent),
+            el("td", { class: "num" }, e.failed || 0),
+            el("td", {}, bar(share, "share"), " ", el("span", { class: "num dim" }, (share * 100).toFixed(0) + "%")),
+            el("td", {}, ...marks(e)));
+        }))));
   }
 
-  function render() {
-    if (!state.overview) return;
-    renderOwner(state.overview);
-    renderConnections(state.overview.connections);
-    renderServices();
-    renderRegistrations(state.overview.registrations);
-    renderRoutes(state.overview.routes);
-    document.body.setAttribute("data-seq", String(state.seq));
+  function rebuildRoute(key) {
+    const box = document.getElementById("routes");
+    const empty = box.querySelector("p.dim");
+    if (empty) empty.remove();
+    const node = routeCard(key, state.routes.get(key));
+    const known = routeCards.get(key);
+    if (known) known.node.replaceWith(node); else box.append(node);
+    routeCards.set(key, { node });
   }
+
+  function removeRoute(key) {
+    const known = routeCards.get(key);
+    if (known) known.node.remove();
+    routeCards.delete(key);
+    if (!routeCards.size) {
+      document.getElementById("routes").replaceChildren(el("p", { class: "dim" }, "no calls routed yet"));
+    }
+  }
+
+  // ------------------------------------------------------------------ messages
+
+  // Ages move every second: only the cards on screen follow them (a card
+  // coming into view is brought up to date at once).
+  const onScreen = new Set();
+  const watcher = new IntersectionObserver((entries) => {
+    for (const entry of entries) {
+      const key = entry.target.getAttribute("data-service");
+      if (entry.isIntersecting) { onScreen.add(key); tickAge(key); } else onScreen.delete(key);
+    }
+  });
+
+  const counts = { messages: 0, rebuilt: 0 }; // diagnostics, on the body's data-* attributes
 
   function apply(message) {
-    if (message.type === "full") state.services.clear();
-    state.now = message.now; state.receivedAt = Date.now(); state.seq = message.seq;
-    state.overview = message.overview;
-    for (const [key, value] of Object.entries(message.services)) state.services.set(key, value);
-    for (const key of message.removed) state.services.delete(key);
-    render();
+    counts.messages += 1;
+    state.now = message.now; state.sampled = message.sampled; state.receivedAt = Date.now();
+    state.interval = message.interval; state.staleAfter = message.stale_after; state.seq = message.seq;
+    if (message.type === "tick") { freshness(); return; }
+    if (message.type === "full") {
+      for (const key of [...cards.keys()]) if (!(key in message.services)) { state.services.delete(key); removeService(key); }
+      for (const key of [...routeCards.keys()]) if (!(key in message.routes)) { state.routes.delete(key); removeRoute(key); }
+    }
+    if (message.overview) {
+      state.overview = message.overview;
+      renderOwner(state.overview);
+      renderConnections(state.overview.connections);
+      renderRegistrations(state.overview.registrations);
+    }
+    for (const [key, value] of Object.entries(message.routes || {})) state.routes.set(key, value);
+    for (const key of message.removed_routes || []) { state.routes.delete(key); removeRoute(key); }
+    const changedCards = new Set(Object.keys(message.services));
+    for (const [key, value] of Object.entries(message.services)) {
+      const old = state.services.get(key);
+      if (!("confirmed_at" in value)) value.confirmed_at = old ? old.confirmed_at : null;
+      value.pieces = old ? old.pieces : new Map();
+      state.services.set(key, value);
+    }
+    // Instances come in chunks: only the chunks that changed are sent.
+    for (const [mark, chunk] of Object.entries(message.instances || {})) {
+      const at = mark.lastIndexOf("#");
+      const s = state.services.get(mark.slice(0, at));
+      if (!s) continue;
+      s.pieces.set(Number(mark.slice(at + 1)), chunk);
+      changedCards.add(mark.slice(0, at));
+    }
+    for (const key of changedCards) {
+      const s = state.services.get(key);
+      if (!s) continue;
+      const all = [];
+      for (let n = 0; n < s.chunks; n++) for (const i of s.pieces.get(n) || []) all.push(i);
+      s.instances = all;
+      state.versions.set(key, (state.versions.get(key) || 0) + 1); // the card's own version
+    }
+    // Confirmed-at times move with every poll: only the age texts follow them.
+    let stamped = false;
+    for (const [key, stamp] of Object.entries(message.confirmed || {})) {
+      const s = state.services.get(key);
+      if (s) { s.confirmed_at = stamp; stamped = true; }
+    }
+    for (const key of message.removed) { state.services.delete(key); state.versions.delete(key); removeService(key); }
+    // A service card is rebuilt when its version moved, or when its route's marks changed.
+    const touched = new Set([...changedCards, ...Object.keys(message.routes || {})]);
+    const keys = [...touched].sort();
+    if (!cards.size && keys.length) {
+      // First render: every card into one fragment, in order, one insertion.
+      const fragment = document.createDocumentFragment();
+      for (const key of keys) {
+        if (!state.services.has(key)) continue;
+        const node = serviceCard(key, state.services.get(key));
+        const version = state.versions.get(key);
+        node.setAttribute("data-version", String(version));
+        cards.set(key, { node, version, marks: marksSignature(key) });
+        order.push(key);
+        fragment.append(node);
+        watcher.observe(node);
+      }
+      const box = document.getElementById("services");
+      box.replaceChildren(fragment);
+    } else {
+      for (const key of keys) if (state.services.has(key)) rebuildService(key, false);
+    }
+    for (const key of Object.keys(message.routes || {})) rebuildRoute(key);
+    if (stamped && cards.size) tickAges();
+    document.body.setAttribute("data-seq", String(state.seq));
+    document.body.dataset.messages = String(counts.messages);
+    document.body.dataset.rebuilt = String(counts.rebuilt);
+    freshness();
+    if (message.type === "full" && !document.body.dataset.firstRenderMs) {
+      performance.mark("nadisc:applied");
+      void document.body.offsetHeight; // include the layout in the measure
+      // Milliseconds from the navigation to the first full render (for tests and benchmarks).
+      document.body.dataset.firstRenderMs = performance.now().toFixed(1);
+    }
   }
+  state.versions = new Map();
 
   function setLink(text, kind) {
     const link = document.getElementById("link");
-    link.textContent = text; link.setAttribute("data-state", kind);
+    if (link.textContent !== text) link.textContent = text;
+    link.setAttribute("data-state", kind);
+  }
+
+  function freshness() {
+    const age = state.receivedAt ? dataAge() : null;
+    const stale = !state.connected || age === null || age > state.staleAfter;
+    const label = age === null ? "no data yet" : "data " + seconds(age) + " old";
+    const box = document.getElementById("age");
+    if (box.textContent !== label) box.textContent = label;
+    if (document.body.classList.contains("stale") !== stale) document.body.classList.toggle("stale", stale);
+    const fresh = stale ? "no" : "yes";
+    if (document.body.dataset.fresh !== fresh) document.body.dataset.fresh = fresh;
+    if (state.connected) setLink(stale ? "stale" : "live", stale ? "stale" : "live");
   }
 
   function connect() {
     const url = new URL("ws", window.location.href);
     url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
     url.hash = "";
+    url.search = "?ack=1";
     const token = new URLSearchParams(window.location.hash.slice(1)).get("token");
     const socket = new WebSocket(url.href);
     socket.onopen = () => {
       if (token) socket.send(JSON.stringify({ token }));
+      state.connected = true;
+      performance.mark("nadisc:open");
       setLink("live", "live");
     };
-    socket.onmessage = (event) => apply(JSON.parse(event.data));
-    socket.onclose = () => { setLink("disconnected · retrying", "closed"); setTimeout(connect, 1000); };
+    socket.onmessage = (event) => {
+      if (!document.body.dataset.firstRenderMs) performance.mark("nadisc:first-message");
+      const message = JSON.parse(event.data);
+      apply(message);
+      socket.send(JSON.stringify({ ack: message.seq }));
+    };
+    socket.onclose = () => {
+      state.connected = false;
+      setLink("disconnected · retrying", "closed");
+      freshness();
+      setTimeout(connect, 1000);
+    };
   }
 
-  setInterval(renderServices, 1000); // ages move between updates
+  document.getElementById("filter").addEventListener("input", (event) => {
+    filter = event.target.value.trim().toLowerCase();
+    for (const key of cards.keys()) rebuildService(key, true);
+  });
+
+  setInterval(() => { tickAges(); freshness(); }, 1000); // ages move between updates
   connect();
 })();

@@ -206,7 +206,10 @@ def test_malformed_records_say_why(raw: str, reason: str) -> None:
 
 
 hosts = st.one_of(
-    st.from_regex(r"[a-z][a-z0-9-]{0,20}(\.[a-z0-9-]{1,10}){0,3}", fullmatch=True),
+    # DNS names (labels neither start nor end with "-"; the last is not all digits).
+    st.from_regex(
+        r"[a-z]([a-z0-9-]{0,18}[a-z0-9])?(\.[a-z]([a-z0-9-]{0,8}[a-z0-9])?){0,3}", fullmatch=True
+    ),
     st.ip_addresses().map(str),
 )
 
