@@ -200,7 +200,9 @@ async def test_weighted_strategy_from_the_connection_config() -> None:
 
 
 async def test_p2c_peak_ewma_steers_away_from_a_slow_instance() -> None:
-    backends = (HttpBackend("fast"), HttpBackend("slow", latency=0.1))
+    # 1 s against an immediate answer: still 10x apart when a loaded machine
+    # slows the fast one to ~100 ms.
+    backends = (HttpBackend("fast"), HttpBackend("slow", latency=1.0))
     async with serve_backends(*backends) as (fast, slow):
         memory = provider(fast, slow)
         options = RestOptions(lb_strategy="p2c_peak_ewma")
