@@ -268,7 +268,9 @@ async def test_registrations_share_a_lease_and_a_lost_one_registers_all_again(
         assert provider.statistics().keepalives - sent <= 3 / 0.25 + 2
         assert await leases(raw) == 1
         await raw.revoke(int(first["ID"]))  # every key on it is gone at once
-        with trio.fail_after(15):
+        # Re-registration waits for each registration's next check and its
+        # backoff: seconds here, more beside the whole suite; a wide bound.
+        with trio.fail_after(45):
             while not (  # noqa: ASYNC110 - polls the server and the owner's view
                 await keys_under(raw, f"{prefix}/") == count
                 and {s.state for s in owner.registrations().values()} == {RegistrationState.ACTIVE}
