@@ -10,8 +10,10 @@ fixture is marked ``trio_only`` automatically.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -57,3 +59,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_garbage_per_module() -> Iterator[None]:
+    """Collect garbage as each test module ends.
+
+    An object that a test leaks (an unclosed transport, a socket) warns when
+    the garbage collector frees it, and ``filterwarnings = error`` turns that
+    warning into a failure of whichever test is running then. Collecting at
+    the end of every module pins the failure on the module that leaked, every
+    time, instead of on a random later test.
+    """
+    yield
+    gc.collect()
