@@ -29,8 +29,8 @@ def test_kubernetes_watch_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert results["listing_ratio"] > results["typed_ratio"]
     assert "one watch event (1 of 40 slices)" in printed
     assert "vs the minimal msgspec floor" in printed and "load average" in printed
-    # The floor decodes fewer fields into smaller structs: never slower.
+    # Both floors measured in the same rounds (ratios, so no wall-clock bound).
     assert results["typed_floor_ratio"] > 0 and results["listing_floor_ratio"] > 0
-    assert 0 < results["floor_listing_ratio"]
+    assert results["floor_listing_ratio"] > 0
     # One slice's event reuses the other 39 slices' instances.
     assert 0 < results["event_ms"] < results["listing_ms"]
