@@ -367,14 +367,9 @@ async def test_a_storage_restore_is_noticed_and_relisted(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = KubernetesFake(tokens={TOKEN: "alice"})
-    fake.create_service("orders")
-    owned_slice(fake, "orders-a", 1)
-    backup = fake.version
-    provider = in_process(fake, tmp_path)
-    sink = RecordingSink()
     caplog.set_level(logging.INFO, "nadisc_kubernetes")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(provider.watch, "orders", sink)
+    async with watching(fake, tmp_path) as (provider, sink):
+        backup = fake.version  # the state the watch started from
         await fake.wait_for(lambda: fake.open_watches == 2)
         owned_slice(fake, "orders-a", 1, 2)
         owned_slice(fake, "orders-b", 3)
@@ -386,19 +381,13 @@ async def test_a_storage_restore_is_noticed_and_relisted(
         statuses = [r.status for r in fake.watch_requests("endpointslices")]
         assert 504 in statuses
         assert any("storage was restored" in r.getMessage() for r in caplog.records)
-        nursery.cancel_scope.cancel()
 
 
 async def test_an_event_older_than_the_held_version_forces_a_relist(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     fake = KubernetesFake(tokens={TOKEN: "alice"})
-    fake.create_service("orders")
-    owned_slice(fake, "orders-a", 1)
-    provider = in_process(fake, tmp_path)
-    sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(provider.watch, "orders", sink)
+    async with watching(fake, tmp_path) as (provider, sink):
         await fake.wait_for(lambda: fake.open_watches == 2)
         for watch in list(fake._watches):
             if watch.kind == "endpointslices":
@@ -407,7 +396,6 @@ async def test_an_event_older_than_the_held_version_forces_a_relist(
                 watch.push({"type": "MODIFIED", "object": stale})
         await fake.wait_for(lambda: provider.statistics.relists >= 1)
         assert sink.identities == ("pod-1",)  # the stale event was never applied
-        nursery.cancel_scope.cancel()
 
 
 # -- the pacing rules, exhaustively -------------------------------------------------------------
