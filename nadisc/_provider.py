@@ -47,6 +47,15 @@ __all__ = [
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
+def _check_renew_within(within: object) -> None:
+    if within is not None and (
+        isinstance(within, bool)
+        or not isinstance(within, int | float)
+        or not (math.isfinite(within) and within > 0)
+    ):
+        raise ValueError(f"renew_within must be a finite number of seconds > 0, not {within!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a provider can do; the owner plans around these, never around its type."""
@@ -71,13 +80,7 @@ class Capabilities:
     renew_within: float | None = None
 
     def __post_init__(self) -> None:
-        within = self.renew_within
-        if within is not None and (
-            isinstance(within, bool)
-            or not isinstance(within, int | float)
-            or not (math.isfinite(within) and within > 0)
-        ):
-            raise ValueError(f"renew_within must be a finite number of seconds > 0, not {within!r}")
+        _check_renew_within(self.renew_within)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +157,17 @@ class RegistrationRecord:
 @dataclass(frozen=True, slots=True)
 class Registered:
     """A registration the registry acknowledged. ``handle`` is provider-owned
-    (an etcd lease id, a Consul check id...)."""
+    (an etcd lease id, a Consul check id...). ``renew_within``: the pace the
+    registry asked of *this* registration (Nacos's ``clientBeatInterval``);
+    when set it replaces ``Capabilities.renew_within`` from the next renewal
+    on, so a pace learned mid-run re-paces a registration already running."""
 
     record: RegistrationRecord
     handle: str
+    renew_within: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_renew_within(self.renew_within)
 
 
 class Provider(Protocol):

@@ -207,11 +207,17 @@ class RegistrationTiming:
         )
 
 
-def renewal_interval(timing: RegistrationTiming, capabilities: Capabilities) -> float:
+def renewal_interval(
+    timing: RegistrationTiming, capabilities: Capabilities, registered: Registered | None = None
+) -> float:
     """Seconds between renewals: ``monitor_interval``, shortened to the
     provider's ``renew_within`` when it declares one (a lease TTL must not
-    lapse between two renewals)."""
+    lapse between two renewals). The registration's own pace, when the
+    registry gave one with the last acknowledged write
+    (``Registered.renew_within``), replaces the provider's."""
     within = capabilities.renew_within
+    if registered is not None and registered.renew_within is not None:
+        within = registered.renew_within
     if within is None:
         return timing.monitor_interval
     return min(timing.monitor_interval, within)
@@ -1308,9 +1314,12 @@ class RegistrationSet:
     async def _active(self, reg: _Registration, provider: Provider) -> None:
         timing = reg.frozen.timing
         idempotent = reg.frozen.capabilities.idempotent_renewal
+
         # Renew often enough for the provider's lease as well as our own
-        # monitoring: min(monitor_interval, capabilities.renew_within).
-        renew_every = renewal_interval(timing, reg.frozen.capabilities)
+        # monitoring: min(monitor_interval, capabilities.renew_within), or the
+        # registration's own pace from its last acknowledged write.
+        def renew_every() -> float:
+            return renewal_interval(timing, reg.frozen.capabilities, reg.registered)
 
         def backoff() -> float:
             return sm.backoff_delay(
@@ -1326,7 +1335,7 @@ class RegistrationSet:
                     if registered:
                         await self._check(reg, provider)
                 if registered:
-                    await self._idle(reg, provider, renew_every)
+                    await self._idle(reg, provider, renew_every())
                 elif reg.records.write in (sm.WriteOutcome.NONE, sm.WriteOutcome.LOST):
                     # The write definitely did not apply: retry after backoff.
                     await self._idle(reg, provider, backoff())
@@ -1340,12 +1349,12 @@ class RegistrationSet:
                     if write is sm.WriteOutcome.ACKED:
                         await self._check(reg, provider)
                 if write is sm.WriteOutcome.ACKED:
-                    delay = renew_every
+                    delay = renew_every()
                     if reg.records.attempt > 0:  # a renewal that did not apply
                         delay = min(delay, backoff())
                     await self._idle(reg, provider, delay)
                 elif write is sm.WriteOutcome.UNKNOWN:
-                    await self._idle(reg, provider, min(backoff(), renew_every))
+                    await self._idle(reg, provider, min(backoff(), renew_every()))
                 continue
             if action is sm.Action.WAIT:
                 # Ineligible: nothing is submitted (withholding the renewal

@@ -2,13 +2,23 @@
 
 Contract: no I/O, no clock of its own; the provider asks these and acts.
 
-* :func:`silence_limit`: how long a watch may stay silent. The API server's
-  watch cache sends a BOOKMARK to every watch that asked for them about
-  once a minute (``bookmarkFrequency`` in
-  staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go), so once this
-  server has sent one, ``bookmark_silence`` (80 s by default) of silence
-  means the stream is dead; before that - a server without a watch cache
-  sends none - only ``watch_timeout + watch_grace`` does.
+* :func:`silence_limit`: how long a watch may stay silent, counted from the
+  watch's start as well as from its last line. The API server's watch cache
+  gives each watch that allows bookmarks a first bookmark about a minute
+  after it starts and one about every minute after that
+  (``bookmarkFrequency`` and ``nextBookmarkTime`` in
+  staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go and
+  cache_watcher.go), so ``bookmark_silence`` (80 s by default) bounds every
+  silence, the first one included. What the silence *means* depends on what
+  this server has shown (:func:`silence_is_failure`): the cacher sends no
+  bookmark at all until it has processed one event of the resource
+  (``lastProcessedResourceVersion == 0`` in ``dispatchEvents``), and a server
+  without a watch cache never sends any. Before the first bookmark, silence
+  is therefore no proof of a dead stream: the watch is reopened quietly from
+  the version held (no event lost, no relist; an expired version gives 410
+  and the relist path), which replaces a frozen connection within
+  ``bookmark_silence`` of its start instead of ``watch_timeout +
+  watch_grace``. Once a bookmark was seen, silence is a failure.
 * :func:`went_backwards`: resourceVersions are opaque and never ordered
   here, with one exception: when both are decimal (etcd revisions, what
   every API server sends) and the new one is *lower* than the one held, the
@@ -20,15 +30,17 @@ Contract: no I/O, no clock of its own; the provider asks these and acts.
 
 from __future__ import annotations
 
-__all__ = ["RefreshGate", "silence_limit", "went_backwards"]
+__all__ = ["RefreshGate", "silence_is_failure", "silence_limit", "went_backwards"]
 
 
-def silence_limit(
-    *, watch_timeout: float, watch_grace: float, bookmark_silence: float, bookmarks_seen: bool
-) -> float:
-    """Seconds of silence after which a watch counts as broken."""
-    longest = watch_timeout + watch_grace
-    return min(bookmark_silence, longest) if bookmarks_seen else longest
+def silence_limit(*, watch_timeout: float, watch_grace: float, bookmark_silence: float) -> float:
+    """Seconds of silence (from the start or the last line) that end a watch."""
+    return min(bookmark_silence, watch_timeout + watch_grace)
+
+
+def silence_is_failure(*, bookmarks_seen: bool) -> bool:
+    """Whether a silent watch is reported (True) or reopened quietly (False)."""
+    return bookmarks_seen
 
 
 def went_backwards(held: str, seen: str) -> bool:

@@ -23,8 +23,9 @@ while both sides are in sync::
 Every relist waits a backoff delay first (a server answering 410 right
 after each list is not asked again in a hot loop); a watch that stayed
 open a second resets the backoff. Silence: once the server has sent a
-bookmark, ``bookmark_silence`` (80 s) without any line is a dead stream;
-before that ``watch_timeout + watch_grace`` (see ``_pacing``).
+bookmark, ``bookmark_silence`` (80 s) without any line, from the watch's
+start or its last line, is a dead stream; before the first bookmark the same
+silence reopens the watch quietly from the version held (see ``_pacing``).
 
 A publish happens only when the listing differs from the last one
 published (a relist that finds nothing new commits nothing), or when a
@@ -71,7 +72,7 @@ from nadisc import (
 
 from ._credentials import ClusterAccess, resolve_access
 from ._http import Gone, KubeHttp, status_failure
-from ._pacing import RefreshGate, silence_limit, went_backwards
+from ._pacing import RefreshGate, silence_is_failure, silence_limit, went_backwards
 from ._settings import KubernetesSettings
 from ._state import SERVICE_NAME_LABEL, ServiceView
 from ._wire import (
@@ -115,6 +116,9 @@ class KubernetesStatistics:
     relists: int = 0
     #: Watches reopened because they stayed silent past the silence limit.
     silent_watches: int = 0
+    #: Of those, the ones reopened without a failure: silent before this
+    #: provider had seen any bookmark (a server that sends none looks the same).
+    quiet_reopens: int = 0
     #: Bookmark confirmations passed to the sink (at most one a second).
     confirmations: int = 0
     #: Watches the server ended on its own (timeoutSeconds) and that resumed.
@@ -406,8 +410,8 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                     need_list = False
                     run.settle(kind, stats)
                 opened = anyio.current_time()
-                await self._stream(kind, run, what)
-                stats.server_timeouts += 1
+                if await self._stream(kind, run, what):
+                    stats.server_timeouts += 1
                 if anyio.current_time() - opened >= _SHORTEST_WATCH:
                     backoff.reset()
                     continue
@@ -432,8 +436,9 @@ class KubernetesProvider(DiscoveryOnlyProvider):
             await anyio.sleep(backoff.next_delay())
             self._check_open()
 
-    async def _stream(self, kind: Kind, run: _Run, what: str) -> None:
-        """One watch from the side's version until the server ends it."""
+    async def _stream(self, kind: Kind, run: _Run, what: str) -> bool:
+        """One watch from the side's version until the server ends it (True)
+        or, before any bookmark was seen, until it stays silent (False)."""
         view = run.view
         settings = self._settings
         stats = self.statistics
@@ -455,20 +460,27 @@ class KubernetesProvider(DiscoveryOnlyProvider):
             stats.watches_opened += 1
             # Open again after a failure: the listing we hold is confirmed current.
             run.settle(kind, stats)
+            quiet = silence_limit(
+                watch_timeout=settings.watch_timeout,
+                watch_grace=settings.watch_grace,
+                bookmark_silence=settings.bookmark_silence,
+            )
             while True:
-                quiet = silence_limit(
-                    watch_timeout=settings.watch_timeout,
-                    watch_grace=settings.watch_grace,
-                    bookmark_silence=settings.bookmark_silence,
-                    bookmarks_seen=self.bookmarks_seen,
-                )
                 with anyio.move_on_after(quiet) as waiting:
                     try:
                         batch = await lines.__anext__()
                     except StopAsyncIteration:
-                        return
+                        return True
                 if waiting.cancelled_caught:
                     stats.silent_watches += 1
+                    if not silence_is_failure(bookmarks_seen=self.bookmarks_seen):
+                        # No bookmark yet: a quiet but live server looks the same
+                        # (see _pacing); reopen from the version held, no failure.
+                        stats.quiet_reopens += 1
+                        logger.debug(
+                            "%s: silent for %gs before any bookmark; reopening", what, quiet
+                        )
+                        return False
                     raise IncompleteSnapshot(
                         f"{what}: the watch sent nothing for {quiet:g}s (the server sends a "
                         "bookmark about every minute); reopening it"

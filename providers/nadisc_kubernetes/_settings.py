@@ -199,9 +199,10 @@ class KubernetesSettings(BaseModel):
     bookmark_silence: Annotated[float, Field(gt=0, le=3600)] = Field(
         default=80.0,
         description=(
-            "once the server has sent a bookmark (it sends one about every minute to a "
-            "watch that asks), a watch silent this many seconds counts as broken and is "
-            "reopened; until then watch_timeout + watch_grace applies"
+            "a watch silent this many seconds (from its start or its last line) is "
+            "reopened from the version held; once the server has sent a bookmark (it "
+            "sends one about every minute to a watch that asks) the silence also counts "
+            "as a failure"
         ),
     )
     ip_family: Literal["primary", "ipv4", "ipv6"] = Field(

@@ -139,27 +139,31 @@ class _Metadata:
     __slots__ = ("_shared",)
 
     def __init__(self) -> None:
-        self._shared: dict[tuple[tuple[str, str], ...], Mapping[str, str]] = {}
+        self._shared: dict[tuple[str, ...], Mapping[str, str]] = {}
 
     def of(
         self, slice_: EndpointSlice, endpoint: SliceEndpoint, app_protocol: str | None
     ) -> Mapping[str, str]:
-        items: list[tuple[str, str]] = [("address_type", slice_.addressType)]
-        if endpoint.zone:
-            items.append(("zone", endpoint.zone))
-        if endpoint.nodeName:
-            items.append(("node_name", endpoint.nodeName))
-        if endpoint.hostname:
-            items.append(("hostname", endpoint.hostname))
+        # The key is the content itself, built without a list; the mapping
+        # only on the first endpoint with that content (most share one).
         hints = endpoint.hints
-        if hints is not None and hints.forZones:
-            items.append(("hints.for_zones", ",".join(z.name for z in hints.forZones)))
-        if app_protocol:
-            items.append(("app_protocol", app_protocol))
-        key = tuple(items)
+        zones = ",".join(z.name for z in hints.forZones) if hints and hints.forZones else ""
+        key = (
+            slice_.addressType,
+            endpoint.zone or "",
+            endpoint.nodeName or "",
+            endpoint.hostname or "",
+            zones,
+            app_protocol or "",
+        )
         shared = self._shared.get(key)
         if shared is None:
-            shared = self._shared[key] = MappingProxyType(dict(items))
+            names = ("address_type", "zone", "node_name", "hostname", "hints.for_zones")
+            items = {name: value for name, value in zip(names, key, strict=False) if value}
+            items["address_type"] = slice_.addressType
+            if app_protocol:
+                items["app_protocol"] = app_protocol
+            shared = self._shared[key] = MappingProxyType(items)
         return shared
 
 
@@ -207,26 +211,37 @@ def _slice_result(
     members: list[tuple[str, int, Instance]] = []
     invalid: list[tuple[str, str]] = []
     family_rank = _FAMILY_RANK.get(slice_.addressType, 2)
+    app_protocol = slice_port.appProtocol
     for position, endpoint in enumerate(slice_.endpoints or ()):
-        state = endpoint_state(endpoint)
-        if state == "withdrawn":
-            continue
-        if not endpoint.addresses or not endpoint.addresses[0]:
+        # endpoint_state, its common case (not terminating) inline.
+        conditions = endpoint.conditions
+        if not conditions.terminating:
+            if conditions.ready is False:
+                continue
+            draining = False
+        else:
+            state = endpoint_state(endpoint)
+            if state == "withdrawn":
+                continue
+            draining = state == "draining"
+        addresses = endpoint.addresses
+        if not addresses or not addresses[0]:
             invalid.append((f"{key}/{position}", "endpoint without an address"))
             continue
-        identity = _identity(slice_, endpoint, number)
+        ref = endpoint.targetRef
+        identity = ref.uid if ref is not None and ref.uid else _identity(slice_, endpoint, number)
         try:
             instance = Instance(
                 identity,
-                endpoint.addresses[0],
+                addresses[0],
                 number,
-                metadata=metadata.of(slice_, endpoint, slice_port.appProtocol),
-                draining=state == "draining",
+                metadata=metadata.of(slice_, endpoint, app_protocol),
+                draining=draining,
             )
         except ValueError as exc:
             invalid.append((f"{key}/{position}", str(exc)))
             continue
-        members.append((identity, (0 if state == "served" else 4) + family_rank, instance))
+        members.append((identity, (4 if draining else 0) + family_rank, instance))
     return _SliceResult(tuple(members), tuple(invalid))
 
 

@@ -5,7 +5,9 @@ Bodies are decoded with ``msgspec`` typed structs, which validate while
 decoding (only the fields we read are materialised; unknown fields are
 skipped). A body that is not of the expected shape raises
 :class:`WireError`; the caller decides what that means (an incomplete
-listing, an invalid record). Byte bounds are applied before decoding by the
+listing, an invalid record). A body nested deeper than the decoder's stack
+raises :class:`~nadisc.IncompleteSnapshot` through the shared guard
+(``nadisc._jsonguard``), as in every provider. Byte bounds are applied before decoding by the
 HTTP shell; :func:`decode_event` refuses a line over its bound too.
 
 Shapes::
@@ -21,9 +23,14 @@ hand the cyclic collector thousands of objects to trace.
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Literal, TypeVar, overload
 
 import msgspec
+
+from nadisc import IncompleteSnapshot
+from nadisc._jsonguard import decode_guarded
+
+T = TypeVar("T")
 
 __all__ = [
     "Condition",
@@ -226,12 +233,13 @@ _versioned_decoder = msgspec.json.Decoder(_Versioned)
 Kind = Literal["service", "slice"]
 
 
-def _fail(what: str, exc: Exception) -> WireError:
-    # A body nested deeper than the decoder's stack (200,000 levels) is
-    # refused like any other misshapen body, never as a bare RecursionError.
-    if isinstance(exc, RecursionError):
-        return WireError(f"{what}: nested too deeply to decode")
-    return WireError(f"{what}: {exc}")
+def _decode(decoder: msgspec.json.Decoder[T], body: bytes | memoryview, what: str) -> T:
+    """``decoder.decode(body)``: a misshapen body is :class:`WireError`, one
+    nested too deeply ``IncompleteSnapshot`` (the shared guard)."""
+    try:
+        return decode_guarded(decoder, body, what)  # type: ignore[arg-type]
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireError(f"{what}: {exc}") from None
 
 
 @overload
@@ -242,33 +250,24 @@ def decode_page(kind: Literal["slice"], body: bytes | memoryview) -> SlicePage: 
 def decode_page(kind: Kind, body: bytes | memoryview) -> ServicePage | SlicePage: ...
 def decode_page(kind: Kind, body: bytes | memoryview) -> ServicePage | SlicePage:
     """One list page of ``kind``, items decoded and validated in the same pass."""
-    decoder = _service_page_decoder if kind == "service" else _slice_page_decoder
-    try:
-        page: ServicePage | SlicePage = decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-        raise _fail(f"{kind} list", exc) from None
-    return page
+    if kind == "service":
+        return _decode(_service_page_decoder, body, "service list")
+    return _decode(_slice_page_decoder, body, "slice list")
 
 
 def decode_service(body: bytes | memoryview) -> Service:
-    try:
-        return _service_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-        raise _fail("Service", exc) from None
+    return _decode(_service_decoder, body, "Service")
 
 
 def decode_slice(body: bytes | memoryview) -> EndpointSlice:
-    try:
-        return _slice_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-        raise _fail("EndpointSlice", exc) from None
+    return _decode(_slice_decoder, body, "EndpointSlice")
 
 
 def decode_status(body: bytes | memoryview) -> Status | None:
     """The Status object of an error answer, or None when it is not one."""
     try:
-        status = _status_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        status = _decode(_status_decoder, body, "Status")
+    except (WireError, IncompleteSnapshot):
         return None
     return status if status.code else None
 
@@ -281,10 +280,7 @@ def decode_event(kind: Kind, line: bytes, *, limit: int) -> Event:
     """One newline-delimited watch event of a ``kind`` watch."""
     if len(line) > limit:
         raise WireError(f"a watch event of {len(line)} bytes exceeds the limit of {limit}")
-    try:
-        raw = _event_decoder.decode(line)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-        raise _fail("watch event", exc) from None
+    raw = _decode(_event_decoder, line, "watch event")
     if raw.type not in _EVENT_TYPES:
         raise WireError(f"watch event: unknown type {raw.type!r}")
     if raw.type == "ERROR":
@@ -293,10 +289,7 @@ def decode_event(kind: Kind, line: bytes, *, limit: int) -> Event:
             raise WireError("watch event: an ERROR without a Status object")
         return Event("ERROR", "", status=status)
     if raw.type == "BOOKMARK":
-        try:
-            meta = _versioned_decoder.decode(raw.object).metadata
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-            raise _fail("bookmark", exc) from None
+        meta = _decode(_versioned_decoder, raw.object, "bookmark").metadata
         if not meta.resourceVersion:
             raise WireError("watch event: a BOOKMARK without a resourceVersion")
         return Event("BOOKMARK", meta.resourceVersion)

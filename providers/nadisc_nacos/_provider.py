@@ -33,14 +33,18 @@ Registration (``register``/``renew``/``check``/``deregister``)::
     deregister DELETE instance
 
 Renewals are paced by ``Capabilities.renew_within`` = ``beat_interval``
-(Nacos's ``clientBeatInterval`` default, 5 s); the server's answer is kept
-in :attr:`NacosProvider.server_beat_interval` and a shorter one is logged.
+(Nacos's ``clientBeatInterval`` default, 5 s) until the server answers a
+beat: its ``clientBeatInterval`` then paces that registration's next beat
+(``Registered.renew_within``), is kept in
+:attr:`NacosProvider.server_beat_interval`, and a shorter one also paces
+registrations planned later.
 Repeating a light beat is harmless, so ``idempotent_renewal`` holds.
 Costs: one HTTP request per poll, per beat; O(instances) decoding.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -331,8 +335,10 @@ class NacosProvider:
                 self._renew_within,
                 rules[HEART_BEAT_TIMEOUT] / 1000,
             )
+        pace: float | None = None
         if self._ephemeral(record) and HEART_BEAT_INTERVAL in metadata:
-            self._adopt(rules[HEART_BEAT_INTERVAL] / 1000, record.registration)
+            pace = rules[HEART_BEAT_INTERVAL] / 1000
+            self._adopt(pace, record.registration)
         params.update(
             weight=repr(float(record.weight)),
             enabled="true",
@@ -343,7 +349,7 @@ class NacosProvider:
         response = await self._write("POST", _PATHS[api]["instance"], params, deadline, what)
         self._write_ok(response, api, what)
         handle = await self._assigned_id(record, api, deadline)
-        return Registered(record, handle)
+        return Registered(record, handle, renew_within=pace)
 
     async def _write(
         self, method: str, path: str, params: dict[str, str], deadline: float, what: str
@@ -440,14 +446,18 @@ class NacosProvider:
             if response.status != 200:
                 self._write_ok(response, api, what)
             answer = decode_beat(response.body, max_bytes=self._http.max_response_bytes)
-            if answer.client_beat_interval:
-                # The instance's ``preserved.heart.beat.interval`` (or the
-                # server's default): adopted as the pace of renewals.
-                seconds = answer.client_beat_interval / 1000.0
-                self.server_beat_interval = seconds
-                self._adopt(seconds, record.registration)
             if answer.code == INSTANCE_NOT_FOUND_V1:
                 raise LeaseLost(f"{what}: Nacos no longer holds the instance (code 20404)")
+            seconds = answer.client_beat_interval / 1000.0 if answer.client_beat_interval else 0.0
+            if math.isfinite(seconds) and seconds > 0:
+                # The instance's ``preserved.heart.beat.interval`` (or the
+                # server's default): the next beat of this registration
+                # follows it, as the Java client's BeatReactor does, and
+                # registrations planned later start at it if it is shorter.
+                self.server_beat_interval = seconds
+                self._adopt(seconds, record.registration)
+                if registered.renew_within != seconds:
+                    return dataclasses.replace(registered, renew_within=seconds)
             return registered
         params["heartBeat"] = "true"
         response = await self._write("POST", _PATHS["v3"]["beat"], params, deadline, what)
@@ -469,9 +479,7 @@ class NacosProvider:
             logger.warning(
                 "nacos connection %r: registration %r is expected to beat every %.1fs, "
                 "shorter than the %.1fs this connection's renewals were paced at; "
-                "registrations planned from now are paced by it, those already planned "
-                "(this one included) keep their pace: set nacos.beat_interval or the "
-                "connection's metadata preserved.heart.beat.interval to match",
+                "its next beat and registrations planned from now follow it",
                 self._context.name,
                 registration,
                 seconds,

@@ -28,5 +28,9 @@ def test_kubernetes_watch_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert 0 < results["typed_ratio"] <= results["worst_typed_ratio"]
     assert results["listing_ratio"] > results["typed_ratio"]
     assert "one watch event (1 of 40 slices)" in printed
+    assert "vs the minimal msgspec floor" in printed and "load average" in printed
+    # Both floors measured in the same rounds (ratios, so no wall-clock bound).
+    assert results["typed_floor_ratio"] > 0 and results["listing_floor_ratio"] > 0
+    assert results["floor_listing_ratio"] > 0
     # One slice's event reuses the other 39 slices' instances.
     assert 0 < results["event_ms"] < results["listing_ms"]

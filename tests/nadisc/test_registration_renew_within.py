@@ -11,7 +11,9 @@ only every 5 s.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 import trio
@@ -20,6 +22,7 @@ import trio.testing
 from nadisc import (
     Capabilities,
     DiscoveryConfig,
+    DiscoveryOwner,
     Eligibility,
     EvidenceKind,
     Registered,
@@ -71,17 +74,21 @@ def config_with_slow_monitoring() -> DiscoveryConfig:
     )
 
 
+def open_owner(provider: LeaseProvider) -> AbstractAsyncContextManager[DiscoveryOwner]:
+    return open_discovery(
+        config_with_slow_monitoring(),
+        providers={"primary": provider},
+        listeners={"web": WEB},
+        eligibility={"web": Eligibility.always()},
+    )
+
+
 async def run_for(registry: TimedRegistry, renew_within: float | None, seconds: float) -> list[str]:
     """Publish one registration, sample its state every 100 ms for ``seconds``."""
     provider = LeaseProvider(registry, renew_within)
     states: list[str] = []
     before = all_tasks()
-    async with open_discovery(
-        config_with_slow_monitoring(),
-        providers={"primary": provider},
-        listeners={"web": WEB},
-        eligibility={"web": Eligibility.always()},
-    ) as owner:
+    async with open_owner(provider) as owner:
         end = trio.current_time() + seconds
         while trio.current_time() < end:
             state = owner.registrations()["business-http"].state
@@ -131,3 +138,45 @@ def test_renewal_interval_is_the_smaller_of_the_two() -> None:
 def test_renew_within_must_be_a_positive_finite_number(bad: object) -> None:
     with pytest.raises(ValueError, match="renew_within"):
         Capabilities(evidence=EvidenceKind.LEASE, renew_within=bad)  # type: ignore[arg-type]
+
+
+class RepacingRegistry(TimedRegistry):
+    """Answers each renewal with the pace it wants next (``Registered.renew_within``),
+    as Nacos's beat answer carries ``clientBeatInterval``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pace: float | None = None
+
+    async def renew(self, registered: Registered, deadline: float) -> Registered:
+        renewed = await super().renew(registered, deadline)
+        return dataclasses.replace(renewed, renew_within=self.pace)
+
+
+async def test_a_pace_learned_from_a_renewal_re_paces_the_running_registration(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = RepacingRegistry()
+    provider = LeaseProvider(registry, renew_within=2.0)
+    async with open_owner(provider) as owner:
+        await trio.sleep(10)
+        assert len(registry.renewed_at) in range(4, 7)  # the provider's 2 s
+        registry.pace = 0.5  # the registry now asks for a renewal every 0.5 s
+        await trio.sleep(2.5)  # the next renewal carries it
+        start = len(registry.renewed_at)
+        await trio.sleep(10)
+        assert len(registry.renewed_at) - start in range(19, 22)
+        gaps = [b - a for a, b in itertools.pairwise(registry.renewed_at[start:])]
+        assert gaps and max(gaps) <= 0.5 + 1e-6
+        assert owner.registrations()["business-http"].state is RegistrationState.ACTIVE
+
+
+def test_the_registrations_own_pace_replaces_the_providers() -> None:
+    timing = RegistrationTiming(monitor_interval=5.0)
+    lease = Capabilities(evidence=EvidenceKind.LEASE, registration=True, renew_within=1.5)
+    registered = Registered(record=None, handle="h")  # type: ignore[arg-type]
+    assert renewal_interval(timing, lease, registered) == 1.5
+    assert renewal_interval(timing, lease, dataclasses.replace(registered, renew_within=3.0)) == 3.0
+    assert renewal_interval(timing, lease, dataclasses.replace(registered, renew_within=9.0)) == 5.0
+    with pytest.raises(ValueError, match="renew_within"):
+        Registered(record=None, handle="h", renew_within=math.nan)  # type: ignore[arg-type]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,3 +196,19 @@ def self_signed_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str
         timeout=30,
     )
     return str(cert), str(key)
+
+
+@asynccontextmanager
+async def watching(
+    fake: KubernetesFake, tmp_path: Path, *, pods: tuple[int, ...] = (1,), **settings: Any
+) -> AsyncIterator[tuple[KubernetesProvider, RecordingSink]]:
+    """A watch of ``orders`` (created with an owned slice of ``pods``) running
+    until the block ends: the scaffolding every watch row repeats."""
+    fake.create_service("orders")
+    owned_slice(fake, "orders-a", *pods)
+    provider = in_process(fake, tmp_path, **settings)
+    sink = RecordingSink()
+    async with anyio.create_task_group() as group:
+        await group.start(provider.watch, "orders", sink)
+        yield provider, sink
+        group.cancel_scope.cancel()

@@ -18,12 +18,17 @@ import trio
 import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
-from nadisc_kubernetes._pacing import RefreshGate, silence_limit, went_backwards
+from nadisc_kubernetes._pacing import (
+    RefreshGate,
+    silence_is_failure,
+    silence_limit,
+    went_backwards,
+)
 
 from nadisc import IdentityRevoked, IncompleteSnapshot, InvalidSnapshot
 from tests.fakes.kubernetes import KubernetesFake, mirrored_slice_object, slice_object
 
-from .conftest import TOKEN, RecordingSink, endpoint, in_process, owned_slice
+from .conftest import TOKEN, RecordingSink, endpoint, in_process, owned_slice, watching
 
 pytestmark = pytest.mark.trio_only
 
@@ -227,12 +232,7 @@ async def test_a_frozen_watch_is_detected_within_90_seconds_with_the_defaults(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     fake = KubernetesFake(tokens={TOKEN: "alice"})  # bookmarks every 60 s, as the server
-    fake.create_service("orders")
-    owned_slice(fake, "orders-a", 1)
-    provider = in_process(fake, tmp_path)
-    sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(provider.watch, "orders", sink)
+    async with watching(fake, tmp_path) as (provider, sink):
         await trio.sleep(61)  # one bookmark: the server is known to send them
         assert provider.bookmarks_seen
         frozen_at = trio.current_time()
@@ -244,38 +244,71 @@ async def test_a_frozen_watch_is_detected_within_90_seconds_with_the_defaults(
         owned_slice(fake, "orders-a", 1, 2)  # reopened from its version: changes flow again
         await sink.wait_for(lambda: sink.identities == ("pod-1", "pod-2"))
         assert provider.statistics.relists == 0 and provider.statistics.silent_watches >= 1
-        nursery.cancel_scope.cancel()
 
 
-async def test_without_bookmarks_silence_is_bounded_by_the_watch_timeout(
+async def test_a_watch_frozen_at_its_start_is_replaced_within_80_seconds(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    fake = KubernetesFake(tokens={TOKEN: "alice"}, bookmark_interval=None)
-    fake.create_service("orders")
-    owned_slice(fake, "orders-a", 1)
-    provider = in_process(fake, tmp_path, watch_timeout=100, watch_grace=10)
-    sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(provider.watch, "orders", sink)
-        await trio.sleep(95)  # quiet but alive: a server without a watch cache sends nothing
-        assert not sink.failures and not provider.bookmarks_seen
+    # Frozen before its first bookmark (the server's first comes about a minute
+    # after the watch starts): the silence is counted from the start.
+    fake = KubernetesFake(tokens={TOKEN: "alice"})
+    async with watching(fake, tmp_path) as (provider, sink):
+        await fake.wait_for(lambda: fake.open_watches == 2)
+        frozen_at = trio.current_time()
         fake.freeze_watches()
-        await trio.sleep(5)  # the server's own timeout (100 s) is swallowed by the freeze
+        owned_slice(fake, "orders-a", 1, 2)  # a change the frozen stream never delivers
+        await sink.wait_for(lambda: sink.identities == ("pod-1", "pod-2"))
+        assert trio.current_time() - frozen_at <= 81  # MockClock: virtual seconds
+        # No bookmark seen yet, so a live server without one looks the same: the
+        # watch is reopened from the version held, with no failure and no relist.
+        assert not sink.failures and not provider.bookmarks_seen
+        assert provider.statistics.quiet_reopens == 2 and provider.statistics.relists == 0
+
+
+async def test_once_bookmarks_are_known_a_watch_frozen_at_its_start_fails_within_80_seconds(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    fake = KubernetesFake(tokens={TOKEN: "alice"})
+    async with watching(fake, tmp_path) as (provider, sink):
+        await trio.sleep(61)
+        assert provider.bookmarks_seen
+        fake.end_watches()  # the server's timeout: both watches reopen
+        await fake.wait_for(
+            lambda: (
+                len(fake.watch_requests("endpointslices"))
+                == len(fake.watch_requests("services"))
+                == 2
+            )
+        )
+        await fake.wait_for(lambda: fake.open_watches == 2)
+        frozen_at = trio.current_time()
+        fake.freeze_watches()  # before the new watches sent anything
         await sink.wait_for(lambda: bool(sink.failures))
-        assert "sent nothing for 110s" in str(sink.failures[0])
-        nursery.cancel_scope.cancel()
+        assert trio.current_time() - frozen_at <= 81  # MockClock: virtual seconds
+        assert "sent nothing for 80s" in str(sink.failures[0])
+        assert provider.statistics.quiet_reopens == 0
+
+
+async def test_a_quiet_server_without_bookmarks_is_reopened_never_failed(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A server without a watch cache (or a cacher that processed no event yet)
+    # sends no bookmark: silence then reopens quietly, it never fails.
+    fake = KubernetesFake(tokens={TOKEN: "alice"}, bookmark_interval=None)
+    async with watching(fake, tmp_path, watch_timeout=100, watch_grace=10) as (provider, sink):
+        await trio.sleep(1000)
+        assert not sink.failures and not provider.bookmarks_seen
+        # Two streams, one reopen per 80 s each: about 12 each in 1000 s.
+        assert 20 <= provider.statistics.quiet_reopens <= 26
+        owned_slice(fake, "orders-a", 1, 3)
+        await sink.wait_for(lambda: sink.identities == ("pod-1", "pod-3"))
 
 
 async def test_a_bookmark_flood_confirms_at_most_once_a_second(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     fake = KubernetesFake(tokens={TOKEN: "alice"}, bookmark_interval=None)
-    fake.create_service("orders")
-    owned_slice(fake, "orders-a", 1)
-    provider = in_process(fake, tmp_path)
-    sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(provider.watch, "orders", sink)
+    async with watching(fake, tmp_path) as (provider, sink):
         await fake.wait_for(lambda: fake.open_watches == 2)
         started = trio.current_time()
         for _ in range(30):
@@ -288,7 +321,6 @@ async def test_a_bookmark_flood_confirms_at_most_once_a_second(
         # Two streams, one gate per watch call: at most one refresh per second.
         assert sink.refreshes <= elapsed + 2
         assert provider.statistics.confirmations == sink.refreshes
-        nursery.cancel_scope.cancel()
 
 
 # -- relists -----------------------------------------------------------------------------------
@@ -335,14 +367,9 @@ async def test_a_storage_restore_is_noticed_and_relisted(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = KubernetesFake(tokens={TOKEN: "alice"})
-    fake.create_service("orders")
-    owned_slice(fake, "orders-a", 1)
-    backup = fake.version
-    provider = in_process(fake, tmp_path)
-    sink = RecordingSink()
     caplog.set_level(logging.INFO, "nadisc_kubernetes")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(provider.watch, "orders", sink)
+    async with watching(fake, tmp_path) as (provider, sink):
+        backup = fake.version  # the state the watch started from
         await fake.wait_for(lambda: fake.open_watches == 2)
         owned_slice(fake, "orders-a", 1, 2)
         owned_slice(fake, "orders-b", 3)
@@ -354,19 +381,13 @@ async def test_a_storage_restore_is_noticed_and_relisted(
         statuses = [r.status for r in fake.watch_requests("endpointslices")]
         assert 504 in statuses
         assert any("storage was restored" in r.getMessage() for r in caplog.records)
-        nursery.cancel_scope.cancel()
 
 
 async def test_an_event_older_than_the_held_version_forces_a_relist(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     fake = KubernetesFake(tokens={TOKEN: "alice"})
-    fake.create_service("orders")
-    owned_slice(fake, "orders-a", 1)
-    provider = in_process(fake, tmp_path)
-    sink = RecordingSink()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(provider.watch, "orders", sink)
+    async with watching(fake, tmp_path) as (provider, sink):
         await fake.wait_for(lambda: fake.open_watches == 2)
         for watch in list(fake._watches):
             if watch.kind == "endpointslices":
@@ -375,7 +396,6 @@ async def test_an_event_older_than_the_held_version_forces_a_relist(
                 watch.push({"type": "MODIFIED", "object": stale})
         await fake.wait_for(lambda: provider.statistics.relists >= 1)
         assert sink.identities == ("pod-1",)  # the stale event was never applied
-        nursery.cancel_scope.cancel()
 
 
 # -- the pacing rules, exhaustively -------------------------------------------------------------
@@ -390,11 +410,10 @@ async def test_an_event_older_than_the_held_version_forces_a_relist(
 def test_the_silence_limit_never_exceeds_the_server_timeout_bound(
     timeout: float, grace: float, silence: float, seen: bool
 ) -> None:
-    limit = silence_limit(
-        watch_timeout=timeout, watch_grace=grace, bookmark_silence=silence, bookmarks_seen=seen
-    )
-    assert limit <= timeout + grace
-    assert limit == (min(silence, timeout + grace) if seen else timeout + grace)
+    limit = silence_limit(watch_timeout=timeout, watch_grace=grace, bookmark_silence=silence)
+    assert limit == min(silence, timeout + grace)
+    # Silence is a failure only once the server has shown it sends bookmarks.
+    assert silence_is_failure(bookmarks_seen=seen) is seen
 
 
 @given(held=st.integers(0, 10**20), seen=st.integers(0, 10**20))

@@ -22,10 +22,16 @@ from nadisc_kubernetes import (
     endpoint_state,
     resolve_access,
 )
-from nadisc_kubernetes._wire import SliceEndpoint, WireError, decode_service, decode_slice
+from nadisc_kubernetes._wire import (
+    SliceEndpoint,
+    WireError,
+    decode_service,
+    decode_slice,
+    decode_status,
+)
 from pydantic import ValidationError
 
-from nadisc import CapacityRejected, ConfigError, InvalidSnapshot
+from nadisc import CapacityRejected, ConfigError, IncompleteSnapshot, InvalidSnapshot
 from tests.fakes.kubernetes import KubernetesFake, slice_object
 
 from .conftest import endpoint, write_kubeconfig
@@ -166,6 +172,21 @@ def test_missing_service_is_explicit_empty_and_capacity_is_refused() -> None:
     many = slice_("orders-a", [endpoint(n) for n in range(1, 6)])
     with pytest.raises(CapacityRejected, match="max_instances_per_service=4"):
         snapshot(service(), many, limit=4)
+
+
+def test_too_deep_bodies_are_incomplete_through_the_shared_guard() -> None:
+    deep = b"[" * 200_000 + b"]" * 200_000
+    with pytest.raises(IncompleteSnapshot, match="slice list: the answer is nested too deeply"):
+        decode_page("slice", b'{"kind":' + deep + b"}")  # even in a field never read
+    with pytest.raises(WireError, match="Expected `object`, got `array`"):
+        decode_page("slice", deep)  # the wrong type at the top is seen first: misshapen
+    event = b'{"type":"ADDED","object":' + deep + b"}"
+    with pytest.raises(IncompleteSnapshot, match="watch event: the answer is nested too deeply"):
+        decode_event("slice", event, limit=len(event))
+    bookmark = b'{"type":"BOOKMARK","object":{"metadata":' + deep + b"}}"
+    with pytest.raises(IncompleteSnapshot, match="watch event: the answer is nested too deeply"):
+        decode_event("slice", bookmark, limit=len(bookmark))
+    assert decode_status(deep) is None  # an error body that is no Status: described as text
 
 
 def test_decoding_refuses_wrong_shapes_and_oversized_events() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
@@ -11,9 +12,12 @@ from nadisc_nacos import NacosSettings, factory
 from nadisc import (
     ConnectionContext,
     DiscoveryConfig,
+    DiscoveryOwner,
+    Eligibility,
     EvidenceUnavailable,
     Observation,
     Provider,
+    open_discovery,
     validate_provider_block,
 )
 from tests.fakes.nacos import NacosFake
@@ -69,6 +73,26 @@ def providers_for(cfg: DiscoveryConfig, fakes: Mapping[str, NacosFake]) -> dict[
         )
         out[name] = factory.create_with(context, settings, transport=fake.transport())
     return out
+
+
+#: Where the registration ``web`` of :func:`config` listens.
+WEB = {"web": ("10.0.0.7", 18080)}
+
+
+def open_owner(
+    cfg: DiscoveryConfig,
+    fake: NacosFake,
+    providers: Mapping[str, Provider] | None = None,
+) -> AbstractAsyncContextManager[DiscoveryOwner]:
+    """An owner of ``cfg`` over ``fake`` (the ``primary`` connection); with a
+    registration, ``web`` listens at :data:`WEB` and is always eligible."""
+    if providers is None:
+        providers = providers_for(cfg, {"primary": fake})
+    if not cfg.registrations:
+        return open_discovery(cfg, providers=providers)
+    return open_discovery(
+        cfg, providers=providers, listeners=WEB, eligibility={"web": Eligibility.always()}
+    )
 
 
 def identities(observation: Observation) -> tuple[str, ...]:

@@ -16,22 +16,26 @@ from nadisc_nacos import NacosProvider, NacosSettings
 from pydantic import ValidationError
 
 from nadisc import (
-    Eligibility,
     HealthStatus,
     IncompleteSnapshot,
     OutcomeUnknown,
     RegistrationRejected,
     RegistrationState,
-    open_discovery,
 )
 from tests.fakes.nacos import Fault, NacosFake, open_nacos_fake
 
 from .conftest import context, in_process, record
-from .owner_support import LONG_LIVED, config, identities, providers_for, refusal, until
+from .owner_support import (
+    LONG_LIVED,
+    config,
+    identities,
+    open_owner,
+    refusal,
+    until,
+)
 
 pytestmark = pytest.mark.trio_only
 
-WEB = {"web": ("10.0.0.7", 18080)}
 ROTATED = b"the-operators-new-token-secret-key-0123456789"
 
 
@@ -48,12 +52,7 @@ async def test_a_rotated_token_key_re_logs_in_once_and_revokes_nothing(
     async with open_nacos_fake(users={"svc": "pw"}) as fake:
         fake.register("order-worker", "10.0.0.1", 80, now=0, metadata=LONG_LIVED)
         cfg = config(fake.url, registration={}, username="svc", password="pw")
-        async with open_discovery(
-            cfg,
-            providers=providers_for(cfg, {"primary": fake}),
-            listeners=WEB,
-            eligibility={"web": Eligibility.always()},
-        ) as owner:
+        async with open_owner(cfg, fake) as owner:
             observation = await owner.client().observe("orders", soon())
             await until(lambda: len(identities(observation)) == 2)
             assert fake.logins == 1
@@ -150,7 +149,7 @@ async def test_the_owner_keeps_serving_through_misshapen_answers(autojump_clock:
     fake = NacosFake()
     fake.register("order-worker", "10.0.0.1", 80, now=0, ephemeral=False)
     cfg = config(fake.url, api="v3")
-    async with open_discovery(cfg, providers=providers_for(cfg, {"primary": fake})) as owner:
+    async with open_owner(cfg, fake) as owner:
         observation = await owner.client().observe("orders", soon())
         assert len(identities(observation)) == 1
         empty = b'{"code":0,"message":"success","data":null}'
@@ -196,12 +195,7 @@ async def test_v1_on_3x_defaults_checks_without_the_admin_detail_read(
 async def test_v1_on_3x_defaults_through_the_owner(autojump_clock: object) -> None:
     async with open_nacos_fake() as fake:
         cfg = config(fake.url, api="v1", registration={})
-        async with open_discovery(
-            cfg,
-            providers=providers_for(cfg, {"primary": fake}),
-            listeners=WEB,
-            eligibility={"web": Eligibility.always()},
-        ) as owner:
+        async with open_owner(cfg, fake) as owner:
             observation = await owner.client().observe("orders", soon())
             await until(lambda: len(identities(observation)) == 1)
             await trio.sleep(120)
@@ -246,6 +240,46 @@ async def test_heartbeat_rules_pace_renewals(
     with pytest.raises(RegistrationRejected, match="must not exceed"):
         await provider.register(record(metadata=backwards), soon())
     await provider.aclose()
+
+
+def beats(fake: NacosFake) -> int:
+    return sum(1 for r in fake.requests if r.path.endswith("/instance/beat"))
+
+
+async def beats_during(fake: NacosFake, seconds: float) -> int:
+    before = beats(fake)
+    await trio.sleep(seconds)
+    return beats(fake) - before
+
+
+@pytest.mark.parametrize(
+    ("monitor_ms", "server_ms", "expected"),
+    [
+        (5000, 1000, range(18, 22)),  # shorter than the 5 s pace: beats every second
+        (30000, 10000, range(1, 4)),  # longer than the 5 s beat_interval: every 10 s
+    ],
+)
+async def test_a_beat_interval_learned_mid_run_re_paces_the_running_registration(
+    autojump_clock: object, monitor_ms: int, server_ms: int, expected: range
+) -> None:
+    async with open_nacos_fake(v3=False) as fake:
+        cfg = config(
+            fake.url,
+            registration={},
+            api="v1",
+            policy={"monitor_interval_ms": monitor_ms, "observation_grace_ms": 60000},
+        )
+        async with open_owner(cfg, fake) as owner:
+            await until(lambda: owner.registrations()["web"].state is RegistrationState.ACTIVE)
+            assert await beats_during(fake, 20) in range(3, 6)  # the 5 s default pace
+            instance = fake.find("order-worker", "10.0.0.7", 18080)
+            assert instance is not None
+            # An operator changes the instance's rule on the server: the next
+            # beat answer's clientBeatInterval says so.
+            instance.metadata["preserved.heart.beat.interval"] = str(server_ms)
+            await trio.sleep(6)  # one beat at the old pace carries the news
+            assert await beats_during(fake, 20) in expected
+            assert owner.registrations()["web"].state is RegistrationState.ACTIVE
 
 
 def closed_port() -> int:

@@ -8,19 +8,24 @@ import trio
 from nadisc_nacos import NacosProvider
 
 from nadisc import (
-    Eligibility,
     EvidenceKind,
     RegistrationState,
-    open_discovery,
 )
 from tests.fakes.nacos import NacosFake, open_nacos_fake
 from tests.nadisc.owner_support import all_tasks
 
-from .owner_support import LONG_LIVED, config, identities, providers_for, refusal, until
+from .owner_support import (
+    LONG_LIVED,
+    config,
+    identities,
+    open_owner,
+    providers_for,
+    refusal,
+    until,
+)
 
 pytestmark = pytest.mark.trio_only
 
-WEB = {"web": ("10.0.0.7", 18080)}
 ID = "10.0.0.7#18080#DEFAULT#DEFAULT_GROUP@@order-worker"
 
 
@@ -34,18 +39,11 @@ async def test_register_is_visible_to_another_owner_within_one_poll(
     before = all_tasks()
     async with open_nacos_fake() as fake:
         reader_cfg = config(fake.url)
-        async with open_discovery(
-            reader_cfg, providers=providers_for(reader_cfg, {"primary": fake})
-        ) as reader:
+        async with open_owner(reader_cfg, fake) as reader:
             observation = await reader.client().observe("orders", soon())
             assert identities(observation) == () and refusal(observation) == "empty"
             writer_cfg = config(fake.url, registration={})
-            async with open_discovery(
-                writer_cfg,
-                providers=providers_for(writer_cfg, {"primary": fake}),
-                listeners=WEB,
-                eligibility={"web": Eligibility.always()},
-            ) as writer:
+            async with open_owner(writer_cfg, fake) as writer:
                 registered_at = trio.current_time()
                 assert writer.registrations()["web"].state is RegistrationState.ACTIVE
                 while identities(observation) != (ID,):
@@ -73,7 +71,7 @@ async def test_a_process_that_stops_beating_disappears_after_the_timers(
         # ephemeral service): the survivor is ephemeral with an hour-long timeout.
         fake.register("order-worker", "10.0.0.8", 80, now=trio.current_time(), metadata=LONG_LIVED)
         cfg = config(fake.url)
-        async with open_discovery(cfg, providers=providers_for(cfg, {"primary": fake})) as owner:
+        async with open_owner(cfg, fake) as owner:
             observation = await owner.client().observe("orders", soon())
             assert len(identities(observation)) == 2
             await until(lambda: len(identities(observation)) == 1)  # unhealthy after 15 s
@@ -88,7 +86,7 @@ async def test_disabled_or_unhealthy_is_withdrawn_at_the_next_poll(autojump_cloc
     for n in (1, 2, 3):
         fake.register("order-worker", f"10.0.0.{n}", 80, now=0, ephemeral=False)
     cfg = config(fake.url)
-    async with open_discovery(cfg, providers=providers_for(cfg, {"primary": fake})) as owner:
+    async with open_owner(cfg, fake) as owner:
         observation = await owner.client().observe("orders", soon())
         assert len(identities(observation)) == 3
         fake.set_enabled("order-worker", "10.0.0.1", 80, False)
@@ -107,7 +105,7 @@ async def test_protect_threshold_is_served_marked_and_refused_by_strict_callers(
         fake.register("order-worker", f"10.0.0.{n}", 80, now=0, ephemeral=False)
     fake.set_protect_threshold("order-worker", 0.5)
     cfg = config(fake.url, api="v1")
-    async with open_discovery(cfg, providers=providers_for(cfg, {"primary": fake})) as owner:
+    async with open_owner(cfg, fake) as owner:
         observation = await owner.client().observe("orders", soon())
         assert observation.snapshot(strict=True).evidence is EvidenceKind.REGISTRY_HEALTH
         fake.set_healthy("order-worker", "10.0.0.2", 80, False)  # 1/2 <= 0.5: everyone back
@@ -126,7 +124,7 @@ async def test_token_expiry_mid_watch_is_one_relogin_and_no_gap(autojump_clock: 
     fake = NacosFake(users={"svc": "pw"}, token_ttl=60)
     fake.register("order-worker", "10.0.0.1", 80, now=0, ephemeral=False)
     cfg = config(fake.url, username="svc", password="pw", token_refresh_margin=0)
-    async with open_discovery(cfg, providers=providers_for(cfg, {"primary": fake})) as owner:
+    async with open_owner(cfg, fake) as owner:
         observation = await owner.client().observe("orders", soon())
         assert fake.logins == 1
         gaps = 0
@@ -143,12 +141,7 @@ async def test_password_changed_on_the_server_is_revocation(autojump_clock: obje
         cfg = config(
             fake.url, registration={}, username="svc", password="pw", token_refresh_margin=0
         )
-        async with open_discovery(
-            cfg,
-            providers=providers_for(cfg, {"primary": fake}),
-            listeners=WEB,
-            eligibility={"web": Eligibility.always()},
-        ) as owner:
+        async with open_owner(cfg, fake) as owner:
             observation = await owner.client().observe("orders", soon())
             assert len(identities(observation)) == 2
             epoch = owner.registrations()["web"].epoch
@@ -170,9 +163,7 @@ async def test_v1_only_and_v3_only_servers_work_with_api_auto(
         fake.register("order-worker", "10.0.0.1", 80, now=0, metadata=LONG_LIVED)
         cfg = config(fake.url, registration={})
         providers = providers_for(cfg, {"primary": fake})
-        async with open_discovery(
-            cfg, providers=providers, listeners=WEB, eligibility={"web": Eligibility.always()}
-        ) as owner:
+        async with open_owner(cfg, fake, providers) as owner:
             provider = providers["primary"]
             assert isinstance(provider, NacosProvider)
             assert provider.api == ("v1" if "v3" in options else "v3")
@@ -189,12 +180,7 @@ async def test_a_beat_answered_missing_re_registers_by_the_lifecycle(
 ) -> None:
     async with open_nacos_fake() as fake:
         cfg = config(fake.url, registration={})
-        async with open_discovery(
-            cfg,
-            providers=providers_for(cfg, {"primary": fake}),
-            listeners=WEB,
-            eligibility={"web": Eligibility.always()},
-        ) as owner:
+        async with open_owner(cfg, fake) as owner:
             registers = fake.count("/v3/client/ns/instance", "POST")
             # the server lost the instance (a restart, an operator's delete)
             assert fake.deregister("order-worker", "10.0.0.7", 18080)

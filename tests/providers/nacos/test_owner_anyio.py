@@ -10,10 +10,10 @@ import anyio
 import pytest
 from nadisc_nacos import NacosProvider
 
-from nadisc import Eligibility, EvidenceKind, RegistrationState, open_discovery
+from nadisc import EvidenceKind, RegistrationState, open_discovery
 from tests.fakes.nacos import NacosFake, open_nacos_fake
 
-from .owner_support import config, identities, providers_for, refusal, until
+from .owner_support import config, identities, open_owner, providers_for, refusal, until
 
 FAST = {
     "poll_interval_ms": 200,
@@ -21,7 +21,6 @@ FAST = {
     "monitor_interval_ms": 200,
     "observation_grace_ms": 3000,
 }
-WEB = {"web": ("10.0.0.7", 18080)}
 ID = "10.0.0.7#18080#DEFAULT#DEFAULT_GROUP@@order-worker"
 
 
@@ -33,17 +32,10 @@ def soon(seconds: float = 5) -> float:
 async def test_registration_is_seen_by_another_owner_and_removed_on_close(api: str) -> None:
     async with open_nacos_fake() as fake:
         reader_cfg = config(fake.url, policy=FAST, api=api)
-        async with open_discovery(
-            reader_cfg, providers=providers_for(reader_cfg, {"primary": fake})
-        ) as reader:
+        async with open_owner(reader_cfg, fake) as reader:
             observation = await reader.client().observe("orders", soon())
             writer_cfg = config(fake.url, policy=FAST, registration={}, api=api)
-            async with open_discovery(
-                writer_cfg,
-                providers=providers_for(writer_cfg, {"primary": fake}),
-                listeners=WEB,
-                eligibility={"web": Eligibility.always()},
-            ) as writer:
+            async with open_owner(writer_cfg, fake) as writer:
                 start = anyio.current_time()
                 with anyio.fail_after(5):
                     while identities(observation) != (ID,):
@@ -65,7 +57,7 @@ async def test_unhealthy_withdrawn_and_protect_threshold_marked() -> None:
     for n in (1, 2):
         fake.register("order-worker", f"10.0.0.{n}", 80, now=0, ephemeral=False)
     cfg = config(fake.url, policy=FAST, api="v1")
-    async with open_discovery(cfg, providers=providers_for(cfg, {"primary": fake})) as owner:
+    async with open_owner(cfg, fake) as owner:
         observation = await owner.client().observe("orders", soon())
         fake.set_healthy("order-worker", "10.0.0.2", 80, False)
         await until(lambda: len(identities(observation)) == 1, limit=5)
@@ -79,7 +71,7 @@ async def test_token_expiry_relogs_in_once_without_a_gap() -> None:
     fake = NacosFake(users={"svc": "pw"}, token_ttl=1)
     fake.register("order-worker", "10.0.0.1", 80, now=0, ephemeral=False)
     cfg = config(fake.url, policy=FAST, username="svc", password="pw", token_refresh_margin=0)
-    async with open_discovery(cfg, providers=providers_for(cfg, {"primary": fake})) as owner:
+    async with open_owner(cfg, fake) as owner:
         start = anyio.current_time()
         observation = await owner.client().observe("orders", soon())
         gaps = 0
