@@ -26,6 +26,7 @@ Run: ``python -m benchmarks.observe_fanout [--smoke] [--calls N] [--latency S]``
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from dataclasses import dataclass
 
@@ -165,7 +166,8 @@ def render(result: Result) -> str:
     ]
     width = max(len(name) for name, _, _ in rows)
     header = f"{'':<{width}}  {'observe()':>12}  {'floor':>12}"
-    lines = ["observe fan-out on one cold service (trio, real clock)", header]
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    lines = [f"observe fan-out on one cold service (trio, real clock); load average {load}", header]
     lines.append("-" * len(header))
     lines += [f"{name:<{width}}  {value:>12}  {base:>12}" for name, value, base in rows]
     return "\n".join(lines)

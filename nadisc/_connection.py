@@ -12,6 +12,7 @@ observe, nothing else (no close rights).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +24,13 @@ import anyio.lowlevel
 
 from ._capacity import SnapshotLedger, StreamTicket, TaskBudget, WatchStreams
 from ._errors import CapacityExceeded, DeadlineExceeded, UnknownService
-from ._observation import Observation, Slot, check_deadline, loop_clock
+from ._observation import (
+    Observation,
+    Slot,
+    check_deadline,
+    loop_clock,
+    loop_event_and_deadline,
+)
 
 if TYPE_CHECKING:
     from ._config import ConnectionConfig
@@ -110,6 +117,9 @@ class Connection:
         self.prepare_error: str | None = None
         # The event loop's clock, resolved on the first observe().
         self._clock: Callable[[], float] | None = None
+        self._move_on_at: Callable[[float], contextlib.AbstractContextManager[object]] = (
+            anyio.move_on_at
+        )
         #: The one stream ticket of a provider whose watches share their
         #: streams (``Capabilities.shared_watch``), and how many slots hold it.
         self._shared_ticket: StreamTicket | None = None
@@ -155,6 +165,7 @@ class Connection:
         clock = self._clock
         if clock is None:
             clock = self._clock = loop_clock()[0]
+            self._move_on_at = loop_event_and_deadline()[1]
         if deadline is not None:
             check_deadline(deadline, clock())
         self.runtime.check_observable()
@@ -170,7 +181,7 @@ class Connection:
         elif deadline is None:
             await slot.first_outcome.wait()  # bounded by the caller's cancel scope
         else:
-            with anyio.move_on_at(deadline):
+            with self._move_on_at(deadline):
                 await slot.first_outcome.wait()
         now = clock()
         if deadline is not None and now >= deadline:

@@ -60,7 +60,7 @@ import weakref
 import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -116,6 +116,29 @@ def loop_clock() -> tuple[Callable[[], float], Callable[[], float]]:
 
         return trio.current_time, trio.current_effective_deadline
     return anyio.current_time, anyio.current_effective_deadline
+
+
+class OutcomeEvent(Protocol):
+    """What a slot's first-outcome event offers (anyio's and trio's alike)."""
+
+    def is_set(self) -> bool: ...
+
+    def set(self) -> None: ...
+
+    async def wait(self) -> None: ...
+
+
+def loop_event_and_deadline() -> tuple[
+    Callable[[], OutcomeEvent], Callable[[float], contextlib.AbstractContextManager[object]]
+]:
+    """The running loop's own event type and ``move_on_at``: on trio, trio's
+    (a wake-up of thousands of waiters skips anyio's per-waiter layer; the
+    semantics are the same), else anyio's."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.Event, trio.move_on_at
+    return anyio.Event, anyio.move_on_at
 
 
 def check_deadline_value(deadline: object) -> None:
@@ -236,7 +259,7 @@ class Slot:
             )
         )
         self.cell: LatestCell[int] = LatestCell(0)
-        self.first_outcome = anyio.Event()
+        self.first_outcome: OutcomeEvent = loop_event_and_deadline()[0]()
         self.handles: weakref.WeakSet[Observation] = weakref.WeakSet()
         self.last_access = -math.inf
         self.queries = 0

@@ -32,11 +32,12 @@ Decoding is pure and synchronous; it costs O(len(value)).
 
 from __future__ import annotations
 
-import base64
 import binascii
 import json
 import math
 from dataclasses import dataclass
+
+import msgspec
 
 from nadisc import Instance, RegistrationRecord
 
@@ -47,6 +48,7 @@ __all__ = [
     "check_record",
     "decode_record",
     "encode_record",
+    "instance_id_after",
 ]
 
 
@@ -74,13 +76,22 @@ class Layout:
 
     def instance_id(self, service: str, key: bytes) -> str | None:
         """The instance id part of ``key``, or None if ``key`` is outside the service."""
-        head = self.service_prefix(service)
-        if not key.startswith(head) or len(key) == len(head):
-            return None
-        try:
-            return key[len(head) :].decode("utf-8")
-        except UnicodeDecodeError:
-            return None
+        return instance_id_after(self.service_prefix(service), key)
+
+
+def instance_id_after(head: bytes, key: bytes) -> str | None:
+    """The UTF-8 text of ``key`` after the service prefix ``head``, or None
+    if ``key`` does not extend ``head`` or its rest is not UTF-8."""
+    if not key.startswith(head) or len(key) == len(head):
+        return None
+    try:
+        return key[len(head) :].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+#: Record values are decoded untyped (Metadata is open-ended), then checked.
+_JSON = msgspec.json.Decoder()
 
 
 def _split_addr(addr: str) -> tuple[str, int]:
@@ -127,7 +138,8 @@ def decode_record(identity: str, value_b64: str, *, max_record_bytes: int) -> In
     if len(value_b64) > (max_record_bytes // 3 + 1) * 4:
         raise RecordError(f"value is larger than max_record_bytes={max_record_bytes}")
     try:
-        raw = base64.b64decode(value_b64, validate=True)
+        # The strict C decoder, without b64decode's Python wrapper.
+        raw = binascii.a2b_base64(value_b64, strict_mode=True)
     except (binascii.Error, ValueError):
         raise RecordError("value is not valid base64") from None
     if len(raw) > max_record_bytes:
@@ -135,8 +147,9 @@ def decode_record(identity: str, value_b64: str, *, max_record_bytes: int) -> In
     if not raw:
         raise RecordError("value is empty")
     try:
-        document = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        # msgspec checks UTF-8 and parses in one C pass (no str copy first).
+        document = _JSON.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
         raise RecordError("value is not UTF-8 JSON") from None
     if not isinstance(document, dict):
         raise RecordError("value is not a JSON object")

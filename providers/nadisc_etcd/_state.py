@@ -39,7 +39,7 @@ import msgspec
 
 from nadisc import CapacityRejected, EvidenceKind, IncrementalListing, Instance, ProviderSnapshot
 
-from ._layout import Layout, RecordError, decode_record
+from ._layout import Layout, RecordError, decode_record, instance_id_after
 from ._wire import Event, KeyValue, WatchResponse
 
 __all__ = ["Backoff", "ProbeVerdict", "ServiceState"]
@@ -77,6 +77,8 @@ class ServiceState:
     ) -> None:
         self.service = service
         self.layout = layout
+        #: The service's key prefix, built once (every decoded key starts with it).
+        self._head = layout.service_prefix(service)
         self.revision = 0
         self._max_record_bytes = max_record_bytes
         self._max_instances = max_instances
@@ -92,7 +94,7 @@ class ServiceState:
         return len(self._entries)
 
     def _decode(self, kv: KeyValue) -> _Entry:
-        identity = self.layout.instance_id(self.service, kv.key)
+        identity = instance_id_after(self._head, kv.key)
         if identity is None:
             return _Entry(kv.mod_revision, None, "key has no UTF-8 instance id")
         try:

@@ -184,6 +184,9 @@ def test_decode_accepts_what_grpc_writers_write() -> None:
         (b64(""), "empty"),
         (b64("{nope"), "JSON"),
         (b64("\xff"), "JSON"),
+        # Strict JSON only: no NaN/Infinity tokens, no number beyond a float.
+        (b64('{"Addr": "h:1", "Metadata": {"x": NaN}}'), "JSON"),
+        (b64('{"Addr": "h:1", "Metadata": {"weight": 1e400}}'), "JSON"),
         (value([1]), "object"),
         (value({"Op": 1, "Addr": "a:1"}), "Op"),
         (value({"Op": True, "Addr": "a:1"}), "Op"),

@@ -70,22 +70,24 @@ async def until(predicate: Callable[[], bool], within: float) -> None:
             await trio.sleep(0.02)
 
 
+def self_registrations(count: int, ip: str, first_port: int) -> tuple[list[str], dict[str, Any]]:
+    """``count`` registrations of service "self" on ``ip``, one port each from
+    ``first_port``, each gated by its own eligibility (named like it)."""
+    names = [f"r{n:03d}" for n in range(count)]
+    registrations = {
+        name: {"service_name": "self", "ip": ip, "port": first_port + n, "eligibility_ref": name}
+        for n, name in enumerate(names)
+    }
+    return names, registrations
+
+
 async def test_100_registrations_on_one_owner_all_active_and_all_removed(
     own_etcd: EtcdServer, raw_factory: Callable[[EtcdServer], RawEtcd]
 ) -> None:
     raw = raw_factory(own_etcd)
     prefix = unique_prefix()
     count = 100
-    names = [f"r{n:03d}" for n in range(count)]
-    registrations = {
-        name: {
-            "service_name": "self",
-            "ip": "10.0.0.5",
-            "port": 20_000 + n,
-            "eligibility_ref": name,
-        }
-        for n, name in enumerate(names)
-    }
+    names, registrations = self_registrations(count, "10.0.0.5", 20_000)
     config = etcd_config(
         own_etcd.url,
         prefix,
@@ -232,16 +234,7 @@ async def test_registrations_share_a_lease_and_a_lost_one_registers_all_again(
     raw = raw_factory(own_etcd)
     prefix = unique_prefix()
     count = 20
-    names = [f"r{n:03d}" for n in range(count)]
-    registrations = {
-        name: {
-            "service_name": "self",
-            "ip": "10.0.0.6",
-            "port": 21_000 + n,
-            "eligibility_ref": name,
-        }
-        for n, name in enumerate(names)
-    }
+    names, registrations = self_registrations(count, "10.0.0.6", 21_000)
     config = etcd_config(
         own_etcd.url,
         prefix,
