@@ -742,9 +742,19 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         # The route's retry budget and hedging around the attempt loop (nadisc._balancing).
         marked = request.extensions.get(IDEMPOTENT_EXTENSION) is True
         idempotent = _replayable(request) and (request.method in _RETRYABLE_METHODS or marked)
-        return route.balancing.call(
-            lambda n: self._call(route, request, target, budget, own),
-            idempotent=idempotent,
+        balancing = route.balancing
+        if balancing.hedging is None or not idempotent:
+            return balancing.call(
+                lambda n: self._call(route, request, target, budget, own, None),
+                idempotent=False,
+                clock=route.clock,
+            )
+        # The instances this call's attempts were sent to, shared by its
+        # hedges: a hedge avoids them while another instance is eligible.
+        sent: set[str] = set()
+        return balancing.call(
+            lambda n: self._call(route, request, target, budget, own, sent),
+            idempotent=True,
             clock=route.clock,
         )
 
@@ -755,6 +765,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         target: _Target,
         budget: Budget,
         own: bool,
+        sent: set[str] | None,
     ) -> httpx.Response:
         # Every wait is bounded by the budget: the pool by the timeouts handed
         # to it (or the caller's scope), the rare waits for discovery by a
@@ -769,7 +780,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         transparent = 0
         per_attempt = options.attempt_timeout
         cutoff = math.inf
-        tried: set[str] = set()
+        # A hedge (``sent`` shared with the call's other attempts) starts out
+        # avoiding the instances they were sent to.
+        tried: set[str] = set() if sent is None else sent
         scheme = options.instance_scheme
         raw_path = target.raw_path
         streaming = route.streaming
@@ -794,7 +807,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         # decline. Carried across declined picks (not renewed per pick), and
         # zero once every listed instance was tried: then a retry goes to a
         # tried instance instead of declining picks until the budget ends.
-        skip_budget = 0
+        skip_budget = 0 if not tried else _skip_budget(route, tried, len(balance))
         while True:
             if now() >= deadline:
                 if not attempts:
@@ -812,6 +825,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 pool=self._pool,
                 avoid=frozenset(tried) if skip_budget else _NOTHING,
                 skips=skip_budget,
+                sent=sent,
             )
             if per_attempt is not None:
                 # The attempt's own end: the pool's timeouts read it (a pool
