@@ -586,7 +586,7 @@ def _churn(before: Assignment, after: Assignment, gone: str | None) -> tuple[int
 
 
 def run_subsets(
-    clients: int, members: int, size: int, seed: int, events: int = 8
+    clients: int, members: int, size: int, seed: int, events: int = 32
 ) -> tuple[list[SubsetResult], dict[str, float]]:
     """Churn is the mean over ``events`` random leaves and joins (one each time)."""
     rng = random.Random(seed)
@@ -669,7 +669,7 @@ def format_subsets(
     note = (
         f"{clients} clients x {members} backends, subset {size} (full mesh: "
         f"{clients * members:,} connections); churn counts the connections opened and closed "
-        "by the clients already there, mean of 8 random leaves and 8 random joins; target: "
+        "by the clients already there, mean of 32 random leaves and 32 random joins; target: "
         "every backend within +-1 of the mean, load within +-5%, churn no worse than the aperture"
     )
     return "\n".join([*_align(rows), note])
