@@ -76,12 +76,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import anyio
 import httpx
+import sniffio
 
 from poise import CallDeclined, EndpointError, Held, SelectionError
 
@@ -616,6 +618,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         self._pool_enforces = enforces_timeouts(self._pool)
         self._targets: dict[tuple[object, str, bytes], _Target] = {}
         self._clock: tuple[Callable[[], float], Callable[[], float]] | None = None
+        # The loop's own move_on_at (trio's without anyio's wrapper): resolved
+        # with the clock, on the first request.
+        self._move_on_at: Callable[[float], AbstractContextManager[object]] = anyio.move_on_at
         self._closed = False
 
     # -- views ---------------------------------------------------------------------------
@@ -697,6 +702,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             clock = self._clock
             if clock is None:
                 clock = self._clock = loop_clock()
+                self._move_on_at = _loop_move_on_at()
             target = self._target(request)
             start = clock[0]()
             route = self._routes.get((target.qualifier, target.service))
@@ -714,7 +720,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             try:
                 if own and not self._pool_enforces:
                     # A pool that may ignore the timeout extension: one scope.
-                    with anyio.move_on_at(deadline):
+                    with self._move_on_at(deadline):
                         response = await self._balanced(route, request, target, budget, own)
                     if response is None:
                         route.count_failure(TIMEOUT)
@@ -743,6 +749,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         marked = request.extensions.get(IDEMPOTENT_EXTENSION) is True
         idempotent = _replayable(request) and (request.method in _RETRYABLE_METHODS or marked)
         balancing = route.balancing
+        if balancing.hedging is None and balancing.budget is None:
+            return self._call(route, request, target, budget, own, None)
         if balancing.hedging is None or not idempotent:
             return balancing.call(
                 lambda n: self._call(route, request, target, budget, own, None),
@@ -1020,6 +1028,15 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
 
 #: Transport errors raised before any byte of the request was written.
 _NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+def _loop_move_on_at() -> Callable[[float], AbstractContextManager[object]]:
+    """The running loop's ``move_on_at``: trio's own on trio (anyio's wraps it)."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.move_on_at
+    return anyio.move_on_at
 
 
 def _name_instance(
