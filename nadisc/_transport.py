@@ -102,6 +102,7 @@ from ._errors import (
 )
 from ._instance import Instance
 from ._observation import loop_clock
+from ._retry import Failure, RetryRules, Step, retry_step
 from ._route import (
     NO_ENDPOINT,
     OTHER,
@@ -885,12 +886,22 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     # The pool's timeout was the budget's end, not a phase limit.
                     raise budget.exceeded(route, attempts) from cause
                 errors.append(cause)
-                if (
-                    isinstance(cause, _NOTHING_SENT)
-                    and options.retry_on_connect_failure
-                    and transparent < len(route.identities())
-                    and _untried_listed(route, tried)
-                ):
+                nothing_sent = isinstance(cause, _NOTHING_SENT)
+                step = retry_step(
+                    _rules(options),
+                    Failure.NOTHING_SENT if nothing_sent else Failure.TRANSPORT,
+                    retryable=may_retry,
+                    attempts=attempts,
+                    transparent=transparent,
+                    listed=len(route.identities()) if nothing_sent else 0,
+                    untried=nothing_sent and _untried_listed(route, tried),
+                    timed_out=isinstance(cause, httpx.TimeoutException),
+                    now=at,
+                    cutoff=cutoff,
+                    deadline=deadline,
+                    withdraw=route.balancing.may_retry,
+                )
+                if step is Step.TRANSPARENT:
                     # No byte reached a server: safe for any method, and not
                     # one of the request's attempts.
                     transparent += 1
@@ -902,15 +913,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     )
                     fast = False
                     continue
-                retry = options.retry_get_head_on_transport_error or (
-                    isinstance(cause, httpx.TimeoutException) and at >= cutoff
-                )
-                if (
-                    may_retry
-                    and retry
-                    and attempts - transparent < options.max_attempts
-                    and route.balancing.may_retry(now())
-                ):
+                if step is Step.RETRY:
                     logger.debug(
                         "%s/%s: attempt %d failed with %s; retrying",
                         route.connection,
@@ -928,11 +931,21 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             status = response.status_code
             if (
                 status in RETRYABLE_STATUS
-                and may_retry
-                and options.retry_get_head_on_retryable_status
-                and attempts - transparent < options.max_attempts
-                and now() < deadline
-                and route.balancing.may_retry(now())
+                and retry_step(
+                    _rules(options),
+                    Failure.STATUS,
+                    retryable=may_retry,
+                    attempts=attempts,
+                    transparent=transparent,
+                    listed=0,
+                    untried=False,
+                    timed_out=False,
+                    now=now(),
+                    cutoff=cutoff,
+                    deadline=deadline,
+                    withdraw=route.balancing.may_retry,
+                )
+                is Step.RETRY
             ):
                 tried.add(instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))
@@ -1028,6 +1041,15 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
 
 #: Transport errors raised before any byte of the request was written.
 _NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+def _rules(options: RestOptions) -> RetryRules:
+    return RetryRules(
+        max_attempts=options.max_attempts,
+        on_connect_failure=options.retry_on_connect_failure,
+        on_transport_error=options.retry_get_head_on_transport_error,
+        on_retryable_status=options.retry_get_head_on_retryable_status,
+    )
 
 
 def _loop_move_on_at() -> Callable[[float], AbstractContextManager[object]]:
