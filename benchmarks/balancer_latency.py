@@ -55,7 +55,6 @@ Run: ``python -m benchmarks.balancer_latency [--smoke] [--requests N] [--seed S]
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import time
 from collections.abc import Callable
@@ -64,6 +63,7 @@ from dataclasses import dataclass
 import trio
 import trio.testing
 
+from benchmarks._sim import nearest_rank, open_loop, run_virtual
 from poise import (
     Balance,
     Endpoint,
@@ -120,12 +120,6 @@ class PolicyResult:
     def slowest_share(self) -> float:
         """Fraction of requests sent to the 1000 ms endpoint."""
         return self.shares[-1]
-
-
-def nearest_rank(sorted_values: list[float], q: float) -> float:
-    """The smallest value with at least ``q`` of the values at or below it."""
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 async def _drive(
@@ -267,20 +261,9 @@ def run_linkerd(
             await balance.dispatch(n)
             latencies.append(trio.current_time() - sent)
 
-        async with trio.open_nursery() as nursery:
-            t = 0.0
-            n = 0
-            while True:
-                t += rng.expovariate(rate)
-                if t >= duration:
-                    break
-                await trio.sleep_until(t)
-                nursery.start_soon(one, n)
-                n += 1
+        await open_loop(rng, rate, duration, one)
 
-    wall = time.perf_counter()
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    wall = time.perf_counter() - wall
+    wall = run_virtual(main)
     latencies.sort()
     return OpenLoopResult(
         name=name,
@@ -401,18 +384,9 @@ def run_outlier(
             except EndpointError:
                 errors[0] += 1
 
-        async with trio.open_nursery() as nursery:
-            t = 0.0
-            n = 0
-            while True:
-                t += rng.expovariate(rate)
-                if t >= duration:
-                    break
-                await trio.sleep_until(t)
-                nursery.start_soon(one, n)
-                n += 1
+        await open_loop(rng, rate, duration, one)
 
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    run_virtual(main)
     return OutlierResult(name, detector, requests[0], errors[0], ejections[0])
 
 

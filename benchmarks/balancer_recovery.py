@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import trio
 import trio.testing
 
+from benchmarks._sim import open_loop, run_virtual
 from poise import (
     Balance,
     Endpoint,
@@ -202,18 +203,9 @@ def run(tracker: str, scenario: str, *, seed: int, duration: float, rate: float)
                 # Only backend 0 can be that slow; count where it went.
                 result.timeouts[0] += 1
 
-        async with trio.open_nursery() as nursery:
-            t = 0.0
-            n = 0
-            while True:
-                t += rng.expovariate(rate)
-                if t >= duration:
-                    break
-                await trio.sleep_until(t)
-                nursery.start_soon(request, n)
-                n += 1
+        await open_loop(rng, rate, duration, request)
 
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    run_virtual(main)
     return result
 
 

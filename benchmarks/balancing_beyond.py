@@ -50,15 +50,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import trio
 import trio.testing
 
+from benchmarks._sim import load_average, nearest_rank, open_loop, run_virtual
 from poise import (
     Balance,
     CallDeclined,
@@ -91,10 +90,6 @@ TARGET_EXTRA = 0.05
 TARGET_ATTEMPTS = 1.21
 
 
-def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
-
-
 def _align(rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     out = []
@@ -104,14 +99,6 @@ def _align(rows: list[tuple[str, ...]]) -> list[str]:
         ]
         out.append("  ".join(cells).rstrip())
     return out
-
-
-def _load() -> str:
-    try:
-        one, five, _ = os.getloadavg()
-    except OSError:
-        return "load average n/a"
-    return f"load average {one:.2f} (1 min) {five:.2f} (5 min)"
 
 
 # -- 1. hedging -------------------------------------------------------------------------
@@ -201,20 +188,9 @@ def run_hedge(
             latencies.append(trio.current_time() - sent)
             del used[n]
 
-        async with trio.open_nursery() as nursery:
-            t = 0.0
-            n = 0
-            while True:
-                t += rng.expovariate(rate)
-                if t >= duration:
-                    break
-                await trio.sleep_until(t)
-                nursery.start_soon(one, n)
-                n += 1
+        await open_loop(rng, rate, duration, one)
 
-    wall = time.perf_counter()
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    wall = time.perf_counter() - wall
+    wall = run_virtual(main)
     latencies.sort()
     return HedgeResult(
         name=name,
@@ -285,7 +261,7 @@ def format_hedge(results: list[HedgeResult], rate: float, duration: float) -> st
         f"{rate:g} req/s for {duration:g} s, one at {SLOW[2]:g} s from t={SLOW[0] * scale:g} s "
         f"to t={SLOW[1] * scale:g} s; hedge budget {BUDGET_PERCENT:.0%} + "
         f"{BUDGET_MIN_PER_SECOND:g}/s; target p99.99 <= {TARGET_P9999_MS:g} ms with <= "
-        f"{TARGET_EXTRA:.0%} extra attempts (virtual clock; wall s under {_load()})"
+        f"{TARGET_EXTRA:.0%} extra attempts (virtual clock; wall s under {load_average()})"
     )
     return "\n".join([*_align(rows), note])
 
@@ -354,17 +330,9 @@ def run_budget(
                         break
             failed_requests += 1
 
-        async with trio.open_nursery() as nursery:
-            t = 0.0
-            while True:
-                t += rng.expovariate(rate)
-                if t >= duration:
-                    break
-                await trio.sleep_until(t)
-                nursery.start_soon(one, requests)
-                requests += 1
+        requests = await open_loop(rng, rate, duration, one)
 
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    run_virtual(main)
     name = f"{failing} of {BACKENDS} failing, " + ("budget" if budgeted else "no budget")
     return BudgetResult(
         name, failing, budgeted, requests, attempts, failed_requests, budget.refusals
@@ -586,7 +554,7 @@ def _churn(before: Assignment, after: Assignment, gone: str | None) -> tuple[int
 
 
 def run_subsets(
-    clients: int, members: int, size: int, seed: int, events: int = 8
+    clients: int, members: int, size: int, seed: int, events: int = 32
 ) -> tuple[list[SubsetResult], dict[str, float]]:
     """Churn is the mean over ``events`` random leaves and joins (one each time)."""
     rng = random.Random(seed)
@@ -669,7 +637,7 @@ def format_subsets(
     note = (
         f"{clients} clients x {members} backends, subset {size} (full mesh: "
         f"{clients * members:,} connections); churn counts the connections opened and closed "
-        "by the clients already there, mean of 8 random leaves and 8 random joins; target: "
+        "by the clients already there, mean of 32 random leaves and 32 random joins; target: "
         "every backend within +-1 of the mean, load within +-5%, churn no worse than the aperture"
     )
     return "\n".join([*_align(rows), note])
@@ -695,7 +663,7 @@ def main(argv: list[str] | None = None) -> AllResults:
     args = parser.parse_args(argv)
     seed = args.seed
     rate, duration = (200.0, 6.0) if args.smoke else (RATE, DURATION)
-    print(_load())
+    print(load_average())
     hedge = run_hedge_all(rate, duration, seed)
     print("Hedged requests on Linkerd's experiment")
     print(format_hedge(hedge, rate, duration))
@@ -714,7 +682,7 @@ def main(argv: list[str] | None = None) -> AllResults:
     print()
     print("Deterministic subsetting")
     print(format_subsets(subsets, minimum, clients, members, size))
-    print(_load())
+    print(load_average())
     return AllResults(hedge, budget, zones, curve, subsets, minimum)
 
 

@@ -25,7 +25,8 @@
 
 Where an instance's zone comes from (:func:`instance_zone`): metadata
 ``zone`` (the Kubernetes provider's EndpointSlice ``zone``; an etcd
-record's metadata; a Consul service's ``Meta``; a Nacos instance's
+record's metadata; a Consul service's ``Meta``, else its node's ``Meta``
+``zone``, which the Consul provider copies in; a Nacos instance's
 metadata), else ``topology.kubernetes.io/zone``, else the Nacos cluster
 when the identity is Nacos's default ``ip#port#cluster#group@@service``.
 Kubernetes hints come from metadata ``hints.for_zones`` (comma-separated).

@@ -359,6 +359,10 @@ class Attempt:
     #: The attempt's end (event-loop time) enforced as a scope around the send;
     #: past it the attempt fails with ``httpx.ReadTimeout`` (None: no scope).
     cutoff: float | None = None
+    #: Keys this call has sent to, shared by a call's hedges (None: not recorded):
+    #: the service adds its key before the send, so a hedge started while
+    #: this attempt waits can avoid its instance.
+    sent: set[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,6 +454,9 @@ class InstanceService:
             raise CallDeclined(f"instance {key!r} changed after it was selected")
         attempt.instance = instance
         route.count_sent(key)
+        sent = attempt.sent
+        if sent is not None:
+            sent.add(key)
         build = attempt.build
         if build is not None:
             pool = attempt.pool

@@ -76,12 +76,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import anyio
 import httpx
+import sniffio
 
 from poise import CallDeclined, EndpointError, Held, SelectionError
 
@@ -100,6 +102,7 @@ from ._errors import (
 )
 from ._instance import Instance
 from ._observation import loop_clock
+from ._retry import Failure, RetryRules, Step, retry_step
 from ._route import (
     NO_ENDPOINT,
     OTHER,
@@ -616,6 +619,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         self._pool_enforces = enforces_timeouts(self._pool)
         self._targets: dict[tuple[object, str, bytes], _Target] = {}
         self._clock: tuple[Callable[[], float], Callable[[], float]] | None = None
+        # The loop's own move_on_at (trio's without anyio's wrapper): resolved
+        # with the clock, on the first request.
+        self._move_on_at: Callable[[float], AbstractContextManager[object]] = anyio.move_on_at
         self._closed = False
 
     # -- views ---------------------------------------------------------------------------
@@ -697,6 +703,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             clock = self._clock
             if clock is None:
                 clock = self._clock = loop_clock()
+                self._move_on_at = _loop_move_on_at()
             target = self._target(request)
             start = clock[0]()
             route = self._routes.get((target.qualifier, target.service))
@@ -714,7 +721,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             try:
                 if own and not self._pool_enforces:
                     # A pool that may ignore the timeout extension: one scope.
-                    with anyio.move_on_at(deadline):
+                    with self._move_on_at(deadline):
                         response = await self._balanced(route, request, target, budget, own)
                     if response is None:
                         route.count_failure(TIMEOUT)
@@ -742,9 +749,21 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         # The route's retry budget and hedging around the attempt loop (nadisc._balancing).
         marked = request.extensions.get(IDEMPOTENT_EXTENSION) is True
         idempotent = _replayable(request) and (request.method in _RETRYABLE_METHODS or marked)
-        return route.balancing.call(
-            lambda n: self._call(route, request, target, budget, own),
-            idempotent=idempotent,
+        balancing = route.balancing
+        if balancing.hedging is None and balancing.budget is None:
+            return self._call(route, request, target, budget, own, None)
+        if balancing.hedging is None or not idempotent:
+            return balancing.call(
+                lambda n: self._call(route, request, target, budget, own, None),
+                idempotent=False,
+                clock=route.clock,
+            )
+        # The instances this call's attempts were sent to, shared by its
+        # hedges: a hedge avoids them while another instance is eligible.
+        sent: set[str] = set()
+        return balancing.call(
+            lambda n: self._call(route, request, target, budget, own, sent),
+            idempotent=True,
             clock=route.clock,
         )
 
@@ -755,6 +774,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         target: _Target,
         budget: Budget,
         own: bool,
+        sent: set[str] | None,
     ) -> httpx.Response:
         # Every wait is bounded by the budget: the pool by the timeouts handed
         # to it (or the caller's scope), the rare waits for discovery by a
@@ -769,7 +789,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         transparent = 0
         per_attempt = options.attempt_timeout
         cutoff = math.inf
-        tried: set[str] = set()
+        # A hedge (``sent`` shared with the call's other attempts) starts out
+        # avoiding the instances they were sent to.
+        tried: set[str] = set() if sent is None else sent
         scheme = options.instance_scheme
         raw_path = target.raw_path
         streaming = route.streaming
@@ -794,7 +816,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         # decline. Carried across declined picks (not renewed per pick), and
         # zero once every listed instance was tried: then a retry goes to a
         # tried instance instead of declining picks until the budget ends.
-        skip_budget = 0
+        skip_budget = 0 if not tried else _skip_budget(route, tried, len(balance))
         while True:
             if now() >= deadline:
                 if not attempts:
@@ -812,6 +834,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 pool=self._pool,
                 avoid=frozenset(tried) if skip_budget else _NOTHING,
                 skips=skip_budget,
+                sent=sent,
             )
             if per_attempt is not None:
                 # The attempt's own end: the pool's timeouts read it (a pool
@@ -863,12 +886,22 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     # The pool's timeout was the budget's end, not a phase limit.
                     raise budget.exceeded(route, attempts) from cause
                 errors.append(cause)
-                if (
-                    isinstance(cause, _NOTHING_SENT)
-                    and options.retry_on_connect_failure
-                    and transparent < len(route.identities())
-                    and _untried_listed(route, tried)
-                ):
+                nothing_sent = isinstance(cause, _NOTHING_SENT)
+                step = retry_step(
+                    _rules(options),
+                    Failure.NOTHING_SENT if nothing_sent else Failure.TRANSPORT,
+                    retryable=may_retry,
+                    attempts=attempts,
+                    transparent=transparent,
+                    listed=len(route.identities()) if nothing_sent else 0,
+                    untried=nothing_sent and _untried_listed(route, tried),
+                    timed_out=isinstance(cause, httpx.TimeoutException),
+                    now=at,
+                    cutoff=cutoff,
+                    deadline=deadline,
+                    withdraw=route.balancing.may_retry,
+                )
+                if step is Step.TRANSPARENT:
                     # No byte reached a server: safe for any method, and not
                     # one of the request's attempts.
                     transparent += 1
@@ -880,15 +913,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     )
                     fast = False
                     continue
-                retry = options.retry_get_head_on_transport_error or (
-                    isinstance(cause, httpx.TimeoutException) and at >= cutoff
-                )
-                if (
-                    may_retry
-                    and retry
-                    and attempts - transparent < options.max_attempts
-                    and route.balancing.may_retry(now())
-                ):
+                if step is Step.RETRY:
                     logger.debug(
                         "%s/%s: attempt %d failed with %s; retrying",
                         route.connection,
@@ -906,11 +931,21 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             status = response.status_code
             if (
                 status in RETRYABLE_STATUS
-                and may_retry
-                and options.retry_get_head_on_retryable_status
-                and attempts - transparent < options.max_attempts
-                and now() < deadline
-                and route.balancing.may_retry(now())
+                and retry_step(
+                    _rules(options),
+                    Failure.STATUS,
+                    retryable=may_retry,
+                    attempts=attempts,
+                    transparent=transparent,
+                    listed=0,
+                    untried=False,
+                    timed_out=False,
+                    now=now(),
+                    cutoff=cutoff,
+                    deadline=deadline,
+                    withdraw=route.balancing.may_retry,
+                )
+                is Step.RETRY
             ):
                 tried.add(instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))
@@ -1006,6 +1041,24 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
 
 #: Transport errors raised before any byte of the request was written.
 _NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+def _rules(options: RestOptions) -> RetryRules:
+    return RetryRules(
+        max_attempts=options.max_attempts,
+        on_connect_failure=options.retry_on_connect_failure,
+        on_transport_error=options.retry_get_head_on_transport_error,
+        on_retryable_status=options.retry_get_head_on_retryable_status,
+    )
+
+
+def _loop_move_on_at() -> Callable[[float], AbstractContextManager[object]]:
+    """The running loop's ``move_on_at``: trio's own on trio (anyio's wraps it)."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.move_on_at
+    return anyio.move_on_at
 
 
 def _name_instance(

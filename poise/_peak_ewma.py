@@ -63,9 +63,15 @@ Endpoints without history
     fading like any other from the tracker's first use.
 
 Failures
-    A failed call (``complete(now, failed=True)``) counts as an observation of
-    ``max(rtt, failure_penalty)``: an endpoint that fails fast must not look
-    fast. ``failure_penalty=0`` measures failures like successes.
+    A failed call (``complete(now, failed=True)``) never lowers the estimate:
+    it sets ``E = max(rtt, failure_penalty, min(2 e, cap))`` with
+    ``cap = max(rtt, 10 x failure_penalty)`` and ``e = estimate(now)``. So a
+    failure counts as at least the penalty, and each further failure doubles
+    the estimate (up to ten penalties): an endpoint that fails fast must not
+    look fast, not even beside peers slower than the penalty, while the cap
+    bounds the time the fade needs to let it be probed again (from 10 s
+    among 20 ms peers, about 62 s with the default decay).
+    ``failure_penalty=0`` measures failures like successes.
 
 Slow start (off by default)
     With ``slow_start=W`` seconds the cost is multiplied by a factor that
@@ -389,8 +395,6 @@ class PeakEwmaGuard:
             tracker._oldest = None
         elif started == tracker._oldest:
             tracker._oldest = next(iter(outstanding.values()))
-        if failed and rtt < tracker._failure_penalty:
-            rtt = tracker._failure_penalty
         estimate = tracker._estimate
         updated_at = tracker._updated_at
         # Completions may be reported slightly out of order; a negative gap
@@ -398,6 +402,21 @@ class PeakEwmaGuard:
         elapsed = now - updated_at
         weight = _exp(-elapsed * tracker._rate) if elapsed > 0.0 else 1.0
         estimate *= weight
+        penalty = tracker._failure_penalty
+        if failed and penalty > 0.0:
+            # A failure is never evidence of speed (see "Failures" above).
+            cap = 10.0 * penalty
+            if rtt > cap:
+                cap = rtt
+            doubled = 2.0 * estimate
+            if doubled > cap:
+                doubled = cap
+            if rtt < penalty:
+                rtt = penalty
+            if rtt < doubled:
+                rtt = doubled
+            if rtt < estimate:
+                rtt = estimate  # above the cap already: kept, not lowered
         if rtt > estimate:
             estimate = rtt
         else:

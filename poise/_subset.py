@@ -12,9 +12,9 @@ round a rotation of one ring instead of a shuffle)::
             so a backend that joins lands at an arbitrary place, not at the end
     c       = M / size rounded (halves up): subsets per round (M backends)
     client  i is in round r = i // c, slot s = i % c
-    subset  the ranks floor(s x M / c) + t_r ... floor((s + 1) x M / c) + t_r - 1
-            (mod M), where t_r = floor(frac(r x 0.618...) x M / c) rotates
-            each round by a different part of one window
+    subset  the ranks round(s x M / c) + t_r ... round((s + 1) x M / c) + t_r - 1
+            (mod M; halves up), where t_r = floor(frac(r x 0.618...) x M / c)
+            rotates each round by a different part of one window
 
 One complete round of ``c`` clients tiles the ring once, so with complete
 rounds every backend is in exactly ``N / c`` subsets, and each client
@@ -25,12 +25,20 @@ when ``size`` divides ``M`` and ``floor`` or ``ceil`` of ``M / c`` otherwise.
 
 Movement: a client's subset depends on its own index only, never on the
 fleet's size, so a client joining moves nobody (Finagle's aperture moves
-every window then). A backend that leaves or joins shifts the ranks after
-it by one and the window edges by a fraction of a rank; ``c`` stays the
-same unless ``M / size`` crosses a half, so each window moves by at most
-about one backend, and on average about half the windows move (as with
-the aperture; the SRE book's shuffled rounds reshuffle whole rounds). See
-``benchmarks/balancing_beyond.py``.
+every window then). A backend that leaves or joins at window ``q`` shifts
+the ranks after it by one, and the edges scale by ``(M -+ 1) / M``; the
+edges are rounded to the nearest rank, so the scaling leaves the middle
+edge of the round in place and the windows that move are those between
+``q`` and the middle: at most half the round, a quarter on average (with
+floored edges, the ones between ``q`` and the round's start: half on
+average). Each moved window opens one backend and closes one. The
+trade, measured (300 clients x 1,000 backends, subset 20, 32 random
+events): a leave moves 69.5 + 69.5 connections where the aperture moves
+156.1 + 53.0, a join 56.8 + 50.8 against 143.7 + 44.7: fewer opened and
+fewer in all, but more closed. Windows of exactly ``M / c`` consecutive
+ranks cannot do better than the windows between ``q`` and one fixed
+edge: keeping every backend within one of the mean forbids a window
+that absorbs the change by shrinking. See ``benchmarks/balancing_beyond.py``.
 
 The client identity is its index ``0, 1, 2, ...`` in the fleet (e.g. a
 StatefulSet ordinal): indices should be dense from 0 so that the rounds
@@ -87,6 +95,8 @@ def subset(keys: Sequence[K], client_index: int, size: int) -> list[K]:
     per_round = max(1, (2 * members + width) // (2 * width))  # M / size, halves up
     round_, slot = divmod(index, per_round)
     shift = math.floor((round_ * _GOLDEN) % 1.0 * members / per_round)
-    low = slot * members // per_round + shift
-    high = (slot + 1) * members // per_round + shift
+    # Window edges rounded to the nearest rank (halves up), not floored: see
+    # "Movement" in the module docstring.
+    low = (2 * slot * members + per_round) // (2 * per_round) + shift
+    high = (2 * (slot + 1) * members + per_round) // (2 * per_round) + shift
     return [ordered[rank % members] for rank in range(low, high)]

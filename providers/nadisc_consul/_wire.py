@@ -62,7 +62,7 @@ import json
 import operator
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from itertools import chain, compress, repeat
 from operator import eq
 from types import MappingProxyType
@@ -110,6 +110,12 @@ _DETAIL_LIMIT: Final = 96
 _MAX_WEIGHT: Final = 2**63 - 1
 _PASSING_ONLY: Final = frozenset({"passing"})
 _STATUS: Final = operator.attrgetter("Status")
+_NODE_META: Final = operator.attrgetter("Meta")
+#: The node meta key read as the zone of a node's instances (``node_meta``
+#: in the agent's configuration) when the service's own Meta has no zone.
+NODE_ZONE_KEY: Final = "zone"
+_ZONE_TEXT: Final = b'"zone"'
+
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_SECONDS: Final[Mapping[str, float]] = {
     "ns": 1e-9,
@@ -280,6 +286,9 @@ _pick = cast("Callable[[tuple[Instance, Instance | None], bool], Instance]", ope
 class _Node(msgspec.Struct, gc=False):
     Node: str
     Address: str | None = None
+    # The node's metadata (agent ``node_meta``), kept as JSON text: only its
+    # zone is read (see node_zone), and most fleets repeat one text.
+    Meta: msgspec.Raw = _NULL
 
 
 class _Weights(msgspec.Struct, gc=False):
@@ -385,6 +394,7 @@ class HealthDecoder:
         "_tag_texts",
         "_tags",
         "_wanted",
+        "_zoned",
         "what",
     )
 
@@ -411,6 +421,8 @@ class HealthDecoder:
         # JSON text of Tags/Meta -> shared decoded value, or None if invalid
         self._tag_texts: dict[bytes, tuple[str, ...] | None] = {}
         self._meta_texts: dict[bytes, Mapping[str, str] | None] = {}
+        # (service Meta text, node Meta text) -> the meta with the node's zone
+        self._zoned: dict[tuple[bytes, bytes], Mapping[str, str]] = {}
         self._previous: dict[str, Instance] = {}
         if previous is not None:
             self._remember(previous)
@@ -506,6 +518,9 @@ class HealthDecoder:
         if problem is not None:
             self._invalid[f"{node_name}/{service_id}"] = problem
             return
+        node_meta = bytes(node.Meta)
+        if _ZONE_TEXT in node_meta:
+            meta = self._node_zoned(bytes(svc.Meta), node_meta)
         # Health first: an unhealthy entry is left out before it can make a
         # healthy one with the same identity look like its duplicate.
         checks = entry.Checks
@@ -563,7 +578,7 @@ class HealthDecoder:
         node_names: Sequence[str] = ()
         node_addresses: Sequence[str | None] = ()
         if self._scope != "service" or not all(addresses):
-            node_names, node_addresses = zip(*map(_astuple, nodes), strict=True)
+            node_names, node_addresses, _ = zip(*map(_astuple, nodes), strict=True)
         wanted = self._service
         if names.count(wanted) != count or not all(ids):
             return None  # another service's entry, or no Service.ID: named one by one
@@ -592,7 +607,21 @@ class HealthDecoder:
             if self._shared_meta(msgspec.Raw(text)) is None:
                 return None
         tag_of = self._tag_texts.__getitem__
-        meta_of = self._meta_texts.__getitem__
+        metas: Mapping[Any, Mapping[str, str] | None] = self._meta_texts
+        meta_keys: Sequence[Hashable] = meta_texts
+        node_texts = b"\0".join(map(_NODE_META, nodes))
+        if _ZONE_TEXT in node_texts:
+            # Some node declares a zone: each instance's meta is keyed by
+            # its service and node Meta texts (one merge per distinct pair).
+            per_node = node_texts.split(b"\0")
+            if len(per_node) != count:
+                return None
+            pairs = list(zip(meta_texts, per_node, strict=True))
+            for pair in set(pairs):
+                self._node_zoned(*pair)
+            meta_keys = pairs
+            metas = self._zoned
+        meta_of = metas.__getitem__
         if self._tag is not None:
             tag = self._tag
             if not all(tag in self._tag_texts[t] for t in set(tag_texts)):  # type: ignore[operator]
@@ -607,7 +636,7 @@ class HealthDecoder:
             ports,
             passing,
             tag_texts,
-            meta_texts,
+            meta_keys,
         ]
         if not _PASSING_ONLY.issuperset(statuses):
             keep = [not c or _PASSING_ONLY.issuperset(map(_STATUS, c)) for c in checks]
@@ -644,8 +673,7 @@ class HealthDecoder:
         # each distinct tags/meta value is measured once.
         tag_size = {t: sum(map(len, v or ())) for t, v in self._tag_texts.items()}
         meta_size = {
-            t: sum(map(len, v)) + sum(map(len, v.values())) if v else 0
-            for t, v in self._meta_texts.items()
+            t: sum(map(len, v)) + sum(map(len, v.values())) if v else 0 for t, v in metas.items()
         }
         size = 64 * (len(instances) + 1) + sum(map(len, identities)) + sum(map(len, kept_hosts))
         size += sum(map(tag_size.__getitem__, kept_tags))
@@ -689,6 +717,27 @@ class HealthDecoder:
         else:
             shared = self._share_meta(meta)
         self._meta_texts[text] = shared
+        return shared
+
+    def _node_zoned(self, service_text: bytes, node_text: bytes) -> Mapping[str, str]:
+        """The service meta of ``service_text`` with the zone of the node meta
+        ``node_text`` added (when the service declares none); shared per pair.
+        A node meta that is not a map of strings adds nothing (Consul's agent
+        accepts only strings there)."""
+        key = (service_text, node_text)
+        shared = self._zoned.get(key)
+        if shared is not None:
+            return shared
+        meta = self._meta_texts[service_text] or _NO_META
+        shared = meta
+        try:
+            node_meta = _META.decode(node_text)
+        except msgspec.ValidationError:
+            node_meta = None
+        zone = None if node_meta is None else node_meta.get(NODE_ZONE_KEY)
+        if zone and NODE_ZONE_KEY not in meta:
+            shared = self._share_meta({**meta, NODE_ZONE_KEY: zone})
+        self._zoned[key] = shared
         return shared
 
     def _share_meta(self, meta: dict[str, str] | None) -> Mapping[str, str]:
@@ -744,7 +793,7 @@ class HealthDecoder:
             svc.get("Address") or node["Address"],
             svc["Port"],
             1.0 if weights is None else float(weights["Passing"]),
-            svc.get("Meta"),
+            _with_node_zone(svc.get("Meta"), node.get("Meta")),
             None if tags is None else tuple(tags),
         )
 
@@ -916,3 +965,13 @@ def _entry_problem(
     ):
         return "Meta is not a map of strings"
     return None
+
+
+def _with_node_zone(meta: dict[str, str] | None, node_meta: object) -> dict[str, str] | None:
+    """``meta`` with the zone of ``node_meta`` (parsed JSON) when it has none."""
+    if type(node_meta) is not dict:
+        return meta
+    zone = node_meta.get(NODE_ZONE_KEY)
+    if type(zone) is not str or not zone or (meta is not None and NODE_ZONE_KEY in meta):
+        return meta
+    return {**(meta or {}), NODE_ZONE_KEY: zone}

@@ -48,9 +48,9 @@ import json
 import random
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote
 
@@ -141,6 +141,9 @@ class _Node:
     node_id: str
     create_index: int
     modify_index: int
+    # Agent ``node_meta``: Consul's structs.Node.Meta (agent/structs/structs.go),
+    # returned under Node.Meta by /v1/health/service and /v1/catalog/nodes.
+    meta: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -269,11 +272,19 @@ class ConsulFake:
         while not predicate():
             await self._activity.wait()
 
-    def add_node(self, name: str, address: str) -> None:
-        """Add a node with a passing ``serfHealth`` check."""
+    def add_node(self, name: str, address: str, meta: Mapping[str, str] | None = None) -> None:
+        """Add a node with a passing ``serfHealth`` check and the agent's ``node_meta``."""
+        node_meta = dict(meta or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in node_meta.items()):
+            raise TypeError("node meta must map strings to strings")
         index = self._bump()
         self.nodes[name] = _Node(
-            name, address, str(uuid.UUID(int=self._random.getrandbits(128))), index, index
+            name,
+            address,
+            str(uuid.UUID(int=self._random.getrandbits(128))),
+            index,
+            index,
+            node_meta,
         )
         self.checks[(name, "serfHealth")] = _Check(
             node=name,
@@ -750,7 +761,8 @@ class ConsulFake:
                 "wan": node.address,
                 "wan_ipv4": node.address,
             },
-            "Meta": {"consul-network-segment": ""},
+            # The agent adds its network segment to every node's meta.
+            "Meta": {"consul-network-segment": "", **node.meta},
             "CreateIndex": node.create_index,
             "ModifyIndex": node.modify_index,
         }

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from nadisc import ConfigError, DiscoveryOwner, DiscoveryTransport, Instance, RestOptions
 from nadisc._balancing import RouteBalancing, instance_zone
 from nadisc._config import BalancingConfig
-from nadisc._route import Route
+from nadisc._route import LbStrategy, Route
 from nadisc.observability import DiscoveryCollector
 from nadisc.testing import MemoryProvider
 from tests.nadisc.owner_support import memory_owner, policy
@@ -131,6 +131,43 @@ async def test_a_slow_instance_is_hedged_and_the_loser_released(autojump_clock: 
         await http.post(URL, content=b"x")
         await http.post(URL, content=b"x")
         assert route.balancing.statistics().hedges == before
+
+
+@pytest.mark.parametrize("strategy", ["weighted", "p2c_peak_ewma"])
+async def test_a_hedge_goes_to_another_instance_than_the_first_attempt(
+    autojump_clock: object, strategy: LbStrategy
+) -> None:
+    # The slow instance weighs 8 of 9: a pick that ignored the first
+    # attempt's instance would send most hedges to it as well.
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await anyio.sleep(5.0 if request.url.host == "10.0.0.1" else 0.1)
+        return httpx.Response(200, text=request.url.host)
+
+    fleet = [Instance("slow", "10.0.0.1", 80, weight=8.0), Instance("fast", "10.0.0.2", 80)]
+    pool = Pool(handler)
+    options = RestOptions(lb_strategy=strategy, request_timeout=30.0, connect_timeout=1.0)
+    async with transport(pool, fleet, options, hedge={"delay_ms": 300}) as (http, discovery, _):
+        for _ in range(6):
+            pool.hosts.clear()
+            answer = (await http.get(URL)).text
+            # Each call's attempts went to distinct instances, and it was answered.
+            assert len(pool.hosts) == len(set(pool.hosts)), pool.hosts
+            assert answer == "10.0.0.2"
+        assert route_of(discovery).statistics().in_flight == {"slow": 0, "fast": 0}
+
+
+async def test_a_hedge_with_one_instance_goes_to_it_again(autojump_clock: object) -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await anyio.sleep(1.0)
+        return httpx.Response(200, text=request.url.host)
+
+    pool = Pool(handler)
+    options = RestOptions(request_timeout=30.0, connect_timeout=1.0)
+    fleet = [Instance("only", "10.0.0.1", 80)]
+    async with transport(pool, fleet, options, hedge={"delay_ms": 300}) as (http, discovery, _):
+        assert (await http.get(URL)).text == "10.0.0.1"
+        assert pool.hosts == ["10.0.0.1", "10.0.0.1"]  # the hedge had nowhere else to go
+        assert route_of(discovery).balancing.statistics().hedges == 1
 
 
 async def test_the_retry_budget_stops_retries_once_spent() -> None:

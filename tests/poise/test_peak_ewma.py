@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import random
 from dataclasses import dataclass, field
@@ -440,3 +441,97 @@ def test_in_flight_and_estimate_invariants(ops: list[tuple[str, int, float]]) ->
             ended += was_open
         assert tracker.in_flight == len(guards) - ended >= 0
         assert tracker.rtt_estimate > 0.0 and math.isfinite(tracker.rtt_estimate)
+
+
+# -- failures are never evidence of speed ---------------------------------------------
+
+
+def _tracker_after(history: list[tuple[float, bool]], penalty: float) -> tuple[PeakEwma, float]:
+    """A tracker that saw ``history`` (rtt, failed) calls back to back from t=0."""
+    tracker = PeakEwma(default_rtt=0.030, failure_penalty=penalty)
+    now = 0.0
+    for rtt, failed in history:
+        tracker.start(now).complete(now + rtt, failed=failed)
+        now += rtt
+    return tracker, now
+
+
+def _at_least(value: float, bound: float) -> bool:
+    # Up to float rounding: an RTT is computed as (start + rtt) - start.
+    return value >= bound * (1.0 - 1e-12) - 1e-12
+
+
+_RTTS = (0.0, 0.0001, 0.02, 0.3, 1.0, 2.0, 15.0)
+_HISTORIES = [
+    [(a, fa), (b, fb)] for a in _RTTS for b in _RTTS for fa in (False, True) for fb in (False, True)
+]
+
+
+@pytest.mark.parametrize("penalty", [0.5, 1.0])
+@pytest.mark.parametrize("gap", [0.0, 0.5, 30.0])
+@pytest.mark.parametrize("rtt", _RTTS)
+def test_a_failure_never_lowers_the_estimate_exhaustively(
+    penalty: float, gap: float, rtt: float
+) -> None:
+    for history in _HISTORIES:
+        failing, now = _tracker_after(history, penalty)
+        succeeding, _ = _tracker_after(history, penalty)
+        start = now + gap
+        before = failing.estimate(start + rtt)
+        failing.start(start).complete(start + rtt, failed=True)
+        succeeding.start(start).complete(start + rtt)
+        after = failing.estimate(start + rtt)
+        assert _at_least(after, before), (history, gap, rtt)
+        assert _at_least(after, max(rtt, penalty))
+        assert _at_least(after, succeeding.estimate(start + rtt))
+        # Each failure at least doubles the estimate until ten penalties.
+        assert _at_least(after, min(2.0 * before, max(rtt, 10.0 * penalty)))
+
+
+def test_repeated_fast_failures_double_up_to_ten_penalties() -> None:
+    tracker = PeakEwma(failure_penalty=1.0)
+    seen = []
+    for n in range(8):
+        tracker.start(float(n)).complete(float(n), failed=True)
+        seen.append(tracker.rtt_estimate)
+    assert seen[0] == pytest.approx(1.0)
+    assert seen[-1] == pytest.approx(10.0)
+    assert all(b >= a for a, b in itertools.pairwise(seen))
+
+
+def test_a_fast_failing_endpoint_loses_to_peers_slower_than_the_penalty() -> None:
+    # Peers answer in 2 s, more than the 1 s penalty: a flat penalty alone
+    # would make the endpoint that fails in 1 ms the cheapest of them.
+    members = [_Member(f"m{n}", latency=0.001 if n == 0 else 2.0) for n in range(3)]
+    policy = PowerOfTwoChoices(random.Random(7))
+    picks = [0, 0, 0]
+    now = 0.0
+    for _ in range(600):
+        index = policy.pick(members, None, now)
+        picks[index] += 1
+        member = members[index]
+        member.tracker.start(now).complete(now + member.latency, failed=index == 0)
+        now += 0.1
+    assert picks[0] < min(picks[1], picks[2]) / 3, picks
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 20.0), st.floats(0.0, 20.0), st.booleans()),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_no_sequence_of_calls_lets_a_failure_lower_the_estimate(
+    calls: list[tuple[float, float, bool]],
+) -> None:
+    tracker = PeakEwma(failure_penalty=1.0)
+    now = 0.0
+    for gap, rtt, failed in calls:
+        now += gap
+        before = tracker.estimate(now + rtt)
+        tracker.start(now).complete(now + rtt, failed=failed)
+        if failed:
+            assert _at_least(tracker.estimate(now + rtt), max(before, rtt, 1.0))
+        now += rtt

@@ -59,6 +59,24 @@ def test_a_leaving_backend_moves_each_client_by_at_most_two(
         assert len(after - before) <= 2
 
 
+def test_a_leave_moves_the_windows_between_it_and_the_rounds_middle_only() -> None:
+    # One round of 20 windows of 10: the window edges are rounded, so a leave
+    # at window q shifts the windows between q and the middle (about |q - 10|),
+    # a quarter of the round on average (floored edges moved half of it).
+    keys = [f"10.1.{i}.7" for i in range(200)]
+    moved_per_leave = []
+    for gone in keys:
+        rest = [k for k in keys if k != gone]
+        moved = sum(
+            1
+            for client in range(20)
+            if set(subset(rest, client, 10)) - set(subset(keys, client, 10))
+        )
+        moved_per_leave.append(moved)
+    assert max(moved_per_leave) <= 20 // 2 + 1
+    assert sum(moved_per_leave) / len(moved_per_leave) <= 20 / 4 + 1
+
+
 def test_a_client_joining_moves_nobody() -> None:
     keys = [f"k{i}" for i in range(300)]
     assert [subset(keys, i, 10) for i in range(40)] == [subset(keys, i, 10) for i in range(40)]

@@ -66,6 +66,21 @@ async def test_query_lists_passing_instances_with_weights_tags_and_meta() -> Non
     assert "passing" in health_requests(fake)[0]
 
 
+async def test_node_meta_zone_reaches_instances_without_a_zone_of_their_own() -> None:
+    # A node's agent node_meta comes back under Node.Meta of every entry on it.
+    fake = ConsulFake()
+    fake.add_node("edge-1", "10.0.1.1", meta={"zone": "eu-west-1b", "rack": "r7"})
+    plain = {k: v for k, v in WEB.items() if k != "Meta"}
+    fake.register({**plain, "ID": "web-e"}, now=0.0, node="edge-1")
+    fake.register({**WEB, "ID": "web-z"}, now=0.0, node="edge-1")  # its own zone wins
+    fake.register({**plain, "ID": "web-p"}, now=0.0)  # the agent's node: no zone
+    provider = in_process(fake)
+    snapshot = await provider.query("web", anyio.current_time() + 5)
+    await provider.aclose()
+    zones = {i.identity: dict(i.metadata) for i in snapshot.instances}
+    assert zones == {"web-e": {"zone": "eu-west-1b"}, "web-z": {"zone": "a"}, "web-p": {}}
+
+
 async def test_alias_binding_maps_name_and_tag() -> None:
     fake = ConsulFake()
     fake.register(WEB, now=0.0)

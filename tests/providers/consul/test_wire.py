@@ -51,6 +51,7 @@ def entry(
     meta: Any = None,
     weights: Any = None,
     statuses: tuple[str, ...] = ("passing", "passing"),
+    node_meta: Any = None,
 ) -> dict[str, Any]:
     service: dict[str, Any] = {
         "ID": service_id,
@@ -80,7 +81,7 @@ def entry(
             "Address": node_address,
             "Datacenter": "dc1",
             "TaggedAddresses": {},
-            "Meta": {},
+            "Meta": {} if node_meta is None else node_meta,
         },
         "Service": service,
         "Checks": checks,
@@ -109,6 +110,38 @@ def test_healthy_entries_become_instances_with_weights_tags_meta() -> None:
 def test_empty_service_address_falls_back_to_node_address() -> None:
     (instance,) = decode([entry(address="")]).instances
     assert instance.host == "10.0.0.1"
+
+
+def _zones(snapshot: ProviderSnapshot) -> dict[str, str | None]:
+    return {i.identity: i.metadata.get("zone") for i in snapshot.instances}
+
+
+def test_the_zone_comes_from_node_meta_when_the_service_has_none() -> None:
+    segment = {"consul-network-segment": ""}
+    entries = [
+        entry("w1", node="n1", meta={}, node_meta={**segment, "zone": "east"}),
+        entry("w2", node="n2", meta={"k": "v"}, node_meta={**segment, "zone": "west"}),
+        entry("w3", node="n3", meta={"zone": "own"}, node_meta={**segment, "zone": "west"}),
+        entry("w4", node="n4", meta={}, node_meta=segment),
+        entry("w5", node="n5", meta={}, node_meta={"zone": 7}),  # not Consul's shape: ignored
+        entry("w6", node="n6", meta={}, node_meta={"rack": "zone"}),
+    ]
+    expected = {"w1": "east", "w2": "west", "w3": "own", "w4": None, "w5": None, "w6": None}
+    body = json.dumps(entries).encode()
+    options: dict[str, Any] = {"service": "web", "max_instances": 16}
+    # The column path, the entry-by-entry path (an invalid entry forces it)
+    # and the permissive reference agree.
+    assert _zones(decode_health_service(body, **options)) == expected
+    invalid = entry("bad", node="n9", port=0)
+    mixed = json.dumps([*entries, invalid]).encode()
+    assert _zones(decode_health_service(mixed, **options)) == expected
+    assert _zones(reference(body, **options)) == expected
+    (w2,) = (i for i in decode(entries).instances if i.identity == "w2")
+    assert dict(w2.metadata) == {"k": "v", "zone": "west"}
+    # Instances of nodes sharing one node meta share one metadata mapping.
+    same = [entry(f"s{n}", node=f"m{n}", meta={}, node_meta={"zone": "z"}) for n in range(3)]
+    first, *rest = decode(same).instances
+    assert all(i.metadata is first.metadata for i in rest)
 
 
 def test_null_tags_meta_and_missing_weights_are_empty_defaults() -> None:
