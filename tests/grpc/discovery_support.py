@@ -48,7 +48,7 @@ class _Health(health_pb2_grpc.HealthServicer):
 class Backend:
     """One grpcio server on 127.0.0.1 (port chosen by the kernel)."""
 
-    def __init__(self, name: str, pb: ModuleType, pb_grpc: ModuleType) -> None:
+    def __init__(self, name: str, pb: ModuleType, pb_grpc: ModuleType, workers: int = 24) -> None:
         self.name = name
         self.health = "serving"
         self.health_checks = 0
@@ -57,7 +57,7 @@ class Backend:
         #: Set while a streaming call is running on this backend.
         self.streaming = threading.Event()
         self._lock = threading.Lock()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=24))
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
         backend = self
 
         class Service(pb_grpc.TestServiceServicer):  # type: ignore[misc,name-defined]
@@ -98,11 +98,13 @@ class Backend:
 
 
 @contextmanager
-def backends(pb: ModuleType, pb_grpc: ModuleType, count: int) -> Iterator[list[Backend]]:
+def backends(
+    pb: ModuleType, pb_grpc: ModuleType, count: int, *, workers: int = 24
+) -> Iterator[list[Backend]]:
     with ExitStack() as stack:
         started = []
         for i in range(count):
-            backend = Backend(f"b{i}", pb, pb_grpc)
+            backend = Backend(f"b{i}", pb, pb_grpc, workers)
             stack.callback(backend.stop)
             started.append(backend)
         yield started
