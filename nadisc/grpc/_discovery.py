@@ -46,6 +46,8 @@ import anyio.abc
 import grpc
 import grpc.aio
 
+from poise import CallDeclined, EndpointError, SelectionError
+
 from .._balancing import RouteBalancing
 from .._errors import DiscoveryError, EvidenceUnavailable, LifecycleError
 from .._grpc_protocol import GRPC_AUTHORITY_KEY, GRPC_TLS_KEY, GRPC_TLS_MODES
@@ -172,7 +174,7 @@ def dial_for(
 class _Subchannel:
     """The channel of one instance generation, run by a task of the discovery channel."""
 
-    __slots__ = ("active", "callables", "channel", "dial", "idle", "instance", "stop")
+    __slots__ = ("active", "callables", "channel", "dial", "idle", "instance", "opened", "stop")
 
     def __init__(self, instance: Instance, dial: _Dial) -> None:
         self.instance = instance
@@ -180,6 +182,7 @@ class _Subchannel:
         self.channel: Channel | None = None
         self.active = 0
         self.idle = anyio.Event()
+        self.opened = anyio.Event()
         self.stop = anyio.Event()
         self.callables: dict[tuple[str, str], Any] = {}
 
@@ -378,6 +381,7 @@ class DiscoveryChannel:
             **self._channel_options,
         ) as channel:
             sub.channel = channel
+            sub.opened.set()
             task_status.started()
             await sub.stop.wait()
             # No new call reaches it; the calls in flight get the drain budget.
@@ -390,10 +394,9 @@ class DiscoveryChannel:
         """The live subchannel of ``instance`` (opened on its first call)."""
         identity = instance.identity
         sub = self._subs.get(identity)
-        if sub is not None and sub.instance is instance:
-            return sub
-        if sub is not None and sub.instance == instance:
-            sub.instance = instance
+        if sub is not None and (sub.instance is instance or sub.instance == instance):
+            if sub.channel is None:
+                await sub.opened.wait()  # another call is opening it right now
             return sub
         if sub is not None:
             self._retire(identity, sub)
@@ -420,12 +423,23 @@ class DiscoveryChannel:
         Raises ``RpcError(UNAVAILABLE)`` when the evidence is unusable or no
         instance becomes ready before ``deadline``.
         """
-        from poise import CallDeclined, EndpointError, SelectionError
-
         route = self.route
         streaming = route.streaming
         balance = streaming.balance
         skips = len(avoid)
+        if not self._closed and route.reconciled and balance.ready_nowait():
+            # Fast path: the balance already applied the mirrored listing and
+            # an endpoint is ready; the currency check in the instance's
+            # service still guards the hand-over. Anything else: full path.
+            try:
+                return await balance.call_held(Attempt(send=send, avoid=avoid, skips=skips))
+            except (CallDeclined, SelectionError):
+                pass
+            except EndpointError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, BaseException):
+                    raise cause from None
+                raise
         while True:
             if self._closed:
                 raise RpcError(grpc.StatusCode.UNAVAILABLE, f"{self._where}: the channel is closed")
@@ -531,11 +545,9 @@ class _DiscoveryMultiCallable:
     def _deadline(self, timeout: float | None) -> float:
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"{self._method}: timeout must be >= 0 seconds, not {timeout!r}")
-        now = anyio.current_time()
-        deadline = anyio.current_effective_deadline()
-        if timeout is not None:
-            deadline = min(deadline, now + timeout)
-        return deadline
+        # The call's own deadline; the caller's cancel scope bounds it anyway
+        # (and each subchannel call sends the earlier of the two as grpc-timeout).
+        return math.inf if timeout is None else anyio.current_time() + timeout
 
 
 def _timeout_left(deadline: float, now: float) -> float | None:
@@ -678,7 +690,7 @@ async def _attempts(
                 finally:
                     sub.leave()
 
-            held = await channel.pick(send, deadline, frozenset(tried))
+            held = await channel.pick(send, deadline, frozenset(tried) if tried else _NONE)
             outcome = held.response
         attempts += 1
         if not isinstance(outcome, RpcError):
@@ -715,6 +727,7 @@ async def _attempts(
 
 
 _FAILURE_STATUS = CALL_FAILURE_KINDS.index("status")
+_NONE: frozenset[str] = frozenset()
 
 
 def _pushback(error: RpcError) -> int | None:

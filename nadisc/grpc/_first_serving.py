@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 import grpc
 
 from .._errors import EvidenceUnavailable
@@ -78,7 +79,10 @@ async def first_serving_pick(channel: DiscoveryChannel, deadline: float) -> Inst
     start = channel.probe_start
     channel.probe_start = (start + 1) % max(len(listed), 1)
     chosen = candidates(listed, start)
+    await anyio.lowlevel.checkpoint_if_cancelled()
     now = channel._clock()
+    # The caller's cancel scope is part of the budget the probes get 75% of.
+    deadline = min(deadline, anyio.current_effective_deadline())
     cutoff = probe_cutoff(now, deadline, channel.probe_budget)
     winner: list[Instance] = []
     health_service = channel.health_service
