@@ -26,6 +26,7 @@ Run: ``python -m benchmarks.grpc_discovery [--smoke] [--calls N] [--rounds R]``
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -33,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -109,11 +110,12 @@ async def _rounds(ports: list[int], calls: int, rounds: int, result: Result) -> 
         for i, port in enumerate(ports)
     ]
     builder = OwnerBuilder()
-    for name, strategy, listed in (
+    plans: tuple[tuple[str, Literal["round_robin", "p2c_peak_ewma"], list[Instance]], ...] = (
         ("one", "round_robin", instances[:1]),
         ("rr", "round_robin", instances),
         ("ewma", "p2c_peak_ewma", instances),
-    ):
+    )
+    for name, strategy, listed in plans:
         memory = MemoryProvider(services={"bench": "bench"})
         memory.set("bench", listed)
         config = ConnectionConfig(provider="memory", rest=RestConfig(lb_strategy=strategy))
@@ -126,7 +128,7 @@ async def _rounds(ports: list[int], calls: int, rounds: int, result: Result) -> 
             discovery_channel(owner, "rr", "bench") as round_robin,
             discovery_channel(owner, "ewma", "bench") as ewma,
         ):
-            unaries = {
+            unaries: dict[str, Any] = {
                 CLIENTS[0]: plain.unary_unary(UNARY),
                 CLIENTS[1]: one.unary_unary(UNARY),
                 CLIENTS[2]: round_robin.unary_unary(UNARY),
@@ -140,7 +142,7 @@ async def _rounds(ports: list[int], calls: int, rounds: int, result: Result) -> 
                     concurrency = int(row.rsplit("c=", 1)[1])
                     for client, unary in unaries.items():
                         start = time.perf_counter()
-                        count = await _fan(concurrency, calls, lambda u=unary: u(REQUEST))
+                        count = await _fan(concurrency, calls, functools.partial(unary, REQUEST))
                         rate = count / (time.perf_counter() - start)
                         key = (row, client)
                         result.rate[key] = max(rate, result.rate.get(key, 0.0))
