@@ -351,7 +351,14 @@ class DiscoveryChannel:
         observation = route.observation
         while not self._closed:
             self._reconcile(route)
-            await observation.changed()
+            try:
+                await observation.changed()
+            except EvidenceUnavailable:
+                # The observation closed (the owner is shutting down): no
+                # instance takes a new call; the subchannels drain.
+                for identity, sub in list(self._subs.items()):
+                    self._retire(identity, sub)
+                return
 
     def _reconcile(self, route: Route) -> None:
         try:

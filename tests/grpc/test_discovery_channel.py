@@ -148,3 +148,20 @@ async def test_both_protocol_sources_are_a_typed_error(pb: ModuleType, pb_grpc: 
                 await pb_grpc.TestServiceStub(channel).UnaryCall(pb.SimpleRequest(), timeout=5)
             assert "service 'orders'" in str(info.value)
             assert servers[0].calls == 0
+
+
+async def test_an_owner_closing_under_the_channel_refuses_new_calls(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 1) as servers:
+        async with memory_owner({"primary": provider(servers[0].instance())}) as owner:
+            async with discovery_channel(owner, "primary", SERVICE, drain=0.2) as channel:
+                stub = pb_grpc.TestServiceStub(channel)
+                await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+                report = await owner.begin_close(anyio.current_time() + 5).wait()
+                assert report is not None
+                with pytest.raises(RpcError) as info:
+                    await stub.UnaryCall(pb.SimpleRequest(), timeout=5)
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert channel.subchannel_count() == 0
+        assert servers[0].calls == 1
