@@ -17,8 +17,12 @@ process, interleaved round by round:
     over three connections and three server processes.
 
 Rows: unary at concurrency 1 and 16 (that many tasks calling in turn). Each
-cell is the best round's rate; the ratio is discovery over plain (target
->= 0.9). The load average is printed with the table.
+cell is the best round's rate and the least client-process CPU time per
+call (``time.process_time``; the servers are other processes); the ratio
+is discovery over plain (target >= 0.9). On a 2-core machine three busy
+server processes compete with the client for the cores, which one server
+does not: the CPU column shows what the client itself pays. The load
+average is printed with the table.
 
 Run: ``python -m benchmarks.grpc_discovery [--smoke] [--calls N] [--rounds R]``
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import subprocess
 import sys
@@ -55,6 +60,8 @@ class Result:
     rounds: int
     #: (row, client) -> best calls per second
     rate: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (row, client) -> least client-process CPU microseconds per call
+    cpu_us: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def ratio(self, row: str, client: str) -> float:
         return self.rate[(row, client)] / self.rate[(row, CLIENTS[0])]
@@ -141,11 +148,13 @@ async def _rounds(ports: list[int], calls: int, rounds: int, result: Result) -> 
                 for row in ROWS:
                     concurrency = int(row.rsplit("c=", 1)[1])
                     for client, unary in unaries.items():
-                        start = time.perf_counter()
+                        start, cpu = time.perf_counter(), time.process_time()
                         count = await _fan(concurrency, calls, functools.partial(unary, REQUEST))
                         rate = count / (time.perf_counter() - start)
+                        cpu_us = (time.process_time() - cpu) / count * 1e6
                         key = (row, client)
                         result.rate[key] = max(rate, result.rate.get(key, 0.0))
+                        result.cpu_us[key] = min(cpu_us, result.cpu_us.get(key, math.inf))
 
 
 def main(argv: list[str] | None = None) -> Result:
@@ -172,7 +181,10 @@ def _print(result: Result) -> None:
     )
     print(f"{'row':<12}" + "".join(f"{c:>30}" for c in CLIENTS))
     for row in ROWS:
-        cells = "".join(f"{result.rate[(row, c)]:>28.0f}/s" for c in CLIENTS)
+        cells = "".join(
+            f"{result.rate[(row, c)]:>14.0f}/s {result.cpu_us[(row, c)]:>6.0f} us cpu"
+            for c in CLIENTS
+        )
         print(f"{row:<12}{cells}")
     print(f"{'row':<12}" + "".join(f"{c + ' / plain':>36}" for c in CLIENTS[1:]))
     for row in ROWS:
