@@ -165,3 +165,33 @@ async def test_an_owner_closing_under_the_channel_refuses_new_calls(
                 assert info.value.code() == grpc.StatusCode.UNAVAILABLE
             assert channel.subchannel_count() == 0
         assert servers[0].calls == 1
+
+
+async def test_a_server_stream_runs_to_its_end_on_one_instance(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 2) as servers:
+        async with (
+            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
+            discovery_channel(owner, "primary", SERVICE) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            request = pb.StreamingOutputCallRequest(
+                response_parameters=[pb.ResponseParameters()] * 3
+            )
+            for _ in range(2):
+                bodies = [
+                    m.payload.body async for m in stub.StreamingOutputCall(request, timeout=10)
+                ]
+                assert len(bodies) == 3 and len(set(bodies)) == 1
+            assert channel.stats.codes[grpc.StatusCode.OK] == 2
+            assert all(count == 0 for count in channel.route.statistics().in_flight.values())
+
+
+def test_the_owner_does_not_import_nadisc_grpc() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, nadisc; assert 'nadisc.grpc' not in sys.modules, 'imported'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
