@@ -61,6 +61,7 @@ from ._wire import MetadataLike
 
 if TYPE_CHECKING:
     from .._instance import Instance
+    from .._observation import Observation
     from .._owner import DiscoveryOwner
 
 __all__ = [
@@ -300,7 +301,10 @@ class DiscoveryChannel:
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
-        tg.start_soon(self._follow, route)
+        # A handle of its own: waiting for changes here never takes a change
+        # from a caller waiting on ``route.observation``.
+        follow = await self._handle.observe(self.service)
+        tg.start_soon(self._follow, route, follow)
         _register(self)
         return self
 
@@ -346,9 +350,8 @@ class DiscoveryChannel:
 
     # -- revocation -----------------------------------------------------------------
 
-    async def _follow(self, route: Route) -> None:
+    async def _follow(self, route: Route, observation: Observation) -> None:
         """Mirror every listing change; drain the subchannels of departed instances."""
-        observation = route.observation
         while not self._closed:
             self._reconcile(route)
             try:

@@ -14,7 +14,7 @@ import anyio
 import grpc
 import pytest
 
-from nadisc import Instance
+from nadisc import EvidenceUnavailable, Instance
 from nadisc.grpc import (
     DiscoveryProtocol,
     GrpcProtocolConflict,
@@ -195,3 +195,30 @@ def test_the_owner_does_not_import_nadisc_grpc() -> None:
     code = "import sys, nadisc; assert 'nadisc.grpc' not in sys.modules, 'imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+async def test_a_stream_of_a_departed_instance_finishes_within_the_drain(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 1) as servers:
+        memory = provider(servers[0].instance())
+        memory.set_watch(True)
+        async with (
+            memory_owner({"primary": memory}) as owner,
+            discovery_channel(owner, "primary", SERVICE, drain=30) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            request = pb.StreamingOutputCallRequest(
+                response_parameters=[pb.ResponseParameters(interval_us=50_000)] * 6
+            )
+            call = stub.StreamingOutputCall(request, timeout=30)
+            assert (await call.read()).payload.body == b"b0"
+            memory.set_empty(SERVICE)
+            with anyio.fail_after(10):
+                await channel.route.observation.changed()
+            with pytest.raises(EvidenceUnavailable):
+                channel.route.snapshot()  # no instance left for a new call
+            rest = [m async for m in call]
+            assert len(rest) == 5
+            assert channel.subchannel_count() == 0  # retired while its stream went on
+            assert channel.stats.codes[grpc.StatusCode.OK] == 1
