@@ -8,7 +8,10 @@ the protocol comes from exactly one source.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from types import ModuleType
+from typing import Any
 
 import anyio
 import grpc
@@ -16,6 +19,7 @@ import pytest
 
 from nadisc import EvidenceUnavailable, Instance
 from nadisc.grpc import (
+    DiscoveryChannel,
     DiscoveryProtocol,
     GrpcProtocolConflict,
     GrpcProtocolMissing,
@@ -23,7 +27,7 @@ from nadisc.grpc import (
     discovery_channel,
 )
 from nadisc.testing import MemoryProvider
-from tests.grpc.discovery_support import backends
+from tests.grpc.discovery_support import Backend, backends
 from tests.nadisc.owner_support import memory_owner
 
 SERVICE = "orders"
@@ -77,35 +81,65 @@ async def test_a_departed_instance_gets_no_new_call(pb: ModuleType, pb_grpc: Mod
             assert servers[1].calls == before
 
 
-async def test_a_stream_of_a_departed_instance_ends_unavailable_after_the_drain(
-    pb: ModuleType, pb_grpc: ModuleType
-) -> None:
+@asynccontextmanager
+async def departed_stream(
+    pb: ModuleType, pb_grpc: ModuleType, *, drain: float, interval_us: int, messages: int
+) -> AsyncIterator[tuple[Backend, DiscoveryChannel, Any]]:
+    """A server stream whose one instance leaves the listing after its first message."""
     with backends(pb, pb_grpc, 1) as servers:
         memory = provider(servers[0].instance())
         memory.set_watch(True)
         async with (
             memory_owner({"primary": memory}) as owner,
-            discovery_channel(owner, "primary", SERVICE, drain=0.2) as channel,
+            discovery_channel(owner, "primary", SERVICE, drain=drain) as channel,
         ):
             stub = pb_grpc.TestServiceStub(channel)
             request = pb.StreamingOutputCallRequest(
-                response_parameters=[pb.ResponseParameters(interval_us=200_000)] * 100
+                response_parameters=[pb.ResponseParameters(interval_us=interval_us)] * messages
             )
             call = stub.StreamingOutputCall(request, timeout=30)
-            first = await call.read()
-            assert first.payload.body == b"b0"
+            assert (await call.read()).payload.body == b"b0"
             memory.set_empty(SERVICE)
-            with pytest.raises(RpcError) as info:
-                async for _ in call:
-                    pass
-            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert channel.subchannel_count() == 0
-            # No instance left: a new call is refused, nothing sent.
-            calls = servers[0].calls
-            with pytest.raises(RpcError) as refused:
-                await stub.UnaryCall(pb.SimpleRequest(), timeout=5)
-            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert servers[0].calls == calls
+            yield servers[0], channel, call
+
+
+async def test_a_stream_of_a_departed_instance_ends_unavailable_after_the_drain(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    async with departed_stream(pb, pb_grpc, drain=0.2, interval_us=200_000, messages=100) as (
+        server,
+        channel,
+        call,
+    ):
+        with pytest.raises(RpcError) as info:
+            async for _ in call:
+                pass
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert channel.subchannel_count() == 0
+        # No instance left: a new call is refused, nothing sent.
+        calls = server.calls
+        with pytest.raises(RpcError) as refused:
+            await pb_grpc.TestServiceStub(channel).UnaryCall(pb.SimpleRequest(), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert server.calls == calls
+
+
+async def test_a_stream_of_a_departed_instance_finishes_within_the_drain(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    async with departed_stream(pb, pb_grpc, drain=30, interval_us=50_000, messages=6) as (
+        _server,
+        channel,
+        call,
+    ):
+        with anyio.fail_after(10):
+            await channel.route.observation.changed()
+        with pytest.raises(EvidenceUnavailable):
+            channel.route.snapshot()  # no instance left for a new call
+        rest = [m async for m in call]
+        assert len(rest) == 5
+        assert channel.subchannel_count() == 0  # retired while its stream went on
+        assert channel.stats.codes[grpc.StatusCode.OK] == 1
 
 
 async def test_discovery_protocol_dials_instances_without_metadata(
@@ -195,30 +229,3 @@ def test_the_owner_does_not_import_nadisc_grpc() -> None:
     code = "import sys, nadisc; assert 'nadisc.grpc' not in sys.modules, 'imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-
-
-async def test_a_stream_of_a_departed_instance_finishes_within_the_drain(
-    pb: ModuleType, pb_grpc: ModuleType
-) -> None:
-    with backends(pb, pb_grpc, 1) as servers:
-        memory = provider(servers[0].instance())
-        memory.set_watch(True)
-        async with (
-            memory_owner({"primary": memory}) as owner,
-            discovery_channel(owner, "primary", SERVICE, drain=30) as channel,
-        ):
-            stub = pb_grpc.TestServiceStub(channel)
-            request = pb.StreamingOutputCallRequest(
-                response_parameters=[pb.ResponseParameters(interval_us=50_000)] * 6
-            )
-            call = stub.StreamingOutputCall(request, timeout=30)
-            assert (await call.read()).payload.body == b"b0"
-            memory.set_empty(SERVICE)
-            with anyio.fail_after(10):
-                await channel.route.observation.changed()
-            with pytest.raises(EvidenceUnavailable):
-                channel.route.snapshot()  # no instance left for a new call
-            rest = [m async for m in call]
-            assert len(rest) == 5
-            assert channel.subchannel_count() == 0  # retired while its stream went on
-            assert channel.stats.codes[grpc.StatusCode.OK] == 1
