@@ -12,20 +12,45 @@ from ._channel import (
     UnaryStreamMultiCallable,
     UnaryUnaryMultiCallable,
 )
+from ._discovery import (
+    DiscoveryChannel,
+    DiscoveryProtocol,
+    DiscoveryStreamCall,
+    GrpcCallStatistics,
+    GrpcProtocolConflict,
+    GrpcProtocolError,
+    GrpcProtocolMissing,
+    discovery_channel,
+)
 from ._errors import RpcError, StatusCode
+from ._first_serving import PROBE_SHARE, PROBE_WIDTH, NoServingInstance
 from ._health import HealthClient, HealthStatus
+from ._retry import RetryPolicy, RetryThrottle
 from ._wire import DEFAULT_MAX_MESSAGE_LENGTH, DEFAULT_MAX_METADATA_SIZE
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_LENGTH",
     "DEFAULT_MAX_METADATA_SIZE",
+    "PROBE_SHARE",
+    "PROBE_WIDTH",
     "Channel",
+    "DiscoveryChannel",
+    "DiscoveryProtocol",
+    "DiscoveryStreamCall",
+    "GrpcCallStatistics",
+    "GrpcProtocolConflict",
+    "GrpcProtocolError",
+    "GrpcProtocolMissing",
     "HealthClient",
     "HealthStatus",
+    "NoServingInstance",
+    "RetryPolicy",
+    "RetryThrottle",
     "RpcError",
     "StatusCode",
     "StreamStreamMultiCallable",
     "StreamUnaryMultiCallable",
     "UnaryStreamMultiCallable",
     "UnaryUnaryMultiCallable",
+    "discovery_channel",
 ]

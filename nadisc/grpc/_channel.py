@@ -236,11 +236,13 @@ class Channel:
                 where=self.target,
             ) from None
         except OSError as exc:
-            raise RpcError(
+            error = RpcError(
                 grpc.StatusCode.UNAVAILABLE,
                 f"cannot connect to {self.target}: {exc.strerror or type(exc).__name__}",
                 where=self.target,
-            ) from None
+            )
+            error.unprocessed = True  # no byte reached the server
+            raise error from None
         if self._ssl is not None:
             alpn = stream.extra(TLSAttribute.alpn_protocol, None)
             if alpn != "h2":
@@ -429,12 +431,14 @@ class _Call(Generic[Req, Resp]):
                 await stream.send(first, end=True)
                 await stream.wait_headers()
                 return stream
-            except RpcError:
+            except RpcError as exc:
                 if stream.unprocessed and attempt < _RETRIES:
                     attempt += 1
                     stream.release()
                     self.stream = None
                     continue
+                if stream.unprocessed:
+                    exc.unprocessed = True  # a discovery channel may send it elsewhere
                 self._finish_from_error()
                 raise
 

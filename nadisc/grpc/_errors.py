@@ -92,3 +92,8 @@ class RpcError(grpc.aio.AioRpcError):
         return f"{code.name}: {self.details()}{where}"
 
     __repr__ = __str__
+
+    #: True when the server never saw the call (a refused stream, a stream
+    #: above a GOAWAY's last id, a connection that failed before any byte):
+    #: a discovery channel may send it to another instance.
+    unprocessed: bool = False

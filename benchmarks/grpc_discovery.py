@@ -1,0 +1,195 @@
+"""Unary gRPC calls per second through the discovery channel (3 instances) vs a plain channel.
+
+Three grpcio servers (each the ``--serve`` process of
+:mod:`benchmarks.grpc_throughput`: a 10-byte request, a 10-byte response,
+raw bytes) are listed by an in-memory registry. Clients, on trio, in one
+process, interleaved round by round:
+
+``plain Channel, 1 instance``
+    ``nadisc.grpc.Channel`` to the first server: one HTTP/2 connection, no
+    pick (the fastest honest alternative: what a caller would use without
+    discovery).
+``discovery, N, policy``
+    ``nadisc.grpc.discovery_channel``: a poise pick per call (round robin,
+    or P2C + PeakEwma), the observation's currency check, one subchannel per
+    instance. With one instance listed (the plain channel's server) the row
+    isolates the cost of the pick; with three, it adds spreading the calls
+    over three connections and three server processes.
+
+Rows: unary at concurrency 1 and 16 (that many tasks calling in turn). Each
+cell is the best round's rate and the least client-process CPU time per
+call (``time.process_time``; the servers are other processes); the ratio
+is discovery over plain (target >= 0.9). On a 2-core machine three busy
+server processes compete with the client for the cores, which one server
+does not: the CPU column shows what the client itself pays. The load
+average is printed with the table.
+
+Run: ``python -m benchmarks.grpc_discovery [--smoke] [--calls N] [--rounds R]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+
+from benchmarks.grpc_throughput import REQUEST, UNARY
+
+CLIENTS = (
+    "plain Channel, 1 instance",
+    "discovery, 1, round robin",
+    "discovery, 3, round robin",
+    "discovery, 3, P2C+PeakEwma",
+)
+ROWS = ("unary c=1", "unary c=16")
+
+
+@dataclass
+class Result:
+    calls: int
+    rounds: int
+    #: (row, client) -> best calls per second
+    rate: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (row, client) -> least client-process CPU microseconds per call
+    cpu_us: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def ratio(self, row: str, client: str) -> float:
+        return self.rate[(row, client)] / self.rate[(row, CLIENTS[0])]
+
+
+def _server(stack: ExitStack) -> int:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    stdin, stdout = process.stdin, process.stdout
+
+    def stop() -> None:
+        stdin.close()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+        stdout.close()
+
+    stack.callback(stop)
+    line = stdout.readline()
+    if not line.startswith("PORT"):
+        raise RuntimeError("the benchmark's grpcio server did not start")
+    return int(line.split()[1])
+
+
+async def _fan(concurrency: int, calls: int, one: Callable[[], Awaitable[Any]]) -> int:
+    per_task = max(1, calls // concurrency)
+
+    async def worker() -> None:
+        for _ in range(per_task):
+            await one()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(worker)
+    return per_task * concurrency
+
+
+async def _rounds(ports: list[int], calls: int, rounds: int, result: Result) -> None:
+    from nadisc import ConnectionConfig, ConnectionSpec, Instance, OwnerBuilder, RestConfig
+    from nadisc._grpc_protocol import GRPC_TLS_KEY
+    from nadisc.grpc import Channel, discovery_channel
+    from nadisc.testing import MemoryProvider
+
+    instances = [
+        Instance(f"s{i}", "127.0.0.1", port, metadata={GRPC_TLS_KEY: "plaintext"})
+        for i, port in enumerate(ports)
+    ]
+    builder = OwnerBuilder()
+    plans: tuple[tuple[str, Literal["round_robin", "p2c_peak_ewma"], list[Instance]], ...] = (
+        ("one", "round_robin", instances[:1]),
+        ("rr", "round_robin", instances),
+        ("ewma", "p2c_peak_ewma", instances),
+    )
+    for name, strategy, listed in plans:
+        memory = MemoryProvider(services={"bench": "bench"})
+        memory.set("bench", listed)
+        config = ConnectionConfig(provider="memory", rest=RestConfig(lb_strategy=strategy))
+        builder.connection(ConnectionSpec(name, memory, config))
+    async with builder.open() as owner:
+        await owner.prepare(anyio.current_time() + 10)
+        async with (
+            Channel(f"127.0.0.1:{ports[0]}") as plain,
+            discovery_channel(owner, "one", "bench") as one,
+            discovery_channel(owner, "rr", "bench") as round_robin,
+            discovery_channel(owner, "ewma", "bench") as ewma,
+        ):
+            unaries: dict[str, Any] = {
+                CLIENTS[0]: plain.unary_unary(UNARY),
+                CLIENTS[1]: one.unary_unary(UNARY),
+                CLIENTS[2]: round_robin.unary_unary(UNARY),
+                CLIENTS[3]: ewma.unary_unary(UNARY),
+            }
+            for unary in unaries.values():  # connect outside the timing
+                for _ in range(6):
+                    await unary(REQUEST)
+            for _ in range(rounds):
+                for row in ROWS:
+                    concurrency = int(row.rsplit("c=", 1)[1])
+                    for client, unary in unaries.items():
+                        start, cpu = time.perf_counter(), time.process_time()
+                        count = await _fan(concurrency, calls, functools.partial(unary, REQUEST))
+                        rate = count / (time.perf_counter() - start)
+                        cpu_us = (time.process_time() - cpu) / count * 1e6
+                        key = (row, client)
+                        result.rate[key] = max(rate, result.rate.get(key, 0.0))
+                        result.cpu_us[key] = min(cpu_us, result.cpu_us.get(key, math.inf))
+
+
+def main(argv: list[str] | None = None) -> Result:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="a few calls per row, one round")
+    parser.add_argument("--calls", type=int, default=2048, help="unary calls per row and round")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    calls, rounds = (32, 1) if args.smoke else (args.calls, args.rounds)
+    result = Result(calls, rounds)
+    with ExitStack() as stack:
+        ports = [_server(stack) for _ in range(3)]
+        anyio.run(_rounds, ports, calls, rounds, result, backend="trio")
+    _print(result)
+    return result
+
+
+def _print(result: Result) -> None:
+    load = os.getloadavg()
+    print(
+        f"gRPC through discovery: {result.calls} unary calls per row and round, "
+        f"{result.rounds} round(s) interleaved, best round shown, trio; load average "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (2 cores, shared machine)"
+    )
+    print(f"{'row':<12}" + "".join(f"{c:>30}" for c in CLIENTS))
+    for row in ROWS:
+        cells = "".join(
+            f"{result.rate[(row, c)]:>14.0f}/s {result.cpu_us[(row, c)]:>6.0f} us cpu"
+            for c in CLIENTS
+        )
+        print(f"{row:<12}{cells}")
+    print(f"{'row':<12}" + "".join(f"{c + ' / plain':>36}" for c in CLIENTS[1:]))
+    for row in ROWS:
+        print(f"{row:<12}" + "".join(f"{result.ratio(row, c):>36.2f}" for c in CLIENTS[1:]))
+
+
+if __name__ == "__main__":
+    main()

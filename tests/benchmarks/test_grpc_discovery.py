@@ -1,0 +1,17 @@
+"""Smoke run of the discovery-channel benchmark: both clients run and the table prints."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import grpc_discovery
+
+
+def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    result = grpc_discovery.main(["--smoke"])
+    out = capsys.readouterr().out
+    for label in (*grpc_discovery.CLIENTS, *grpc_discovery.ROWS, "/ plain"):
+        assert label in out
+    assert "load average" in out
+    assert len(result.rate) == len(grpc_discovery.ROWS) * len(grpc_discovery.CLIENTS)
+    assert all(rate > 0 for rate in result.rate.values())

@@ -1,0 +1,254 @@
+"""What a discovery-channel call may re-send, and the first-serving probe.
+
+Transparent retries (the server never saw the call): a refused stream, a
+GOAWAY whose last stream id is below the call's, a connection refused before
+any byte; each goes to another instance. A call the server may have
+processed is never re-sent unless a retry policy covers it (idempotent).
+The probe runs against real grpcio servers whose health answer is set per
+server (SERVING, NOT_SERVING, or a Check that never answers).
+"""
+
+from __future__ import annotations
+
+import socket
+from types import ModuleType
+
+import anyio
+import grpc
+import h2.errors
+import h2.events
+import pytest
+
+from nadisc import Instance
+from nadisc._grpc_protocol import GRPC_TLS_KEY
+from nadisc.grpc import (
+    PROBE_SHARE,
+    NoServingInstance,
+    RetryPolicy,
+    RetryThrottle,
+    RpcError,
+    discovery_channel,
+)
+from nadisc.grpc._first_serving import candidates
+from nadisc.testing import MemoryProvider
+from tests.grpc.discovery_support import backends
+from tests.grpc.support import Conn, h2_server
+from tests.nadisc.owner_support import memory_owner
+
+SERVICE = "orders"
+PLAIN = {GRPC_TLS_KEY: "plaintext"}
+
+
+def provider(*instances: Instance) -> MemoryProvider:
+    memory = MemoryProvider(services={SERVICE: SERVICE})
+    memory.set(SERVICE, instances)
+    return memory
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def refuse(conn: Conn, event: h2.events.Event) -> None:
+    if isinstance(event, h2.events.RequestReceived) and event.stream_id:
+        conn.h2.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+
+
+async def goaway_below(conn: Conn, event: h2.events.Event) -> None:
+    if isinstance(event, h2.events.RequestReceived) and event.stream_id:
+        conn.h2.close_connection(last_stream_id=max(event.stream_id - 2, 0))
+
+
+@pytest.mark.parametrize("scenario", [refuse, goaway_below], ids=["refused", "goaway"])
+async def test_a_call_the_server_never_saw_goes_to_another_instance(
+    pb: ModuleType, pb_grpc: ModuleType, scenario: object
+) -> None:
+    with backends(pb, pb_grpc, 1) as servers:
+        async with h2_server(scenario) as bad:  # type: ignore[arg-type]
+            memory = provider(
+                Instance("bad", "127.0.0.1", bad.port, metadata=PLAIN), servers[0].instance()
+            )
+            async with (
+                memory_owner({"primary": memory}) as owner,
+                discovery_channel(owner, "primary", SERVICE) as channel,
+            ):
+                stub = pb_grpc.TestServiceStub(channel)
+                for _ in range(6):
+                    response = await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+                    assert response.username == "b0"
+            assert bad.record.requests  # the bad instance was picked and refused
+            assert servers[0].calls == 6
+
+
+async def test_a_refused_connection_goes_to_another_instance(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 1) as servers:
+        dead = Instance("dead", "127.0.0.1", closed_port(), metadata=PLAIN)
+        async with (
+            memory_owner({"primary": provider(dead, servers[0].instance())}) as owner,
+            discovery_channel(owner, "primary", SERVICE) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            for _ in range(6):
+                response = await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+                assert response.username == "b0"
+            assert channel.route.statistics().failed.get("dead", 0) >= 1
+            assert channel.stats.codes[grpc.StatusCode.OK] == 6
+
+
+def failing(pb: ModuleType, code: grpc.StatusCode) -> object:
+    return pb.SimpleRequest(response_status=pb.EchoStatus(code=code.value[0], message="no"))
+
+
+async def test_a_processed_call_is_never_re_sent_without_a_policy(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 2) as servers:
+        async with (
+            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
+            discovery_channel(owner, "primary", SERVICE) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            with pytest.raises(RpcError) as info:
+                await stub.UnaryCall(failing(pb, grpc.StatusCode.UNAVAILABLE), timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert sum(s.calls for s in servers) == 1
+            assert channel.stats.codes[grpc.StatusCode.UNAVAILABLE] == 1
+
+
+async def test_the_retry_policy_covers_idempotent_calls_under_throttling(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    policy = RetryPolicy(max_attempts=3, initial_backoff=0.001, max_backoff=0.002)
+    throttle = RetryThrottle(max_tokens=4, token_ratio=0.1)
+    with backends(pb, pb_grpc, 2) as servers:
+        async with (
+            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
+            discovery_channel(
+                owner, "primary", SERVICE, retry_policy=policy, retry_throttle=throttle
+            ) as channel,
+        ):
+            call = channel.unary_unary(
+                "/grpc.testing.TestService/UnaryCall",
+                request_serializer=pb.SimpleRequest.SerializeToString,
+                response_deserializer=pb.SimpleResponse.FromString,
+            )
+            request = failing(pb, grpc.StatusCode.UNAVAILABLE)
+            # Not marked idempotent: one attempt.
+            with pytest.raises(RpcError):
+                await call(request, timeout=10)
+            assert sum(s.calls for s in servers) == 1
+            assert throttle.tokens == 4.0  # an unmarked call leaves the throttle alone
+            # Marked: the first failure takes 4 -> 3 (above half: retry), the
+            # second 3 -> 2 (not above half: no third attempt).
+            with pytest.raises(RpcError):
+                await call(request, timeout=10, idempotent=True)
+            assert sum(s.calls for s in servers) == 3
+            assert throttle.tokens == 2.0
+            # Throttled: one attempt only.
+            with pytest.raises(RpcError):
+                await call(request, timeout=10, idempotent=True)
+            assert sum(s.calls for s in servers) == 4
+            assert throttle.tokens == 1.0
+
+
+async def test_the_retry_policy_retries_up_to_max_attempts(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    policy = RetryPolicy(max_attempts=3, initial_backoff=0.001, max_backoff=0.002)
+    with backends(pb, pb_grpc, 2) as servers:
+        async with (
+            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
+            discovery_channel(
+                owner, "primary", SERVICE, retry_policy=policy, retry_throttle=RetryThrottle(100)
+            ) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            with pytest.raises(RpcError) as info:
+                await stub.UnaryCall(
+                    failing(pb, grpc.StatusCode.UNAVAILABLE), timeout=10, idempotent=True
+                )
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert sum(s.calls for s in servers) == 3
+            # A code outside retryable_status_codes: one attempt.
+            with pytest.raises(RpcError):
+                await stub.UnaryCall(
+                    failing(pb, grpc.StatusCode.INVALID_ARGUMENT), timeout=10, idempotent=True
+                )
+            assert sum(s.calls for s in servers) == 4
+
+
+# -- the first-serving probe ----------------------------------------------------------
+
+
+async def test_the_probe_finds_the_one_serving_candidate_of_16(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 16, workers=2) as servers:
+        for i, server in enumerate(servers):
+            server.health = "not_serving" if i % 2 else "hang"
+        servers[11].health = "serving"
+        async with (
+            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
+            discovery_channel(owner, "primary", SERVICE) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            for _ in range(3):
+                response = await stub.UnaryCall(pb.SimpleRequest(), timeout=20, first_serving=True)
+                # Refusal would have come at the 75% mark: an answer means the
+                # probe found b11 before it.
+                assert response.username == "b11"
+            assert servers[11].calls == 3
+            assert sum(s.calls for s in servers) == 3
+            assert all(s.health_checks >= 1 for s in servers)
+
+
+async def test_all_hung_is_refused_at_the_75_percent_mark_with_nothing_sent(
+    pb: ModuleType, pb_grpc: ModuleType, autojump_clock: object
+) -> None:
+    with backends(pb, pb_grpc, 16, workers=2) as servers:
+        for server in servers:
+            server.health = "hang"
+        async with (
+            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
+            discovery_channel(owner, "primary", SERVICE) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            start = anyio.current_time()
+            with pytest.raises(NoServingInstance) as info:
+                await stub.UnaryCall(pb.SimpleRequest(), timeout=8, first_serving=True)
+            assert anyio.current_time() - start == pytest.approx(PROBE_SHARE * 8)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "none of 16 candidate(s)" in str(info.value.details())
+            assert sum(s.calls for s in servers) == 0
+            assert channel.stats.codes[grpc.StatusCode.UNAVAILABLE] == 1
+
+
+async def test_all_not_serving_is_refused_with_nothing_sent(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 3, workers=2) as servers:
+        for server in servers:
+            server.health = "not_serving"
+        async with (
+            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
+            discovery_channel(owner, "primary", SERVICE) as channel,
+        ):
+            with pytest.raises(NoServingInstance):
+                await pb_grpc.TestServiceStub(channel).UnaryCall(
+                    pb.SimpleRequest(), timeout=20, first_serving=True
+                )
+            assert sum(s.calls for s in servers) == 0
+            assert channel.probe_start == 1  # the next such call starts one further on
+
+
+def test_candidates_rotate_and_stop_at_16() -> None:
+    names = [f"i{n}" for n in range(20)]
+    assert candidates(names, 0) == names[:16]
+    assert candidates(names, 18) == [*names[18:], *names[:14]]
+    assert candidates(names[:3], 4) == ["i1", "i2", "i0"]
+    assert candidates([], 3) == []

@@ -1,0 +1,231 @@
+"""The discovery channel against real grpcio servers listed by the memory registry.
+
+Generated ``TestServiceStub`` objects take the discovery channel unchanged;
+calls spread over the listed instances, a departed instance gets no new call,
+its stream in flight is cancelled as UNAVAILABLE after the drain budget, and
+the protocol comes from exactly one source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import ModuleType
+from typing import Any
+
+import anyio
+import grpc
+import pytest
+
+from nadisc import EvidenceUnavailable, Instance
+from nadisc.grpc import (
+    DiscoveryChannel,
+    DiscoveryProtocol,
+    GrpcProtocolConflict,
+    GrpcProtocolMissing,
+    RpcError,
+    discovery_channel,
+)
+from nadisc.testing import MemoryProvider
+from tests.grpc.discovery_support import Backend, backends
+from tests.nadisc.owner_support import memory_owner
+
+SERVICE = "orders"
+
+
+def provider(*instances: Instance) -> MemoryProvider:
+    memory = MemoryProvider(services={SERVICE: SERVICE})
+    memory.set(SERVICE, instances)
+    return memory
+
+
+async def test_calls_spread_over_the_listed_instances(pb: ModuleType, pb_grpc: ModuleType) -> None:
+    with backends(pb, pb_grpc, 3) as servers:
+        memory = provider(*(s.instance() for s in servers))
+        async with (
+            memory_owner({"primary": memory}) as owner,
+            discovery_channel(owner, "primary", SERVICE) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            names = set()
+            for _ in range(30):
+                response = await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+                names.add(response.username)
+            assert names == {"b0", "b1", "b2"}
+            assert channel.subchannel_count() == 3
+            assert channel.stats.codes[grpc.StatusCode.OK] == 30
+            assert sum(s.calls for s in servers) == 30
+
+
+async def test_a_departed_instance_gets_no_new_call(pb: ModuleType, pb_grpc: ModuleType) -> None:
+    with backends(pb, pb_grpc, 2) as servers:
+        memory = provider(*(s.instance() for s in servers))
+        memory.set_watch(True)
+        async with (
+            memory_owner({"primary": memory}) as owner,
+            discovery_channel(owner, "primary", SERVICE, drain=0.5) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            for _ in range(4):
+                await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+            assert servers[1].calls > 0
+            memory.set(SERVICE, [servers[0].instance()])
+            # The listing change reaches the route before the next pick.
+            while channel.route.current("b1") is not None:
+                channel.route.snapshot()
+                await anyio.sleep(0.01)
+            before = servers[1].calls
+            for _ in range(10):
+                response = await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+                assert response.username == "b0"
+            assert servers[1].calls == before
+
+
+@asynccontextmanager
+async def departed_stream(
+    pb: ModuleType, pb_grpc: ModuleType, *, drain: float, interval_us: int, messages: int
+) -> AsyncIterator[tuple[Backend, DiscoveryChannel, Any]]:
+    """A server stream whose one instance leaves the listing after its first message."""
+    with backends(pb, pb_grpc, 1) as servers:
+        memory = provider(servers[0].instance())
+        memory.set_watch(True)
+        async with (
+            memory_owner({"primary": memory}) as owner,
+            discovery_channel(owner, "primary", SERVICE, drain=drain) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            request = pb.StreamingOutputCallRequest(
+                response_parameters=[pb.ResponseParameters(interval_us=interval_us)] * messages
+            )
+            call = stub.StreamingOutputCall(request, timeout=30)
+            assert (await call.read()).payload.body == b"b0"
+            memory.set_empty(SERVICE)
+            yield servers[0], channel, call
+
+
+async def test_a_stream_of_a_departed_instance_ends_unavailable_after_the_drain(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    async with departed_stream(pb, pb_grpc, drain=0.2, interval_us=200_000, messages=100) as (
+        server,
+        channel,
+        call,
+    ):
+        with pytest.raises(RpcError) as info:
+            async for _ in call:
+                pass
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert channel.subchannel_count() == 0
+        # No instance left: a new call is refused, nothing sent.
+        calls = server.calls
+        with pytest.raises(RpcError) as refused:
+            await pb_grpc.TestServiceStub(channel).UnaryCall(pb.SimpleRequest(), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert server.calls == calls
+
+
+async def test_a_stream_of_a_departed_instance_finishes_within_the_drain(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    async with departed_stream(pb, pb_grpc, drain=30, interval_us=50_000, messages=6) as (
+        _server,
+        channel,
+        call,
+    ):
+        with anyio.fail_after(10):
+            await channel.route.observation.changed()
+        with pytest.raises(EvidenceUnavailable):
+            channel.route.snapshot()  # no instance left for a new call
+        rest = [m async for m in call]
+        assert len(rest) == 5
+        assert channel.subchannel_count() == 0  # retired while its stream went on
+        assert channel.stats.codes[grpc.StatusCode.OK] == 1
+
+
+async def test_discovery_protocol_dials_instances_without_metadata(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 1) as servers:
+        bare = Instance("b0", "127.0.0.1", servers[0].port)
+        async with (
+            memory_owner({"primary": provider(bare)}) as owner,
+            discovery_channel(
+                owner, "primary", SERVICE, protocol=DiscoveryProtocol(authority="orders.local")
+            ) as channel,
+        ):
+            response = await pb_grpc.TestServiceStub(channel).UnaryCall(
+                pb.SimpleRequest(), timeout=10
+            )
+            assert response.username == "b0"
+
+
+async def test_no_protocol_source_is_a_typed_error(pb: ModuleType, pb_grpc: ModuleType) -> None:
+    with backends(pb, pb_grpc, 1) as servers:
+        bare = Instance("b0", "127.0.0.1", servers[0].port)
+        async with (
+            memory_owner({"primary": provider(bare)}) as owner,
+            discovery_channel(owner, "primary", SERVICE) as channel,
+        ):
+            with pytest.raises(GrpcProtocolMissing, match="DiscoveryProtocol") as info:
+                await pb_grpc.TestServiceStub(channel).UnaryCall(pb.SimpleRequest(), timeout=5)
+            assert "'orders'" in str(info.value)
+            assert servers[0].calls == 0
+
+
+async def test_both_protocol_sources_are_a_typed_error(pb: ModuleType, pb_grpc: ModuleType) -> None:
+    with backends(pb, pb_grpc, 1) as servers:
+        async with (
+            memory_owner({"primary": provider(servers[0].instance())}) as owner,
+            discovery_channel(owner, "primary", SERVICE, protocol=DiscoveryProtocol()) as channel,
+        ):
+            with pytest.raises(GrpcProtocolConflict) as info:
+                await pb_grpc.TestServiceStub(channel).UnaryCall(pb.SimpleRequest(), timeout=5)
+            assert "service 'orders'" in str(info.value)
+            assert servers[0].calls == 0
+
+
+async def test_an_owner_closing_under_the_channel_refuses_new_calls(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 1) as servers:
+        async with memory_owner({"primary": provider(servers[0].instance())}) as owner:
+            async with discovery_channel(owner, "primary", SERVICE, drain=0.2) as channel:
+                stub = pb_grpc.TestServiceStub(channel)
+                await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+                report = await owner.begin_close(anyio.current_time() + 5).wait()
+                assert report is not None
+                with pytest.raises(RpcError) as info:
+                    await stub.UnaryCall(pb.SimpleRequest(), timeout=5)
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert channel.subchannel_count() == 0
+        assert servers[0].calls == 1
+
+
+async def test_a_server_stream_runs_to_its_end_on_one_instance(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 2) as servers:
+        async with (
+            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
+            discovery_channel(owner, "primary", SERVICE) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            request = pb.StreamingOutputCallRequest(
+                response_parameters=[pb.ResponseParameters()] * 3
+            )
+            for _ in range(2):
+                bodies = [
+                    m.payload.body async for m in stub.StreamingOutputCall(request, timeout=10)
+                ]
+                assert len(bodies) == 3 and len(set(bodies)) == 1
+            assert channel.stats.codes[grpc.StatusCode.OK] == 2
+            assert all(count == 0 for count in channel.route.statistics().in_flight.values())
+
+
+def test_the_owner_does_not_import_nadisc_grpc() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, nadisc; assert 'nadisc.grpc' not in sys.modules, 'imported'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
