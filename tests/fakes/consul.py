@@ -48,7 +48,7 @@ import json
 import random
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -60,6 +60,8 @@ from hypercorn.config import Config
 
 from tests.support_http import serve_app, stop_serving
 
+from ._asgi import Receive, Scope, Send, read_request
+
 __all__ = [
     "ConsulFake",
     "FakeError",
@@ -69,10 +71,6 @@ __all__ = [
     "run_consul_fake",
 ]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 DEFAULT_WAIT = 300.0
 MAX_WAIT = 600.0
@@ -903,25 +901,10 @@ class ConsulFake:
 
     # ------------------------------------------------------------------ ASGI
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
+        request = await read_request(scope, receive, send)
+        if request is None:
             return
-        body = b""
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        body, headers = request.body, request.headers
         secret = headers.get("x-consul-token")
         authorization = headers.get("authorization", "")
         if secret is None and authorization.lower().startswith("bearer "):

@@ -53,7 +53,7 @@ import random
 import re
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -65,6 +65,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from ._asgi import Receive, Scope, Send, read_request
+
 __all__ = [
     "KubernetesFake",
     "open_kubernetes_fake",
@@ -72,10 +74,6 @@ __all__ = [
     "slice_object",
 ]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 Kind = Literal["services", "endpointslices"]
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -1630,23 +1628,10 @@ class KubernetesFake:
     # ------------------------------------------------------------------ adapters
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI app (for hypercorn)."""
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
+        request = await read_request(scope, receive, send)
+        if request is None:
             return
-        received = bytearray()
-        while True:
-            message = await receive()
-            received += message.get("body", b"")
-            if message["type"] == "http.disconnect" or not message.get("more_body"):
-                break
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        received, headers = request.body, request.headers
         query = dict(
             parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         )

@@ -84,7 +84,7 @@ import base64
 import hmac
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -96,12 +96,10 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from ._asgi import Receive, Scope, Send, read_request
+
 __all__ = ["FakeError", "Fault", "NacosFake", "open_nacos_fake", "run_nacos_fake"]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 HEART_BEAT_TIMEOUT = 15.0
 IP_DELETE_TIMEOUT = 30.0
@@ -569,25 +567,10 @@ class NacosFake:
 
     # -------------------------------------------------------------------- ASGI
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
+        request = await read_request(scope, receive, send)
+        if request is None:
             return
-        body = b""
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        body, headers = request.body, request.headers
         query = dict(parse_qsl(scope.get("query_string", b"").decode(), keep_blank_values=True))
         if headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
             query.update(parse_qsl(body.decode(), keep_blank_values=True))
