@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 from trio_websocket import open_websocket_url
 
@@ -22,6 +24,7 @@ from nadisc import DiscoveryConfig, open_discovery
 from nadisc.observability import console_app, format_table, watch_remote
 from nadisc.observability._commands import _View, _watch_local, failed_connections
 from tests.fakes.consul import Fault, run_consul_fake
+from tests.observability.chromium import open_chromium, require_chromium
 from tests.observability.support import CONSUL_TOKEN, apply_message, served
 
 ETCD_PASSWORD = "etcd-pa55word-e91c"
@@ -165,3 +168,26 @@ def test_format_table_lists_failed_connections_under_the_services() -> None:
     assert failed == (("b", "ProviderUnavailable: refused"),)
     text = format_table([], failed)
     assert text.splitlines()[-1] == "connection b failed to prepare: ProviderUnavailable: refused"
+
+
+@pytest.mark.trio_only
+@pytest.mark.real_server
+async def test_the_page_shows_the_reason_in_the_connection_row(tmp_path: Path) -> None:
+    require_chromium()
+    async with run_consul_fake() as fake:
+        fake.inject("/v1/catalog/services", reflecting_proxy())
+        async with (
+            open_discovery(failing_config(fake.url)) as owner,
+            served(console_app(owner, interval=0.05)) as base,
+            open_chromium(tmp_path / "profile") as browser,
+        ):
+            expected = owner.observer().snapshot().connection("primary")
+            page = await browser.open_page(base + "/", width=1280, height=800)
+            reason = "document.querySelector('[data-connection=\"primary\"] [data-prepare-error]')"
+            await page.wait_for(f"{reason} !== null")
+            assert await page.evaluate(f"{reason}.textContent") == expected.prepare_error
+            assert (
+                await page.evaluate(f"{reason}.dataset.prepareError") == expected.prepare_error_kind
+            )
+            html = await page.evaluate("document.documentElement.outerHTML")
+    assert_no_secret(str(html))
