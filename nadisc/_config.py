@@ -86,6 +86,7 @@ __all__ = [
     "StaticConfig",
     "StaticInstanceConfig",
     "binding_names",
+    "block_secrets",
     "config_error",
     "default_qualifier",
     "is_secret_key",
@@ -932,6 +933,31 @@ def provider_block(config: ConnectionConfig) -> Mapping[str, Any]:
     extra = config.model_extra or {}
     value = extra.get(config.provider)
     return value if isinstance(value, ProviderBlock) else ProviderBlock()
+
+
+def block_secrets(block: Mapping[str, Any]) -> tuple[str, ...]:
+    """Every secret value held in a provider block (``SecretStr`` values at any
+    depth, and the user-info of masked URLs with its password part), longest
+    first, for redacting a message about that connection."""
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Mapping):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, tuple | list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, SecretStr):
+            text = value.get_secret_value()
+            found.add(text)
+            match = _URL_USERINFO.match(text)
+            if match is not None:
+                found.add(match.group(2))
+                found.add(match.group(2).partition(":")[2])
+
+    walk(block)
+    return tuple(sorted((s for s in found if s), key=len, reverse=True))
 
 
 M = TypeVar("M", bound=BaseModel)

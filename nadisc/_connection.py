@@ -114,7 +114,12 @@ class Connection:
         self.stats = ConnectionStats()
         #: None: not prepared yet; True: prepared; False: prepare failed.
         self.prepared: bool | None = None
+        #: Why prepare failed: a short reason with this connection's secrets
+        #: and credential-looking values redacted (None: no failure).
         self.prepare_error: str | None = None
+        #: The closed kind of that failure: the provider failure's class name,
+        #: ``ProviderRaised`` or ``DeadlineExceeded`` (None: no failure).
+        self.prepare_error_kind: str | None = None
         # The event loop's clock, resolved on the first observe().
         self._clock: Callable[[], float] | None = None
         self._move_on_at: Callable[[float], contextlib.AbstractContextManager[object]] = (

@@ -21,6 +21,8 @@ A route also counts its failures by closed kind (``RouteMetrics.failures``,
 see :class:`~nadisc.CallFailureKind`) and per endpoint (``EndpointMetrics.failed``),
 and shows its outlier ejections (``RouteMetrics.ejections``, ``ejected_endpoints``;
 ``EndpointMetrics.ejected``, ``ejected_for``).
+A connection that failed to prepare says why (``ConnectionMetrics.prepare_error``,
+redacted, and ``prepare_error_kind``).
 
 Costs: ``snapshot()`` is O(connections + services + registrations + route
 endpoints); ``listings()`` is O(services) while nothing changed (the
@@ -115,6 +117,13 @@ class ConnectionMetrics:
     services: tuple[ServiceMetrics, ...]
     #: Failed refreshes by closed failure kind (``FailureKind`` values), sorted.
     failure_kinds: tuple[tuple[str, int], ...] = ()
+    #: Why prepare failed, as a short reason with the connection's secrets
+    #: and credential-looking values redacted (None: prepared or pending).
+    #: Diagnostic only: never a metrics label.
+    prepare_error: str | None = None
+    #: The closed kind of that failure: a ``ProviderFailure`` class name,
+    #: ``ProviderRaised`` or ``DeadlineExceeded`` (None: no failure).
+    prepare_error_kind: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +335,8 @@ def _reader(owner: DiscoveryOwner) -> Callable[[float], ObserverSnapshot]:
                     identity_revocations=stats.identity_revocations,
                     services=tuple(services),
                     failure_kinds=tuple(sorted(stats.failure_kinds.items())),
+                    prepare_error=connection.prepare_error,
+                    prepare_error_kind=connection.prepare_error_kind,
                 )
             )
         ledger = runtime.ledger

@@ -66,6 +66,8 @@ from ._config import (
     DiscoveryConfig,
     LimitsConfig,
     binding_names,
+    block_secrets,
+    provider_block,
     validate_provider_block,
 )
 from ._connection import Connection, DiscoveryHandle
@@ -82,6 +84,7 @@ from ._errors import (
 from ._observation import Slot, check_deadline, check_deadline_value
 from ._probe import EligibilityProbe
 from ._provider import ConnectionContext, Provider
+from ._redact import redacted_excerpt
 from ._registration import (
     OwnerRegistrations,
     RegistrationSpec,
@@ -661,23 +664,34 @@ class DiscoveryOwner:
     async def _prepare_one(self, connection: Connection, deadline: float) -> None:
         limit = min(deadline, anyio.current_time() + connection.request_timeout)
         error: str | None = None
+        kind: str | None = None
         with anyio.move_on_at(limit) as scope:
             async with self.operations:
                 try:
                     await connection.provider.prepare(limit)
                 except ProviderFailure as exc:
-                    error = f"{type(exc).__name__}: {exc}"
+                    kind = type(exc).__name__
+                    error = f"{kind}: {exc}"
                 except Exception as exc:
                     logger.warning(
                         "connection %r: provider prepare raised %s",
                         connection.name,
                         type(exc).__name__,
                     )
+                    kind = "ProviderRaised"
                     error = f"the provider raised {type(exc).__name__}"
         if scope.cancelled_caught:
+            kind = "DeadlineExceeded"
             error = "the deadline passed while preparing"
         connection.prepared = error is None
-        connection.prepare_error = error
+        # Shown by the observer, the console, ``watch`` and PrepareError: the
+        # connection's own secrets and any credential-looking value are cut out.
+        connection.prepare_error = (
+            None
+            if error is None
+            else redacted_excerpt(error, block_secrets(provider_block(connection.policy)))
+        )
+        connection.prepare_error_kind = kind
 
     def freeze_registrations(self, specs: Sequence[object] | None = None) -> None:
         """Freeze the registration plan (checked whole, before any write).

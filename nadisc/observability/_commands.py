@@ -39,14 +39,14 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 import anyio
 
 from .._config import DiscoveryConfig
 from .._errors import ConfigError, DiscoveryError
-from ._model import DEFAULT_INTERVAL, service_part
+from ._model import DEFAULT_INTERVAL, overview_part, service_part
 
 __all__ = ["add_commands", "format_table", "watch_remote"]
 
@@ -164,8 +164,23 @@ def _change_key(row: Mapping[str, Any]) -> tuple[object, ...]:
     return tuple(v for k, v in row.items() if k != "age")
 
 
-def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The watch table: one line per service, columns aligned."""
+#: A connection that failed to prepare: (connection name, redacted reason).
+Failed = tuple[tuple[str, str], ...]
+
+
+def failed_connections(connections: Iterable[Mapping[str, Any]]) -> Failed:
+    """(name, reason) of every connection whose prepare failed, from the
+    console overview's ``connections`` (the reason is already redacted)."""
+    return tuple(
+        (str(c["name"]), str(c["prepare_error"]))
+        for c in connections
+        if c.get("prepare_error") is not None
+    )
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], failed: Failed = ()) -> str:
+    """The watch table: one line per service, columns aligned; then one line
+    per connection that failed to prepare, with its reason."""
     header = ("CONNECTION", "SERVICE", "REV", "EVIDENCE", "AGE", "INSTANCES", "LAST ERROR")
     lines: list[tuple[str, ...]] = [header]
     for r in rows:
@@ -185,9 +200,11 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join(
+    table = [
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in lines
-    )
+    ]
+    table.extend(f"connection {name} failed to prepare: {reason}" for name, reason in failed)
+    return "\n".join(table)
 
 
 class _View:
@@ -208,29 +225,42 @@ class _View:
         self.left = updates if updates > 0 else -1
         self._last: dict[str, tuple[object, ...]] = {}
         self._rows: Sequence[dict[str, Any]] | None = None
+        self._failed: Failed = ()
         self._status: str | None = None
         self._said: str | None = None
 
     def show(
-        self, rows: Sequence[dict[str, Any]], *, tick: bool = False, status: str | None = None
+        self,
+        rows: Sequence[dict[str, Any]],
+        *,
+        tick: bool = False,
+        status: str | None = None,
+        failed: Failed = (),
     ) -> bool:
-        """Print what changed; return False once ``--updates`` were printed."""
+        """Print what changed; return False once ``--updates`` were printed.
+        ``failed``: the connections that failed to prepare, with their reasons."""
         changed = [r for r in rows if self._last.get(self._key(r)) != _change_key(r)]
         for r in rows:
             self._last[self._key(r)] = _change_key(r)
+        newly_failed = [f for f in failed if f not in self._failed]
         self._rows = rows
         self._status = status
-        if not changed and not (tick and self.tty and not self.json):
+        self._failed = failed
+        if not changed and not newly_failed and not (tick and self.tty and not self.json):
             return True
         if self.json:
+            for name, reason in newly_failed:
+                self.out.write(
+                    json.dumps({"connection": name, "prepare_error": reason}, sort_keys=True) + "\n"
+                )
             for r in changed:
                 self.out.write(json.dumps(r, sort_keys=True) + "\n")
         elif self.tty:
             self._redraw()
         else:
-            self.out.write(format_table(rows) + "\n\n")
+            self.out.write(format_table(rows, failed) + "\n\n")
         self.out.flush()
-        if changed and self.left > 0:
+        if (changed or newly_failed) and self.left > 0:
             self.left -= 1
             return self.left > 0
         return True
@@ -257,7 +287,7 @@ class _View:
             width = 0
         if width <= 0:  # not a terminal, or one that never set its size
             width = shutil.get_terminal_size((120, 40)).columns
-        text = format_table(self._rows or [])
+        text = format_table(self._rows or [], self._failed)
         if self._status:
             text = self._status + "\n" + text
         lines = [line[:width] for line in text.splitlines()]
@@ -442,10 +472,13 @@ async def _watch_local(
     async with open_discovery(config) as owner:
         deadline = anyio.current_time() + first_wait
         observations = []
+        observer = owner.observer()
+        failed = failed_connections(overview_part(observer.snapshot())["connections"])
         for key in keys:
             connection, _, alias = key.partition("/")
+            if any(name == connection for name, _reason in failed):
+                continue  # shown with its reason under the table
             observations.append(await owner.client(connection).observe(alias, deadline))
-        observer = owner.observer()
         wanted = set(keys)
         dirty = trio.Event()
 
@@ -466,7 +499,7 @@ async def _watch_local(
                     for listing in observer.listings(now)
                     if f"{listing.connection}/{listing.service}" in wanted
                 ]
-                if not view.show(rows, tick=not dirty.is_set()):
+                if not view.show(rows, tick=not dirty.is_set(), failed=failed):
                     nursery.cancel_scope.cancel()
                     return
                 dirty = trio.Event()
@@ -494,6 +527,8 @@ async def watch_remote(url: str, keys: Sequence[str], view: Any, token: str | No
 
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     services: dict[str, dict[str, Any]] = {}
+    #: The overview's ``connections`` (the latest one received).
+    connections: list[Mapping[str, Any]] = []
     wanted = set(keys)
     clock: dict[str, float] = {"now": 0.0, "sampled": 0.0, "at": 0.0, "stale_after": 3.0}
     notice = getattr(view, "notice", None)
@@ -511,7 +546,8 @@ async def watch_remote(url: str, keys: Sequence[str], view: Any, token: str | No
 
     def draw(link: str, *, tick: bool = False) -> bool:
         rows, status = rows_and_status(link)
-        return bool(view.show(rows, tick=tick, status=status))
+        failed = failed_connections(connections)
+        return bool(view.show(rows, tick=tick, status=status, failed=failed))
 
     delay = RECONNECT_FIRST
     attempt = 0
@@ -527,6 +563,8 @@ async def watch_remote(url: str, keys: Sequence[str], view: Any, token: str | No
                         text = await socket.get_message()
                         message = _fold(json.loads(text), services, clock, trio.current_time())
                         if message is not None:
+                            if isinstance(message.get("overview"), Mapping):
+                                connections[:] = message["overview"].get("connections", [])
                             tick = message.get("type") == "tick"
                             if not draw("live", tick=tick):
                                 return

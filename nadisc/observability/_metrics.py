@@ -110,7 +110,12 @@ class DiscoveryCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         # Names only: registering must not read the owner (it may run off the loop).
-        return [*_build_info(), *_families(None, ()), *_extra_families(None, (), {}, ())]
+        balancer, latency = _route_families(None)
+        return [
+            *_build_info(),
+            *_families(None, balancer),
+            *_extra_families(None, {}, (), latency),
+        ]
 
     def collect(self) -> Iterable[Metric]:
         try:
@@ -125,17 +130,20 @@ class DiscoveryCollector(Collector):
             if not transport.closed:
                 extra.extend(route_metrics(route) for route in transport.routes())
         listings = self._observer.listings()
+        balancer, latency = _route_families(_routes_per_connection(snapshot, extra))
         return [
             *_build_info(),
-            *_families(snapshot, tuple(extra)),
-            *_extra_families(snapshot, tuple(extra), self._providers, listings),
+            *_families(snapshot, balancer),
+            *_extra_families(snapshot, self._providers, listings, latency),
         ]
 
     def __repr__(self) -> str:
         return f"<DiscoveryCollector transports={len(self._transports)}>"
 
 
-def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) -> Iterator[Metric]:
+def _families(snap: ObserverSnapshot | None, balancer: Sequence[Metric]) -> Iterator[Metric]:
+    """The owner, connection and registration families, then ``balancer``
+    (built by :func:`_route_families`)."""
     g = GaugeMetricFamily
     c = CounterMetricFamily
 
@@ -277,67 +285,7 @@ def _families(snap: ObserverSnapshot | None, extra: tuple[RouteMetrics, ...]) ->
                 outcome.add_metric([name, qualifier, item.value], 1.0 if result is item else 0.0)
     yield outcome
 
-    routes = g(_name("balancer_routes"), "Calling routes (one per service called).", labels=conn)
-    calls = c(_name("balancer_calls"), "Requests sent through the routes.", labels=conn)
-    failures = c(
-        _name("balancer_failures"),
-        "Failed attempts (transport, timeout, status, other) and calls that reached "
-        "no instance (no_endpoint), by closed kind.",
-        labels=[*conn, "kind"],
-    )
-    in_flight = g(_name("balancer_in_flight"), "Calls in flight.", labels=conn)
-    endpoints = g(
-        _name("balancer_endpoints"), "Balance endpoints by readiness.", labels=[*conn, "readiness"]
-    )
-    draining = g(_name("balancer_endpoints_draining"), "Endpoints finishing calls.", labels=conn)
-    ejected = g(
-        _name("balancer_endpoints_ejected"), "Endpoints kept out by outlier ejection.", labels=conn
-    )
-    if snap is not None:
-        per: dict[str, list[RouteMetrics]] = {m.name: [] for m in snap.connections}
-        for route in (*snap.routes, *extra):
-            per.setdefault(route.connection, []).append(route)
-        for name, items in sorted(per.items()):
-            routes.add_metric([name], float(len(items)))
-            calls.add_metric([name], float(sum(r.calls for r in items)))
-            failed = dict.fromkeys(CALL_FAILURE_KINDS, 0)
-            for route in items:
-                for failure, count in route.failures:
-                    failed[failure] += count
-            for failure in CALL_FAILURE_KINDS:
-                failures.add_metric([name, failure], float(failed[failure]))
-            in_flight.add_metric([name], float(sum(r.in_flight for r in items)))
-            counts = dict.fromkeys(_READINESS, 0)
-            drained = 0
-            for route in items:
-                for e in route.endpoints:
-                    counts[e.readiness] = counts.get(e.readiness, 0) + 1
-                    drained += e.draining
-            for readiness in _READINESS:
-                endpoints.add_metric([name, readiness], float(counts[readiness]))
-            draining.add_metric([name], float(drained))
-            ejected.add_metric([name], float(sum(r.ejected_endpoints for r in items)))
-    refused = c(
-        _name("balancer_retry_budget_refused"),
-        "Retries and hedges the routes' retry budgets refused.",
-        labels=conn,
-    )
-    hedges = c(_name("balancer_hedges"), "Hedged attempts sent.", labels=conn)
-    hedge_wins = c(_name("balancer_hedge_wins"), "Hedges that answered first.", labels=conn)
-    mirrored = g(
-        _name("balancer_subset_instances"),
-        "Instances the routes use after subsetting and zone preference.",
-        labels=conn,
-    )
-    if snap is not None:
-        for name, items in sorted(per.items()):
-            views = [r.balancing for r in items if r.balancing is not None]
-            refused.add_metric([name], float(sum(v.budget_refused for v in views)))
-            hedges.add_metric([name], float(sum(v.hedges for v in views)))
-            hedge_wins.add_metric([name], float(sum(v.hedge_wins for v in views)))
-            mirrored.add_metric([name], float(sum(v.mirrored for v in views)))
-    yield from (routes, calls, failures, in_flight, endpoints, draining, ejected)
-    yield from (refused, hedges, hedge_wins, mirrored)
+    yield from balancer
 
 
 def _version() -> str:
@@ -362,11 +310,12 @@ def _build_info() -> Iterator[Metric]:
 
 def _extra_families(
     snap: ObserverSnapshot | None,
-    extra: tuple[RouteMetrics, ...],
     providers: Mapping[str, str],
     listings: Sequence[ServiceListing],
+    latency: Metric,
 ) -> Iterator[Metric]:
-    """Connection info and state, evidence age against max_age, and routed-call latency."""
+    """Connection info and state, evidence age against max_age, then ``latency``
+    (the routed-call histogram, built by :func:`_route_families`)."""
     conn = ["connection"]
     info = GaugeMetricFamily(
         _name("connection_info"),
@@ -384,12 +333,6 @@ def _extra_families(
         "(1 = the oldest listing reached max_age; a never-confirmed service counts as 1).",
         labels=conn,
     )
-    latency = HistogramMetricFamily(
-        _name("call_duration_seconds"),
-        "Routed calls (all attempts, to the response headers or the error) by outcome: "
-        "ok, or the call failure kind that ended it.",
-        labels=[*conn, "outcome"],
-    )
     if snap is not None:
         for m in snap.connections:
             info.add_metric([m.name, providers.get(m.name, "unknown")], 1.0)
@@ -406,28 +349,116 @@ def _extra_families(
             worst[listing.connection] = max(worst.get(listing.connection, 0.0), value)
         for name, value in sorted(worst.items()):
             ratio.add_metric([name], value)
-        per: dict[str, list[RouteMetrics]] = {m.name: [] for m in snap.connections}
-        for route in (*snap.routes, *extra):
-            per.setdefault(route.connection, []).append(route)
-        for name, items in sorted(per.items()):
-            for outcome in CALL_OUTCOMES:
-                counts = [0] * (len(CALL_LATENCY_BUCKETS) + 1)
-                total = 0.0
-                for route in items:
-                    for kind, values, seconds in route.latency:
-                        if kind == outcome:
-                            counts = [a + b for a, b in zip(counts, values, strict=True)]
-                            total += seconds
-                buckets: list[tuple[str, float]] = []
-                cumulative = 0
-                for bound, count in zip((*CALL_LATENCY_BUCKETS, math.inf), counts, strict=True):
-                    cumulative += count
-                    buckets.append(("+Inf" if bound == math.inf else repr(bound), cumulative))
-                latency.add_metric([name, outcome], buckets, total)
     yield from (info, state, ratio, latency)
 
 
 _CONNECTION_STATES = ("pending", "prepared", "failed")
+
+
+def _routes_per_connection(
+    snap: ObserverSnapshot, extra: Sequence[RouteMetrics]
+) -> dict[str, list[RouteMetrics]]:
+    """The routes of every connection (the owner's and ``extra``), each
+    configured connection listed even without a route."""
+    per: dict[str, list[RouteMetrics]] = {m.name: [] for m in snap.connections}
+    for route in (*snap.routes, *extra):
+        per.setdefault(route.connection, []).append(route)
+    return per
+
+
+def _route_families(
+    per: Mapping[str, Sequence[RouteMetrics]] | None,
+) -> tuple[tuple[Metric, ...], Metric]:
+    """Every per-connection route family, filled in one pass over each
+    connection's routes: the balancer families (in exposition order) and the
+    routed-call latency histogram. ``per=None``: the empty families."""
+    g = GaugeMetricFamily
+    c = CounterMetricFamily
+    conn = ["connection"]
+    routes = g(_name("balancer_routes"), "Calling routes (one per service called).", labels=conn)
+    calls = c(_name("balancer_calls"), "Requests sent through the routes.", labels=conn)
+    failures = c(
+        _name("balancer_failures"),
+        "Failed attempts (transport, timeout, status, other) and calls that reached "
+        "no instance (no_endpoint), by closed kind.",
+        labels=[*conn, "kind"],
+    )
+    in_flight = g(_name("balancer_in_flight"), "Calls in flight.", labels=conn)
+    endpoints = g(
+        _name("balancer_endpoints"), "Balance endpoints by readiness.", labels=[*conn, "readiness"]
+    )
+    draining = g(_name("balancer_endpoints_draining"), "Endpoints finishing calls.", labels=conn)
+    ejected = g(
+        _name("balancer_endpoints_ejected"), "Endpoints kept out by outlier ejection.", labels=conn
+    )
+    refused = c(
+        _name("balancer_retry_budget_refused"),
+        "Retries and hedges the routes' retry budgets refused.",
+        labels=conn,
+    )
+    hedges = c(_name("balancer_hedges"), "Hedged attempts sent.", labels=conn)
+    hedge_wins = c(_name("balancer_hedge_wins"), "Hedges that answered first.", labels=conn)
+    mirrored = g(
+        _name("balancer_subset_instances"),
+        "Instances the routes use after subsetting and zone preference.",
+        labels=conn,
+    )
+    latency = HistogramMetricFamily(
+        _name("call_duration_seconds"),
+        "Routed calls (all attempts, to the response headers or the error) by outcome: "
+        "ok, or the call failure kind that ended it.",
+        labels=[*conn, "outcome"],
+    )
+    balancer: tuple[Metric, ...] = (routes, calls, failures, in_flight, endpoints, draining)
+    balancer += (ejected, refused, hedges, hedge_wins, mirrored)
+    for name, items in sorted((per or {}).items()):
+        n_calls = n_in_flight = n_drained = n_ejected = 0
+        n_refused = n_hedges = n_wins = n_mirrored = 0
+        failed = dict.fromkeys(CALL_FAILURE_KINDS, 0)
+        readiness = dict.fromkeys(_READINESS, 0)
+        counts = {outcome: [0] * (len(CALL_LATENCY_BUCKETS) + 1) for outcome in CALL_OUTCOMES}
+        totals = dict.fromkeys(CALL_OUTCOMES, 0.0)
+        for route in items:
+            n_calls += route.calls
+            n_in_flight += route.in_flight
+            n_ejected += route.ejected_endpoints
+            for failure, count in route.failures:
+                failed[failure] += count
+            for e in route.endpoints:
+                readiness[e.readiness] = readiness.get(e.readiness, 0) + 1
+                n_drained += e.draining
+            if (view := route.balancing) is not None:
+                n_refused += view.budget_refused
+                n_hedges += view.hedges
+                n_wins += view.hedge_wins
+                n_mirrored += view.mirrored
+            for outcome, values, seconds in route.latency:
+                if outcome in counts:
+                    counts[outcome] = [a + b for a, b in zip(counts[outcome], values, strict=True)]
+                    totals[outcome] += seconds
+        routes.add_metric([name], float(len(items)))
+        calls.add_metric([name], float(n_calls))
+        for failure in CALL_FAILURE_KINDS:
+            failures.add_metric([name, failure], float(failed[failure]))
+        in_flight.add_metric([name], float(n_in_flight))
+        for state in _READINESS:
+            endpoints.add_metric([name, state], float(readiness[state]))
+        draining.add_metric([name], float(n_drained))
+        ejected.add_metric([name], float(n_ejected))
+        refused.add_metric([name], float(n_refused))
+        hedges.add_metric([name], float(n_hedges))
+        hedge_wins.add_metric([name], float(n_wins))
+        mirrored.add_metric([name], float(n_mirrored))
+        for outcome in CALL_OUTCOMES:
+            cumulative = 0
+            buckets: list[tuple[str, float]] = []
+            for bound, count in zip(
+                (*CALL_LATENCY_BUCKETS, math.inf), counts[outcome], strict=True
+            ):
+                cumulative += count
+                buckets.append(("+Inf" if bound == math.inf else repr(bound), cumulative))
+            latency.add_metric([name, outcome], buckets, totals[outcome])
+    return balancer, latency
 
 
 def register_metrics(

@@ -125,6 +125,8 @@ def overview_part(snap: ObserverSnapshot) -> dict[str, Any]:
             {
                 "name": c.name,
                 "prepared": c.prepared,
+                "prepare_error": c.prepare_error,
+                "prepare_error_kind": c.prepare_error_kind,
                 "queries": c.queries,
                 "failures": dict(c.failure_kinds),
                 "latency_avg": _num(c.latency_avg),

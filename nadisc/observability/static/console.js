@@ -87,8 +87,12 @@
       const failures = Object.entries(c.failures).map(([k, v]) => k + " " + v).join(", ") || "0";
       const prepared = c.prepared === null ? pill("pending", "info")
         : c.prepared ? pill("prepared", "ok") : pill("failed", "bad");
+      const reason = c.prepare_error
+        ? el("div", { class: "dim reason", "data-prepare-error": c.prepare_error_kind || "" },
+          c.prepare_error)
+        : null;
       return el("tr", { "data-connection": c.name },
-        el("td", {}, el("b", {}, c.name)), el("td", {}, prepared),
+        el("td", {}, el("b", {}, c.name)), el("td", {}, prepared, reason),
         el("td", { class: "num" }, c.services), el("td", { class: "num" }, c.instances),
         el("td", { class: "num" }, c.unavailable), el("td", { class: "num" }, c.queries),
         el("td", {}, failures), el("td", { class: "num" }, seconds(c.latency_avg)));
