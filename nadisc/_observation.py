@@ -847,6 +847,12 @@ class Observation:
         Static evidence never expires, however long one waits. ``deadline``
         ``None`` (the default) waits with no deadline beyond the caller's
         cancel scope.
+
+        The cursor belongs to the handle, not to the waiting task: two tasks
+        waiting on one handle share it, so a change wakes whichever looks
+        first and the other goes on waiting for the next one. Give each
+        waiting task a handle of its own (another ``observe()`` of the same
+        service shares the observation and costs no query).
         """
         slot = self._slot
         if deadline is None:

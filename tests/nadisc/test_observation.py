@@ -597,3 +597,33 @@ async def test_a_defect_in_one_slot_does_not_stop_the_owner(
         await anyio.sleep(10)
         assert other.snapshot().identities() == ("a", "b")
         assert owner.observer().snapshot().live_tasks == 1
+
+
+async def test_the_cursor_is_the_handles_so_each_waiting_task_needs_its_own(
+    autojump_clock: object,
+) -> None:
+    # Documented rule: two tasks on one handle share its cursor (one wakes per
+    # change); two handles of one service each see every change, at no query.
+    p = provider()
+    async with memory_owner({"primary": p}) as owner:
+        client = owner.client()
+        shared = await client.observe("orders", anyio.current_time() + 5)
+        own = await client.observe("orders", anyio.current_time() + 5)
+        assert p.query_counts["order-worker"] == 1
+        woken: list[str] = []
+
+        async def wait(name: str, handle: Observation) -> None:
+            with anyio.move_on_after(30):
+                await handle.changed()
+                woken.append(name)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, "shared-1", shared)
+            tg.start_soon(wait, "shared-2", shared)
+            tg.start_soon(wait, "own", own)
+            await anyio.sleep(1)
+            p.set("order-worker", [inst("c", 3)])
+        # One of the two tasks on the shared handle saw the change; the other
+        # waited out its 30 s, though polls went on (nothing else changed).
+        assert sorted(woken) in (["own", "shared-1"], ["own", "shared-2"])
+        assert p.query_counts["order-worker"] > 2
