@@ -164,6 +164,9 @@ _RETRYABLE_METHODS = frozenset({"GET", "HEAD"})
 _SHUTDOWN_GRACE = 5.0
 _URL_CACHE = 1024
 _NOTHING: frozenset[str] = frozenset()
+# The attempt loop's "tried" set while nothing was tried (never added to:
+# the loop makes its own set at the first failure).
+_NONE_TRIED: set[str] = set()
 # The CALL_OUTCOMES index of a response with a 5xx status.
 _STATUS_OUTCOME = STATUS + 1
 _now = anyio.current_time
@@ -805,7 +808,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         # scope of their own. Nothing here yields unless it must wait.
         options = route.options
         deadline = budget.deadline
-        errors: list[Exception] = []
+        # Built on the failure paths only (nothing per successful call).
+        errors: list[Exception] | None = None
         attempts = 0
         # Attempts whose connection failed before anything was sent, retried
         # transparently: not among max_attempts, at most one per listed instance.
@@ -814,7 +818,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         cutoff = math.inf
         # A hedge (``sent`` shared with the call's other attempts) starts out
         # avoiding the instances they were sent to.
-        tried: set[str] = set() if sent is None else sent
+        tried: set[str] = _NONE_TRIED if sent is None else sent
         streaming = route.streaming
         balance = streaming.balance
         now = route.clock
@@ -893,6 +897,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 attempts += 1
                 route.count_failure(OTHER if cause is None else failure_kind(cause), failure.key)
                 if attempt.instance is not None:
+                    if tried is _NONE_TRIED:
+                        tried = set()
                     tried.add(attempt.instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))
                 if not isinstance(cause, Exception):
@@ -904,6 +910,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 if isinstance(cause, httpx.TimeoutException) and at >= deadline:
                     # The pool's timeout was the budget's end, not a phase limit.
                     raise budget.exceeded(route, attempts) from cause
+                if errors is None:
+                    errors = []
                 errors.append(cause)
                 nothing_sent = isinstance(cause, _NOTHING_SENT)
                 step = retry_step(
@@ -966,6 +974,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 )
                 is Step.RETRY
             ):
+                if tried is _NONE_TRIED:
+                    tried = set()
                 tried.add(instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))
                 route.count_failure(STATUS, instance.identity)
