@@ -1,10 +1,11 @@
 """Requests per second through discovery, next to plain httpx, in one trio run.
 
-An owner with one connection lists one instance of the service ``bench``
+An owner with one connection lists three instances of the service ``bench``
 (a static-evidence in-memory listing), so every request through discovery
-goes through the evidence check, the streaming balance (round robin), the
-currency re-check and the guarded response body. The clients, interleaved
-in rounds (the table shows each one's best round):
+goes through the evidence check, the streaming balance (round robin over
+the three), the currency re-check and the guarded response body. The
+clients, interleaved in rounds (the table shows each one's best round), on
+trio and on asyncio (one table per loop):
 
 In memory (the pool answers at once, so the difference between the rows is
 what the discovery layer itself costs per request):
@@ -27,18 +28,22 @@ what the discovery layer itself costs per request):
     hands a discovery call to the transport this way (its own client has
     none of those set), which is why it can beat the baseline row; this row
     is its like-for-like comparison.
-``discovery transport, pool without timeouts``
-    The transport over ``httpx.MockTransport`` answering the same way: a
-    pool that may ignore the timeout extension, so the transport puts the
-    call's budget in a cancel scope of its own (shown for what it costs).
+``plain httpx, MockTransport``
+    ``httpx.AsyncClient(transport=httpx.MockTransport(handler))``: the
+    baseline of the next row, with httpx's own mock pool.
+``discovery transport, MockTransport``
+    The transport over the same ``httpx.MockTransport``: a pool that may
+    ignore the timeout extension, so the transport puts the call's budget
+    in a cancel scope of its own. Target: at least 0.8 of the row above.
 
 The in-memory pool answers without waiting, so it meets any timeout it is
 handed, and says so (``nadisc_enforces_timeouts = True``) as httpx's own
 pool does by applying the timeout extension to every operation.
 
-Over loopback (one keep-alive HTTP/1.1 backend in this process on
-127.0.0.1, answering at once): plain httpx, the discovery transport and
-``owner.rest()`` against it; the backend's cost is in every number.
+Over loopback (three keep-alive HTTP/1.1 backends in this process on
+127.0.0.1, answering at once; plain httpx calls the first): plain httpx,
+the discovery transport and ``owner.rest()`` against them; the backends'
+cost is in every number.
 
 In-memory rates are requests per CPU second of this process
 (``time.process_time``): nothing there waits, and the machine may be shared
@@ -46,13 +51,17 @@ with work that would show up as noise in wall-clock rates. Loopback rates
 are wall-clock requests per second (the waiting for the socket is the point
 there); both columns are printed for every row.
 
+The load average of the machine is printed with every table (the rates are
+only comparable within one run).
+
 Run: ``python -m benchmarks.transport_throughput [--smoke] [--requests N]
-[--rounds R] [--concurrency C]``
+[--rounds R] [--concurrency C] [--loop trio|asyncio|both]``
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -75,6 +84,8 @@ from nadisc.testing import MemoryProvider
 TARGET_MEMORY_RATIO = 0.8
 TARGET_LOOPBACK_RATIO = 0.85
 SERVICE = "bench"
+ENDPOINTS = 3
+LOOPS = ("trio", "asyncio")
 
 Call = Callable[[], Awaitable[httpx.Response]]
 
@@ -127,6 +138,10 @@ async def _drive(call: Call, requests: int, concurrency: int) -> tuple[float, fl
 class Result:
     requests: int
     concurrency: int
+    #: The event loop the run used.
+    loop: str = "trio"
+    #: ``os.getloadavg()`` at the end of the run.
+    load: tuple[float, float, float] = (0.0, 0.0, 0.0)
     #: Requests per CPU second per row name (best round).
     cpu_rps: dict[str, float] = field(default_factory=dict)
     #: Wall-clock requests per second per row name (best round).
@@ -149,6 +164,10 @@ class Result:
         return self.ratio("memory transport", "memory plain")
 
     @property
+    def mock_ratio(self) -> float:
+        return self.ratio("mock transport", "mock plain")
+
+    @property
     def rest_vs_transport(self) -> float:
         return self.ratio("memory rest", "memory transport")
 
@@ -166,13 +185,14 @@ class Result:
         return (1 / self.rps["memory transport"] - 1 / self.rps["memory plain"]) * 1e6
 
 
-async def measure(requests: int, rounds: int, concurrency: int) -> Result:
-    backend = Backend("bench", 0.0)
+async def measure(requests: int, rounds: int, concurrency: int, loop: str = "trio") -> Result:
+    backends = [Backend(f"bench-{n}", 0.0) for n in range(ENDPOINTS)]
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with anyio.create_task_group() as servers:
-        await servers.start(backend.serve)
+        for backend in backends:
+            await servers.start(backend.serve)
         registry = MemoryProvider(evidence=EvidenceKind.STATIC_FACT)
-        registry.set(SERVICE, [backend.instance()])
+        registry.set(SERVICE, [backend.instance() for backend in backends])
         builder = OwnerBuilder().connection(
             ConnectionSpec("primary", registry, ConnectionConfig(provider="memory"))
         )
@@ -180,14 +200,16 @@ async def measure(requests: int, rounds: int, concurrency: int) -> Result:
             await owner.prepare(anyio.current_time() + 5)
             pool = InMemoryPool()
             through_url = f"nadisc://primary/{SERVICE}/"
-            plain_url = backend.url + "/"
+            plain_url = backends[0].url + "/"
+            mock = httpx.MockTransport(_answer)
             async with (
                 httpx.AsyncClient(transport=pool) as memory_plain,
                 DiscoveryTransport(owner, transport=pool) as in_memory,
                 httpx.AsyncClient(mounts={"nadisc://": in_memory}) as memory_through,
                 RestDiscoveryClient(owner, "primary", transport=pool) as memory_rest,
-                DiscoveryTransport(owner, transport=httpx.MockTransport(_answer)) as scoped,
-                httpx.AsyncClient(mounts={"nadisc://": scoped}) as memory_scoped,
+                httpx.AsyncClient(transport=mock) as mock_plain,
+                DiscoveryTransport(owner, transport=mock) as scoped,
+                httpx.AsyncClient(mounts={"nadisc://": scoped}) as mock_through,
                 httpx.AsyncClient(limits=limits) as loop_plain,
                 DiscoveryTransport(owner, limits=limits) as loop_transport,
                 httpx.AsyncClient(mounts={"nadisc://": loop_transport}) as loop_through,
@@ -198,7 +220,8 @@ async def measure(requests: int, rounds: int, concurrency: int) -> Result:
                     "memory transport": lambda: memory_through.get(through_url),
                     "memory rest": lambda: memory_rest.get("/", service=SERVICE),
                     "memory direct": partial(_direct, memory_plain, pool, plain_url),
-                    "memory scoped": lambda: memory_scoped.get(through_url),
+                    "mock plain": lambda: mock_plain.get(plain_url),
+                    "mock transport": lambda: mock_through.get(through_url),
                     "loopback plain": lambda: loop_plain.get(plain_url),
                     "loopback transport": lambda: loop_through.get(through_url),
                     "loopback rest": lambda: loop_rest.get("/", service=SERVICE),
@@ -217,6 +240,8 @@ async def measure(requests: int, rounds: int, concurrency: int) -> Result:
     return Result(
         requests=requests,
         concurrency=concurrency,
+        loop=loop,
+        load=os.getloadavg(),
         cpu_rps={name: requests / seconds for name, seconds in best.items()},
         wall_rps={name: requests / seconds for name, seconds in best_wall.items()},
     )
@@ -227,7 +252,8 @@ _LABELS = (
     ("memory transport", "discovery transport, in-memory pool", "memory plain"),
     ("memory rest", "owner.rest(), in-memory pool", "memory plain"),
     ("memory direct", "plain httpx, pool called directly", "memory plain"),
-    ("memory scoped", "discovery transport, pool without timeouts", "memory plain"),
+    ("mock plain", "plain httpx, MockTransport", "mock plain"),
+    ("mock transport", "discovery transport, MockTransport", "mock plain"),
     ("loopback plain", "plain httpx, loopback", "loopback plain"),
     ("loopback transport", "discovery transport, loopback", "loopback plain"),
     ("loopback rest", "owner.rest(), loopback", "loopback plain"),
@@ -235,7 +261,7 @@ _LABELS = (
 
 
 def format_table(result: Result) -> str:
-    rows = [("client", "req/CPU-s", "req/s wall", "ratio")]
+    rows = [(f"client ({result.loop})", "req/CPU-s", "req/s wall", "ratio")]
     for key, label, baseline in _LABELS:
         rows.append(
             (
@@ -252,13 +278,17 @@ def format_table(result: Result) -> str:
             f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}"
             f"  {row[3]:>{widths[3]}}"
         )
-        if n in (0, 5):
+        if n in (0, 4, 6):
             lines.append("  ".join("-" * w for w in widths))
     lines.append("ratios: in memory by CPU time, over loopback by wall clock")
     lines.append(
         f"in memory the discovery transport adds about {result.overhead_us:,.0f} us per request; "
         f"ratio {result.memory_ratio:.2f} (target >= {TARGET_MEMORY_RATIO}); "
         f"owner.rest() / transport {result.rest_vs_transport:.2f} (target >= 1.0)"
+    )
+    lines.append(
+        f"MockTransport ratio {result.mock_ratio:.2f} (target >= {TARGET_MEMORY_RATIO}); "
+        f"{ENDPOINTS} endpoints, round robin"
     )
     lines.append(
         f"owner.rest() / plain httpx calling the pool directly {result.rest_vs_direct:.2f} "
@@ -268,20 +298,28 @@ def format_table(result: Result) -> str:
         f"loopback ratio {result.loopback_ratio:.2f} (target >= {TARGET_LOOPBACK_RATIO}); "
         f"{result.requests:,} requests per round, concurrency {result.concurrency}, best round"
     )
+    one, five, fifteen = result.load
+    lines.append(f"load average {one:.2f} {five:.2f} {fifteen:.2f} (1, 5, 15 min)")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> Result:
+def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--smoke", action="store_true", help="a few hundred requests, one round")
     parser.add_argument("--requests", type=int, default=5000, help="requests per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per client")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent callers")
+    parser.add_argument(
+        "--loop", choices=(*LOOPS, "both"), default="both", help="event loop (default: both)"
+    )
     args = parser.parse_args(argv)
     requests, rounds = (150, 1) if args.smoke else (args.requests, args.rounds)
-    result: Result = anyio.run(measure, requests, rounds, args.concurrency, backend="trio")
-    print(format_table(result))
-    return result
+    results = []
+    for loop in LOOPS if args.loop == "both" else (args.loop,):
+        result: Result = anyio.run(measure, requests, rounds, args.concurrency, loop, backend=loop)
+        print(format_table(result), end="\n\n", flush=True)
+        results.append(result)
+    return results
 
 
 if __name__ == "__main__":

@@ -164,6 +164,11 @@ _RETRYABLE_METHODS = frozenset({"GET", "HEAD"})
 _SHUTDOWN_GRACE = 5.0
 _URL_CACHE = 1024
 _NOTHING: frozenset[str] = frozenset()
+# The attempt loop's "tried" set while nothing was tried (never added to:
+# the loop makes its own set at the first failure).
+_NONE_TRIED: set[str] = set()
+# The CALL_OUTCOMES index of a response with a 5xx status.
+_STATUS_OUTCOME = STATUS + 1
 _now = anyio.current_time
 
 
@@ -269,14 +274,11 @@ def _httpx_total(phases: object) -> float | None:
     # none when a phase is unbounded (httpx.Timeout(None, connect=2)).
     if not isinstance(phases, dict):
         return None
-    total = 0.0
-    for key in _PHASES:
-        value = phases.get(key)
-        if value is None:
-            return None
-        if value > total:
-            total = value
-    return total
+    get = phases.get
+    connect, read, write, pool = get("connect"), get("read"), get("write"), get("pool")
+    if connect is None or read is None or write is None or pool is None:
+        return None
+    return float(max(connect, read, write, pool, 0.0))
 
 
 def call_budget(request: httpx.Request, options: RestOptions, start: float) -> Budget:
@@ -416,6 +418,9 @@ def _header_list_ok() -> bool:
 
 
 _FAST_HEADERS = _header_list_ok()
+# httpx.URL keeps its parsed, hashable form here (checked once): the target
+# cache keys on it instead of reading the URL's properties per request.
+_URL_REFERENCE = isinstance(getattr(httpx.URL("nadisc://q/s/"), "_uri_reference", None), tuple)
 
 
 def _rebuild(
@@ -436,9 +441,9 @@ def _rebuild(
     # Copy the already-normalised header list instead of normalising it
     # again: a new Request costs a quarter of what the constructor costs.
     headers = httpx.Headers.__new__(httpx.Headers)
-    items = [(b"Host", b"host", host)]
-    items.extend(item for item in request.headers._list if item[1] != b"host")
-    headers._list = items
+    headers._list = [(b"Host", b"host", host)] + [
+        item for item in request.headers._list if item[1] != b"host"
+    ]
     headers._encoding = request.headers._encoding
     made = httpx.Request.__new__(httpx.Request)
     made.method = request.method
@@ -617,11 +622,10 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         self._opening: dict[tuple[str, str], anyio.Event] = {}
         self._urls: dict[tuple[str, str, int, bytes], tuple[httpx.URL, bytes]] = {}
         self._pool_enforces = enforces_timeouts(self._pool)
-        self._targets: dict[tuple[object, str, bytes], _Target] = {}
-        self._clock: tuple[Callable[[], float], Callable[[], float]] | None = None
-        # The loop's own move_on_at (trio's without anyio's wrapper): resolved
-        # with the clock, on the first request.
-        self._move_on_at: Callable[[float], AbstractContextManager[object]] = anyio.move_on_at
+        self._targets: dict[tuple[str | None, object], _Target] = {}
+        # The running loop's clock, deadline and cancel scope: resolved on the
+        # first request (a transport serves one loop).
+        self._loop: _Loop | None = None
         self._closed = False
 
     # -- views ---------------------------------------------------------------------------
@@ -687,7 +691,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 raise budget.exceeded_before_listing(qualifier, service) from exc
             if self._closed:
                 raise LifecycleError("the discovery transport is closed")
-            route = self._routes[key] = Route(observation, options, loop_clock()[0])
+            loop = self._loop
+            clock = loop.now if loop is not None else loop_clock()[0]
+            route = self._routes[key] = Route(observation, options, clock)
             route.balancing = balancing
         finally:
             del self._opening[key]
@@ -700,38 +706,52 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         try:
             if self._closed:
                 raise LifecycleError("the discovery transport is closed")
-            clock = self._clock
-            if clock is None:
-                clock = self._clock = loop_clock()
-                self._move_on_at = _loop_move_on_at()
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = _Loop()
+            now = loop.now
             target = self._target(request)
-            start = clock[0]()
+            start = now()
             route = self._routes.get((target.qualifier, target.service))
             options = route.options if route is not None else self.options_for(target.qualifier)
             budget = request.extensions.get(BUDGET_EXTENSION)
             if not isinstance(budget, Budget):
                 budget = call_budget(request, options, start)
             deadline = budget.deadline
-            # The caller's own cancel scope: when it ends first, it cancels
-            # this call (trio's rule) and no scope of ours is needed at all.
-            own = deadline < clock[1]()
             if route is None:
                 route = await self._route(target.qualifier, target.service, budget)
+            balancing = route.balancing
+            plain = balancing.hedging is None and balancing.budget is None
+            # Whether the budget ends before the caller's own cancel scope
+            # (when the caller's ends first, it cancels this call, trio's rule,
+            # and no bound of ours is needed). Asked up front only where the
+            # answer is needed up front; otherwise the attempt loop asks on
+            # the rare paths that need it (None: not asked yet).
+            own: bool | None = None
+            if not plain or not self._pool_enforces:
+                own = deadline < loop.effective_deadline()
             response: httpx.Response | None = None
             try:
                 if own and not self._pool_enforces:
                     # A pool that may ignore the timeout extension: one scope.
-                    with self._move_on_at(deadline):
-                        response = await self._balanced(route, request, target, budget, own)
+                    with loop.scope(deadline=deadline):
+                        if plain:
+                            response = await self._call(route, request, target, budget, own, None)
+                        else:
+                            response = await self._balanced(
+                                route, request, target, budget, own is True
+                            )
                     if response is None:
                         route.count_failure(TIMEOUT)
                         raise budget.exceeded(route, 0)
+                elif plain:
+                    response = await self._call(route, request, target, budget, own, None)
                 else:
-                    response = await self._balanced(route, request, target, budget, own)
+                    response = await self._balanced(route, request, target, budget, own is True)
             except Exception as exc:
-                route.observe_call(call_outcome(exc), clock[0]() - start)
+                route.observe_call(call_outcome(exc), now() - start)
                 raise
-            route.observe_call(call_outcome(None, response.status_code), clock[0]() - start)
+            route.observe_call(0 if response.status_code < 500 else _STATUS_OUTCOME, now() - start)
             return response
         except CallError:
             # A failure that waited for nothing still yields once, so a
@@ -746,12 +766,11 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
     def _balanced(
         self, route: Route, request: httpx.Request, target: _Target, budget: Budget, own: bool
     ) -> Awaitable[httpx.Response]:
-        # The route's retry budget and hedging around the attempt loop (nadisc._balancing).
+        # The route's retry budget and hedging around the attempt loop
+        # (nadisc._balancing); a route with neither calls _call directly.
         marked = request.extensions.get(IDEMPOTENT_EXTENSION) is True
         idempotent = _replayable(request) and (request.method in _RETRYABLE_METHODS or marked)
         balancing = route.balancing
-        if balancing.hedging is None and balancing.budget is None:
-            return self._call(route, request, target, budget, own, None)
         if balancing.hedging is None or not idempotent:
             return balancing.call(
                 lambda n: self._call(route, request, target, budget, own, None),
@@ -767,13 +786,21 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             clock=route.clock,
         )
 
+    def _own(self, deadline: float, own: bool | None) -> bool:
+        # ``own`` as handle_async_request would have computed it (see there).
+        if own is None:
+            loop = self._loop
+            assert loop is not None
+            return deadline < loop.effective_deadline()
+        return own
+
     async def _call(
         self,
         route: Route,
         request: httpx.Request,
         target: _Target,
         budget: Budget,
-        own: bool,
+        own: bool | None,
         sent: set[str] | None,
     ) -> httpx.Response:
         # Every wait is bounded by the budget: the pool by the timeouts handed
@@ -781,8 +808,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         # scope of their own. Nothing here yields unless it must wait.
         options = route.options
         deadline = budget.deadline
-        may_retry = request.method in _RETRYABLE_METHODS and _replayable(request)
-        errors: list[Exception] = []
+        # Built on the failure paths only (nothing per successful call).
+        errors: list[Exception] | None = None
         attempts = 0
         # Attempts whose connection failed before anything was sent, retried
         # transparently: not among max_attempts, at most one per listed instance.
@@ -791,24 +818,19 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         cutoff = math.inf
         # A hedge (``sent`` shared with the call's other attempts) starts out
         # avoiding the instances they were sent to.
-        tried: set[str] = set() if sent is None else sent
-        scheme = options.instance_scheme
-        raw_path = target.raw_path
+        tried: set[str] = _NONE_TRIED if sent is None else sent
         streaming = route.streaming
         balance = streaming.balance
         now = route.clock
         timeouts = _Timeouts(request, options, deadline, now)
         extensions = dict(request.extensions)
         extensions["timeout"] = timeouts
-        url = self._url
-
-        def build(instance: Instance) -> httpx.Request:
-            target, host = url(scheme, instance, raw_path)
-            return _rebuild(request, target, host, extensions)
+        # What every attempt's request is built from (no closure per call).
+        rebuild = _Rebuild(request, options.instance_scheme, target.raw_path, extensions, self._url)
 
         # Fast path, taken while the balance already applied the mirrored
         # listing: no separate evidence view, no reconcile step and no wait
-        # when an endpoint is ready; the currency check in submit_if_current
+        # when an endpoint is ready; the currency check in the service
         # still guards the send, and a declined pick falls back to the full
         # path.
         fast = route.reconciled
@@ -830,7 +852,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                         route.count_failure(NO_ENDPOINT)
                     raise
             attempt = Attempt(
-                build=build,
+                build=rebuild,
                 pool=self._pool,
                 avoid=frozenset(tried) if skip_budget else _NOTHING,
                 skips=skip_budget,
@@ -847,6 +869,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             failure: EndpointError | None = None
             try:
                 if not (fast and balance.ready_nowait()):
+                    own = self._own(deadline, own)
                     await _ready(streaming, route, budget, own, attempts)
                 held = await balance.call_held(attempt)
             except CallDeclined as exc:
@@ -874,6 +897,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 attempts += 1
                 route.count_failure(OTHER if cause is None else failure_kind(cause), failure.key)
                 if attempt.instance is not None:
+                    if tried is _NONE_TRIED:
+                        tried = set()
                     tried.add(attempt.instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))
                 if not isinstance(cause, Exception):
@@ -885,12 +910,14 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 if isinstance(cause, httpx.TimeoutException) and at >= deadline:
                     # The pool's timeout was the budget's end, not a phase limit.
                     raise budget.exceeded(route, attempts) from cause
+                if errors is None:
+                    errors = []
                 errors.append(cause)
                 nothing_sent = isinstance(cause, _NOTHING_SENT)
                 step = retry_step(
                     _rules(options),
                     Failure.NOTHING_SENT if nothing_sent else Failure.TRANSPORT,
-                    retryable=may_retry,
+                    retryable=_retryable(request),
                     attempts=attempts,
                     transparent=transparent,
                     listed=len(route.identities()) if nothing_sent else 0,
@@ -934,7 +961,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 and retry_step(
                     _rules(options),
                     Failure.STATUS,
-                    retryable=may_retry,
+                    retryable=_retryable(request),
                     attempts=attempts,
                     transparent=transparent,
                     listed=0,
@@ -947,6 +974,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 )
                 is Step.RETRY
             ):
+                if tried is _NONE_TRIED:
+                    tried = set()
                 tried.add(instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))
                 route.count_failure(STATUS, instance.identity)
@@ -956,7 +985,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     held.complete(failed=True)
                 fast = False
                 continue
-            if own and now() > deadline:
+            if now() > deadline and self._own(deadline, own):
                 # A pool bounds each wait by what was left when it began; a
                 # response that trickled in past the budget is not returned.
                 route.count_failure(TIMEOUT, instance.identity)
@@ -968,7 +997,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             if extensions.get(BUDGET_EXTENSION) is not budget:
                 # The headers are in: reading the body is the caller's business,
                 # bounded per operation by the httpx timeout as with plain httpx.
-                timeouts.release()
+                timeouts.deadline = math.inf
             else:
                 # The REST client reads the body within the call's budget (the
                 # attempt timeout covers the way to the headers only).
@@ -979,12 +1008,17 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
 
     def _target(self, request: httpx.Request) -> _Target:
         # Parsing the service and path out of a nadisc:// URL, once per
-        # distinct (qualifier, host, path): services use few distinct paths.
+        # distinct (qualifier, URL): services use few distinct paths. The key
+        # is the whole parsed URL (scheme, user info, host, port, path,
+        # query), so a hit was validated when it was stored.
+        qualifier = request.extensions.get(QUALIFIER_EXTENSION)
+        if qualifier is not None and type(qualifier) is not str:
+            return _target(request)  # refused there: not a connection name
         url = request.url
-        key = (request.extensions.get(QUALIFIER_EXTENSION), url.host, url.raw_path)
+        key = (qualifier, url._uri_reference if _URL_REFERENCE else str(url))
         targets = self._targets
         target = targets.get(key)
-        if target is None or url.scheme != SCHEME or url.port is not None or url.userinfo:
+        if target is None:
             target = _target(request)
             if len(targets) >= _URL_CACHE:
                 targets.clear()
@@ -1052,13 +1086,63 @@ def _rules(options: RestOptions) -> RetryRules:
     )
 
 
-def _loop_move_on_at() -> Callable[[float], AbstractContextManager[object]]:
-    """The running loop's ``move_on_at``: trio's own on trio (anyio's wraps it)."""
-    if sniffio.current_async_library() == "trio":
-        import trio
+class _Loop:
+    """The running loop's clock, effective deadline and cancel scope, resolved once.
 
-        return trio.move_on_at
-    return anyio.move_on_at
+    The same values as anyio's ``current_time``, ``current_effective_deadline``
+    and ``CancelScope``, without anyio's per-call backend lookup; on trio the
+    clock is the run's own clock object (one call per read instead of three).
+    """
+
+    __slots__ = ("effective_deadline", "now", "scope")
+
+    def __init__(self) -> None:
+        self.scope: Callable[..., AbstractContextManager[object]]
+        if sniffio.current_async_library() == "trio":
+            import trio
+
+            self.now: Callable[[], float] = trio.lowlevel.current_clock().current_time
+            self.effective_deadline: Callable[[], float] = trio.current_effective_deadline
+            self.scope = trio.CancelScope
+        else:
+            import asyncio
+
+            self.now = asyncio.get_running_loop().time
+            self.effective_deadline = anyio.current_effective_deadline
+            self.scope = anyio.CancelScope
+
+
+class _Rebuild:
+    """Builds an attempt's request for the chosen instance (``Attempt.build``).
+
+    One per call, holding what every attempt of the call shares: the
+    caller's request, the instance scheme, the path and the extensions.
+    """
+
+    __slots__ = ("extensions", "raw_path", "request", "scheme", "url")
+
+    def __init__(
+        self,
+        request: httpx.Request,
+        scheme: str,
+        raw_path: bytes,
+        extensions: dict[str, object],
+        url: Callable[[str, Instance, bytes], tuple[httpx.URL, bytes]],
+    ) -> None:
+        self.request = request
+        self.scheme = scheme
+        self.raw_path = raw_path
+        self.extensions = extensions
+        self.url = url
+
+    def __call__(self, instance: Instance) -> httpx.Request:
+        target, host = self.url(self.scheme, instance, self.raw_path)
+        return _rebuild(self.request, target, host, self.extensions)
+
+
+def _retryable(request: httpx.Request) -> bool:
+    # GET and HEAD with a body that can be sent again.
+    return request.method in _RETRYABLE_METHODS and _replayable(request)
 
 
 def _name_instance(

@@ -16,6 +16,11 @@ def test_nacos_scale_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     decoded = results["decode"]
     assert decoded["hosts"] == 4096 and decoded["loads"] > 0
     assert 0 < decoded["ratio"] <= decoded["worst_ratio"]
+    assert "typed snapshot / floor (median)" in printed and "target <= 1.20x" in printed
+    assert "minimal msgspec + same walk (floor) / json.loads" in printed
+    assert "load average " in printed and len(decoded["load_average"]) == 3
+    assert 0 < decoded["floor_ratio"] <= decoded["worst_floor_ratio"]
+    assert decoded["floor_loads_ratio"] > 0
     assert decoded["after_loads_ratio"] > 0
     # An unchanged poll hashes the body and decodes nothing: measured 0.07x
     # against the careful path's 0.9x (13x apart), so the order holds however

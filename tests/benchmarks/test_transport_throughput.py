@@ -7,22 +7,32 @@ import pytest
 from benchmarks import transport_throughput
 
 
-def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
-    result = transport_throughput.main(["--smoke"])
+def test_smoke_run_prints_a_table_per_loop(capsys: pytest.CaptureFixture[str]) -> None:
+    results = transport_throughput.main(["--smoke"])
     out = capsys.readouterr().out
     for label in (
         "plain httpx, in-memory pool",
         "discovery transport, in-memory pool",
         "owner.rest(), in-memory pool",
         "plain httpx, pool called directly",
+        "plain httpx, MockTransport",
+        "discovery transport, MockTransport",
         "discovery transport, loopback",
+        "client (trio)",
+        "client (asyncio)",
     ):
         assert label in out
-    assert result.requests == 150 and result.concurrency == 16
-    assert all(rps > 0 for rps in result.rps.values())
-    assert set(result.cpu_rps) == set(result.wall_rps)
-    # Not the targets (a smoke run on a busy machine is noisy), but a gross
-    # regression of the request path shows up even here.
-    assert result.memory_ratio > 0.3, out
-    assert result.loopback_ratio > 0.3, out
-    assert f"ratio {result.memory_ratio:.2f}" in out
+    assert [result.loop for result in results] == ["trio", "asyncio"]
+    assert out.count("load average ") == 2
+    for result in results:
+        assert result.requests == 150 and result.concurrency == 16
+        assert all(rps > 0 for rps in result.rps.values())
+        assert set(result.cpu_rps) == set(result.wall_rps)
+        assert all(value >= 0 for value in result.load)
+        # Not the targets (a smoke run on a busy machine is noisy), but a gross
+        # regression of the request path shows up even here.
+        assert result.memory_ratio > 0.3, out
+        assert result.mock_ratio > 0.3, out
+        assert result.loopback_ratio > 0.3, out
+        assert f"ratio {result.memory_ratio:.2f}" in out
+        assert f"MockTransport ratio {result.mock_ratio:.2f}" in out
