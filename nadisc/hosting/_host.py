@@ -366,15 +366,6 @@ class Host:
                 abandoned,
                 drain,
             )
-        for name, served in self._grpc.items():
-            if served.report().abandoned:
-                logger.warning(
-                    "gRPC listener %r: %d RPC(s) still running after the %.3f s drain "
-                    "budget: cancelled",
-                    name,
-                    served.report().abandoned,
-                    drain,
-                )
         drained = anyio.current_time()
         # 4. Close the owner (what quiesce left, providers, tasks).
         self._phase = HostPhase.CLOSING
@@ -436,6 +427,23 @@ def _log_close(report: HostReport) -> None:
         close.tasks_left if close is not None else None,
         list(close.provider_errors) if close is not None else None,
     )
+    for name, g in report.grpc.items():
+        stop = (
+            (g.stopped_at - g.stop_at)
+            if g.stopped_at is not None and g.stop_at is not None
+            else 0.0
+        )
+        (logger.info if not (g.abandoned or g.threads_left) else logger.warning)(
+            "gRPC listener %r: %d RPCs served, %d in flight at stop, stopped in %.3f s "
+            "(grace %.3f s), abandoned=%d, threads_left=%d",
+            name,
+            g.rpcs,
+            g.in_flight_at_stop,
+            stop,
+            g.stop_grace_seconds,
+            g.abandoned,
+            g.threads_left,
+        )
 
 
 # ------------------------------------------------------------------ planning

@@ -261,19 +261,26 @@ async def _serve_in(
     return host, listener
 
 
-def _held_stream(pb: ModuleType, pb_grpc: ModuleType, channel: Channel, failures: list[Any]) -> Any:
-    stub = pb_grpc.TestServiceStub(channel)
+def _held_stream(pb: ModuleType, pb_grpc: ModuleType, target: str, failures: list[Any]) -> Any:
+    """A server-streaming call of two messages (the servicer holds the second),
+    made by grpcio's own client in a worker thread: what is checked is the
+    server's drain, seen by the reference client."""
     request = pb.StreamingOutputCallRequest(
         response_parameters=[pb.ResponseParameters(), pb.ResponseParameters()]
     )
     received: list[Any] = []
 
+    def call() -> None:
+        with grpc.insecure_channel(target) as channel:
+            stub = pb_grpc.TestServiceStub(channel)
+            try:
+                for message in stub.StreamingOutputCall(request, timeout=30):
+                    received.append(message)
+            except grpc.RpcError as exc:
+                failures.append((exc.code(), exc.details()))
+
     async def stream() -> None:
-        try:
-            async for message in stub.StreamingOutputCall(request):
-                received.append(message)
-        except RpcError as exc:
-            failures.append(exc.code())
+        await anyio.to_thread.run_sync(call)
 
     return stream, received
 
@@ -290,19 +297,18 @@ async def test_shutdown_goes_not_serving_and_deregisters_then_waits_the_ack_and_
             tg, pb, pb_grpc, events, registry, deregister_grace_ms=300, drain_timeout_ms=5000
         )
         holder["health"] = lambda: listener.health.get("")
-        async with Channel(host.target("grpc")) as channel:
-            stream, received = _held_stream(pb, pb_grpc, channel, failures)
-            async with anyio.create_task_group() as calls:
-                calls.start_soon(stream)
-                await anyio.to_thread.run_sync(events.holding.wait, 10)
-                host.shutdown()
-                # The held stream outlives the deregistration and the grace;
-                # it is released once the server began stopping.
-                await host.wait_draining()
-                await listener.stopping.wait()
-                events.add("released")
-                events.release.set()
-            assert failures == [] and len(received) == 2  # the stream in flight finished whole
+        stream, received = _held_stream(pb, pb_grpc, host.target("grpc"), failures)
+        async with anyio.create_task_group() as calls:
+            calls.start_soon(stream)
+            await anyio.to_thread.run_sync(events.holding.wait, 10)
+            host.shutdown()
+            # The held stream outlives the deregistration and the grace;
+            # it is released once the server began stopping.
+            await host.wait_draining()
+            await listener.stopping.wait()
+            events.add("released")
+            events.release.set()
+        assert failures == [] and len(received) == 2  # the stream in flight finished whole
         report = await host.wait_closed()
     g = report.grpc["grpc"]
     # Order of events: NOT_SERVING before the deregistration was sent; the
@@ -337,18 +343,17 @@ async def test_an_rpc_running_past_the_drain_budget_is_cancelled_and_counted(
             tg, pb, pb_grpc, events, MemoryRegistry(), deregister_grace_ms=0, drain_timeout_ms=300
         )
         prefix = listener.thread_prefix
-        async with Channel(host.target("grpc")) as channel:
-            stream, _ = _held_stream(pb, pb_grpc, channel, failures)
-            async with anyio.create_task_group() as calls:
-                calls.start_soon(stream)
-                await anyio.to_thread.run_sync(events.holding.wait, 10)
-                host.shutdown()
+        stream, _ = _held_stream(pb, pb_grpc, host.target("grpc"), failures)
+        async with anyio.create_task_group() as calls:
+            calls.start_soon(stream)
+            await anyio.to_thread.run_sync(events.holding.wait, 10)
+            host.shutdown()
         report = await host.wait_closed()
     g = report.grpc["grpc"]
     assert g.abandoned == 1 and g.in_flight_at_stop == 1
     assert g.stopped_at is not None and g.stop_at is not None
     assert g.stopped_at - g.stop_at >= 0.3  # the server's grace, a timer's lower bound
-    assert failures and failures[0] in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+    assert failures and failures[0][0] in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
     assert "stream cancelled" in events.log
     # The cancelled servicer returned, so every thread of the listener was joined.
     assert g.threads_left == 0
