@@ -74,9 +74,12 @@ class RecordingRegistry(MemoryRegistry):
         self.events = events
         self.health = health
         self.delay = delay
+        #: Set when a deregistration arrives.
+        self.asked = anyio.Event()
 
     async def deregister(self, registered: Registered, deadline: float) -> None:
         health = self.health() if self.health is not None else None
+        self.asked.set()
         self.events.add(f"deregister {registered.record.registration} (health {health})")
         await anyio.sleep(self.delay)
         await super().deregister(registered, deadline)
@@ -500,3 +503,74 @@ async def test_the_grpc_metadata_prefix_is_the_hosts_to_write(
             await _enter({"grpc": Bind(grpc=good), "web": Bind()}, settings)
         name = "rpc" if listener == "grpc" else "web"
         assert caught.value.where == f"registrations.{name}.metadata.{GRPC_TLS_KEY}"
+
+
+async def test_hosted_servers_are_dialled_by_the_discovery_channel_from_their_records(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    # Two hosts write their records into one in-memory registry; a caller
+    # lists exactly those records (what a registry would list) and calls
+    # through discovery_channel with no DiscoveryProtocol: the hosts' own
+    # gRPC metadata says how to dial them. Once a host's shutdown began, its
+    # health says NOT_SERVING through the grace, so first-serving calls go
+    # to the other although it is still listed.
+    from nadisc import ConnectionConfig, ConnectionSpec, Instance, OwnerBuilder
+    from nadisc.grpc import discovery_channel
+
+    registry = RecordingRegistry(Events())
+    add = pb_grpc.add_TestServiceServicer_to_server
+
+    def named(name: str) -> Any:
+        class Named(pb_grpc.TestServiceServicer):  # type: ignore[misc,name-defined]
+            def UnaryCall(self, request: Any, context: Any) -> Any:
+                return pb.SimpleResponse(username=name)
+
+        return Named()
+
+    async with anyio.create_task_group() as tg:
+        hosts = []
+        for name in ("a", "b"):
+            listeners = {"grpc": Bind(grpc=GrpcServe(servicers=[(add, named(name))]))}
+            hosts.append(
+                await tg.start(
+                    lambda task_status, listeners=listeners: serve(
+                        None,
+                        config(),
+                        listeners=listeners,
+                        providers={"primary": MemoryProvider(registry=registry)},
+                        handle_signals=False,
+                        allow_loopback=True,
+                        deregister_grace_ms=1500,
+                        task_status=task_status,
+                    )
+                )
+            )
+        records = [registry.get(i) for i in registry.instance_ids()]
+        listed = [
+            Instance(r.record.instance_id, r.record.host, r.record.port, metadata=r.record.metadata)
+            for r in records
+            if r is not None
+        ]
+        assert len(listed) == 2
+        memory = MemoryProvider(services={"orders": "order-api"})
+        memory.set("order-api", listed)
+        builder = OwnerBuilder()
+        builder.connection(ConnectionSpec("primary", memory, ConnectionConfig(provider="memory")))
+        async with builder.open() as caller:
+            await caller.prepare(anyio.current_time() + 5)
+            async with discovery_channel(caller, "primary", "orders") as channel:
+                stub = pb_grpc.TestServiceStub(channel)
+                names = {(await stub.UnaryCall(pb.SimpleRequest())).username for _ in range(8)}
+                assert names == {"a", "b"}
+                hosts[0].shutdown()
+                # Health turns NOT_SERVING before the deregistration is sent.
+                await registry.asked.wait()
+                assert hosts[0]._listeners["grpc"].health.get("") == 2
+                assert hosts[0].report is None  # still serving through its grace
+                probed = set()
+                for _ in range(4):
+                    call = stub.UnaryCall(pb.SimpleRequest(), timeout=5, first_serving=True)
+                    probed.add((await call).username)
+                assert probed == {"b"}
+        for host in hosts:
+            host.shutdown()
