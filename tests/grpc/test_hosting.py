@@ -241,12 +241,16 @@ async def _serve_in(
     pb_grpc: ModuleType,
     events: Events,
     registry: MemoryRegistry,
+    *,
+    served: Any = None,
     **kw: Any,
 ) -> tuple[Host, GrpcListener]:
     """A gRPC host run by ``serve`` in ``tg`` (its shutdown cancels its own
-    block, not the caller's), and its listener."""
+    block, not the caller's), and its listener; ``served`` replaces the
+    recording servicer."""
     add = pb_grpc.add_TestServiceServicer_to_server
-    listeners = {"grpc": Bind(grpc=GrpcServe(servicers=[(add, servicer(pb, pb_grpc, events))]))}
+    chosen = served if served is not None else servicer(pb, pb_grpc, events)
+    listeners = {"grpc": Bind(grpc=GrpcServe(servicers=[(add, chosen)]))}
     host: Host = await tg.start(
         lambda task_status: serve(
             None,
@@ -518,7 +522,6 @@ async def test_hosted_servers_are_dialled_by_the_discovery_channel_from_their_re
     from nadisc.grpc import discovery_channel
 
     registry = RecordingRegistry(Events())
-    add = pb_grpc.add_TestServiceServicer_to_server
 
     def named(name: str) -> Any:
         class Named(pb_grpc.TestServiceServicer):  # type: ignore[misc,name-defined]
@@ -528,23 +531,13 @@ async def test_hosted_servers_are_dialled_by_the_discovery_channel_from_their_re
         return Named()
 
     async with anyio.create_task_group() as tg:
-        hosts = []
-        for name in ("a", "b"):
-            listeners = {"grpc": Bind(grpc=GrpcServe(servicers=[(add, named(name))]))}
-            hosts.append(
-                await tg.start(
-                    lambda task_status, listeners=listeners: serve(
-                        None,
-                        config(),
-                        listeners=listeners,
-                        providers={"primary": MemoryProvider(registry=registry)},
-                        handle_signals=False,
-                        allow_loopback=True,
-                        deregister_grace_ms=1500,
-                        task_status=task_status,
-                    )
-                )
+        started = [
+            await _serve_in(
+                tg, pb, pb_grpc, Events(), registry, served=named(n), deregister_grace_ms=1500
             )
+            for n in ("a", "b")
+        ]
+        hosts = [host for host, _ in started]
         records = [registry.get(i) for i in registry.instance_ids()]
         listed = [
             Instance(r.record.instance_id, r.record.host, r.record.port, metadata=r.record.metadata)
@@ -565,7 +558,7 @@ async def test_hosted_servers_are_dialled_by_the_discovery_channel_from_their_re
                 hosts[0].shutdown()
                 # Health turns NOT_SERVING before the deregistration is sent.
                 await registry.asked.wait()
-                assert hosts[0]._listeners["grpc"].health.get("") == 2
+                assert started[0][1].health.get("") == 2
                 assert hosts[0].report is None  # still serving through its grace
                 probed = set()
                 for _ in range(4):
