@@ -226,6 +226,11 @@ REVIEWED: dict[tuple[str, str, str], Bound] = {
     (
         "grpc/test_hosting.py",
         "test_shutdown_goes_not_serving_and_deregisters_then_waits_the_ack_and_grace_then_stops",
+        "assert g.stopped_at - g.stop_at < 2.5",
+    ): Bound("upper", 0.07, 2.5, "the stop once the held stream is released: 3-70 ms"),
+    (
+        "grpc/test_hosting.py",
+        "test_shutdown_goes_not_serving_and_deregisters_then_waits_the_ack_and_grace_then_stops",
         "assert report.deregistered_at - g.not_serving_at >= 0.2",
     ): Bound("lower", 0.201, 0.2, "the registry's own 0.2 s sleep before it acknowledges"),
     (

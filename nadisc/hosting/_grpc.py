@@ -30,6 +30,8 @@ the published ``health.proto``; its two one-field messages are encoded by
 server (``""``) and for every service the servicers registered: SERVING
 once the server runs, NOT_SERVING from the start of the shutdown. A service
 it does not know is ``NOT_FOUND`` on Check and ``SERVICE_UNKNOWN`` on Watch.
+Watch streams end (status OK) when the stop begins, so they never hold the
+drain; each open one occupies a thread of the pool while it waits.
 
 *Counting.* An interceptor counts the RPCs each listener started and has in
 flight (health RPCs excluded), for :class:`GrpcListenerReport`.
@@ -492,6 +494,8 @@ class GrpcListener:
         self._stop_at = anyio.current_time()
         self._grace = self._drain
         self._in_flight_at_stop = self._counter.in_flight
+        # Health Watch streams end now: they must not hold the drain.
+        self.health.close()
         before = set(threading.enumerate())
         # grpcio's own grace is set past ours: the host decides when the
         # grace is over, so what still runs then is counted before anything

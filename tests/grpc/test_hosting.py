@@ -305,9 +305,28 @@ async def test_shutdown_goes_not_serving_and_deregisters_then_waits_the_ack_and_
         )
         holder["health"] = lambda: listener.health.get("")
         stream, received = _held_stream(pb, pb_grpc, host.target("grpc"), failures)
+        watched: list[Any] = []
+        watching = threading.Event()
+
+        def watch() -> None:
+            from grpc_health.v1 import health_pb2
+
+            with grpc.insecure_channel(host.target("grpc")) as channel:
+                method = channel.unary_stream(
+                    "/grpc.health.v1.Health/Watch",
+                    request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                    response_deserializer=health_pb2.HealthCheckResponse.FromString,
+                )
+                for answer in method(health_pb2.HealthCheckRequest(service=""), timeout=30):
+                    watched.append(answer.status)
+                    watching.set()
+            watched.append("ended")
+
         async with anyio.create_task_group() as calls:
             calls.start_soon(stream)
+            calls.start_soon(anyio.to_thread.run_sync, watch)
             await anyio.to_thread.run_sync(events.holding.wait, 10)
+            await anyio.to_thread.run_sync(watching.wait, 10)
             host.shutdown()
             # The held stream outlives the deregistration and the grace;
             # it is released once the server began stopping.
@@ -316,6 +335,8 @@ async def test_shutdown_goes_not_serving_and_deregisters_then_waits_the_ack_and_
             events.add("released")
             events.release.set()
         assert failures == [] and len(received) == 2  # the stream in flight finished whole
+        # The health Watch saw SERVING, then NOT_SERVING, and ended cleanly at the stop.
+        assert watched == [1, 2, "ended"]
         report = await host.wait_closed()
     g = report.grpc["grpc"]
     # Order of events: NOT_SERVING before the deregistration was sent; the
@@ -335,6 +356,8 @@ async def test_shutdown_goes_not_serving_and_deregisters_then_waits_the_ack_and_
     assert report.refusing_at is not None and g.stop_at >= report.refusing_at
     assert report.refusing_at - report.deregistered_at >= 0.3
     assert g.stop_at <= g.stopped_at <= report.started_at + report.total_seconds
+    # The open health Watch did not hold the stop to its 5 s drain budget.
+    assert g.stopped_at - g.stop_at < 2.5
     assert g.in_flight_at_stop == 1 and g.abandoned == 0 and g.threads_left == 0
     assert g.stop_grace_seconds == 5.0
     assert not report.over_budget
