@@ -38,6 +38,13 @@ shutdown sequence runs shielded from cancellation and bounded by its budget
 (``shutdown_timeout_ms`` of the config for deregistration and close, plus
 the deregistration grace and ``drain_timeout_ms`` for in-flight requests).
 
+*gRPC listeners* (``Bind(grpc=GrpcServe(...))``, :mod:`nadisc.hosting._grpc`)
+run a grpcio server instead of hypercorn, driven through the same steps:
+their health turns NOT_SERVING as QUIESCING begins (before the
+deregistration is sent), DRAINING calls ``server.stop`` with the drain
+budget, and the listener's threads are joined before it reports stopped.
+Only their registrations get the gRPC protocol metadata.
+
 *Eligibility.* Unless the caller passes its own under the same name, each
 listener gets an :meth:`~nadisc.Eligibility.channel` the host renews itself
 (a 5 s grant renewed every second) while its server is serving and the host
