@@ -45,10 +45,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import trio
@@ -59,6 +59,7 @@ from tests.fakes.consul import run_consul_fake
 from tests.hosting.support import consul_config, etcd_config, unique_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 RATE = 200.0
 
 
@@ -140,10 +141,18 @@ class ConsulProcess:
 
 
 class Hosted:
-    """One hosted instance in its own process."""
+    """One hosted instance in its own process (``module`` run with ``--host
+    CONFIG`` and ``extra``; it prints ``serving ...`` once started)."""
 
-    def __init__(self, config_path: Path, grace_ms: float | None) -> None:
-        command = [sys.executable, "-m", "benchmarks.calling_faults", "--host", str(config_path)]
+    def __init__(
+        self,
+        config_path: Path,
+        grace_ms: float | None,
+        *,
+        module: str = "benchmarks.calling_faults",
+        extra: Sequence[str] = (),
+    ) -> None:
+        command = [sys.executable, "-m", module, "--host", str(config_path), *extra]
         if grace_ms is not None:
             command += ["--grace-ms", str(grace_ms)]
         self.log = config_path.with_suffix(f".{id(self)}.log")
@@ -198,6 +207,18 @@ def _caller(hosted: DiscoveryConfig, rest: dict[str, Any]) -> DiscoveryConfig:
     return DiscoveryConfig.model_validate(document)
 
 
+async def at_rate(one: Callable[[int], Awaitable[None]], stop: trio.Event) -> None:
+    """``one(n)`` for n = 1, 2, ... at ``RATE`` a second, each in its own task, until ``stop``."""
+    async with trio.open_nursery() as nursery:
+        next_at = trio.current_time()
+        n = 0
+        while not stop.is_set():
+            n += 1
+            nursery.start_soon(one, n)
+            next_at += 1.0 / RATE
+            await trio.sleep_until(next_at)
+
+
 class Load:
     """Requests at a fixed rate, one task each; every outcome recorded."""
 
@@ -225,14 +246,7 @@ class Load:
                 self.failures.append(outcome)
 
     async def run(self, stop: trio.Event) -> None:
-        async with trio.open_nursery() as nursery:
-            next_at = trio.current_time()
-            n = 0
-            while not stop.is_set():
-                n += 1
-                nursery.start_soon(self.one, n)
-                next_at += 1.0 / RATE
-                await trio.sleep_until(next_at)
+        await at_rate(self.one, stop)
 
     def row(self, scenario: str, registry: str, settings: str) -> Row:
         kinds: dict[str, int] = {}
@@ -435,6 +449,19 @@ def render(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def with_etcd(prefix: str, run: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``trio.run(run, etcd_url, root, *args)`` beside a throw-away etcd in a temporary ``root``."""
+    binary = shutil.which("etcd")
+    if binary is None:
+        raise RuntimeError("the etcd binary is not installed (apt-get install etcd-server)")
+    with tempfile.TemporaryDirectory(prefix=prefix) as root:
+        server = EtcdProcess(binary, Path(root))
+        try:
+            return trio.run(run, server.client, Path(root), *args)
+        finally:
+            server.stop()
+
+
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--smoke", action="store_true", help="short scenarios, 2 rounds")
@@ -450,15 +477,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     if args.host:
         trio.run(_host_main, args.host, args.grace_ms)
         return []
-    binary = shutil.which("etcd")
-    if binary is None:
-        raise RuntimeError("the etcd binary is not installed (apt-get install etcd-server)")
-    with tempfile.TemporaryDirectory(prefix="calling-faults-") as root:
-        server = EtcdProcess(binary, Path(root))
-        try:
-            rows = trio.run(run_all, server.client, Path(root), args.smoke, args.only, args.rounds)
-        finally:
-            server.stop()
+    rows = with_etcd("calling-faults-", run_all, args.smoke, args.only, args.rounds)
     load = os.getloadavg()
     print(
         f"calling through faults at {RATE:g} req/s, 3 hosted instances "

@@ -12,8 +12,10 @@ from typing import Final
 
 __all__ = ["GRPC_AUTHORITY_KEY", "GRPC_METADATA_PREFIX", "GRPC_TLS_KEY", "GRPC_TLS_MODES"]
 
-#: Every key of the gRPC protocol metadata starts with this.
-GRPC_METADATA_PREFIX: Final = "nadisc.grpc."
+#: Every key of the gRPC protocol metadata starts with this. Hyphens, not
+#: dots: Consul refuses ``.`` in service meta keys (letters, digits, ``-``,
+#: ``_``), and the keys must be valid in every registry that has metadata.
+GRPC_METADATA_PREFIX: Final = "nadisc-grpc-"
 #: The ``:authority`` calls to the instance carry (optional; default ``host:port``).
 GRPC_AUTHORITY_KEY: Final = GRPC_METADATA_PREFIX + "authority"
 #: ``plaintext`` or ``tls``: how the instance's gRPC port is dialled. Its

@@ -218,6 +218,31 @@ REVIEWED: dict[tuple[str, str, str], Bound] = {
         "test_nacos_scale_smoke",
         'assert 0 < decoded["unchanged_ratio"] < decoded["careful_ratio"]',
     ): Bound("upper", 0.07 / 0.9, 1.0, "a digest against a careful decode of the same body"),
+    (
+        "grpc/test_hosting.py",
+        "test_shutdown_goes_not_serving_and_deregisters_then_waits_the_ack_and_grace_then_stops",
+        "assert g.stop_at <= g.stopped_at <= report.started_at + report.total_seconds",
+    ): Bound("order", 0.51, None, "the stop ends before the shutdown that awaits it ends"),
+    (
+        "grpc/test_hosting.py",
+        "test_shutdown_goes_not_serving_and_deregisters_then_waits_the_ack_and_grace_then_stops",
+        "assert g.stopped_at - g.stop_at < 2.5",
+    ): Bound("upper", 0.07, 2.5, "the stop once the held stream is released: 3-70 ms"),
+    (
+        "grpc/test_hosting.py",
+        "test_shutdown_goes_not_serving_and_deregisters_then_waits_the_ack_and_grace_then_stops",
+        "assert report.deregistered_at - g.not_serving_at >= 0.2",
+    ): Bound("lower", 0.201, 0.2, "the registry's own 0.2 s sleep before it acknowledges"),
+    (
+        "grpc/test_hosting.py",
+        "test_shutdown_goes_not_serving_and_deregisters_then_waits_the_ack_and_grace_then_stops",
+        "assert report.refusing_at - report.deregistered_at >= 0.3",
+    ): Bound("lower", 0.301, 0.3, "the host sleeps until the ack + the 300 ms grace"),
+    (
+        "grpc/test_hosting.py",
+        "test_an_rpc_running_past_the_drain_budget_is_cancelled_and_counted",
+        "assert g.stopped_at - g.stop_at >= 0.3",
+    ): Bound("lower", 0.304, 0.3, "the listener waits the 0.3 s drain before cancelling"),
 }
 
 

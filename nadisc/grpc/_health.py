@@ -95,6 +95,36 @@ def decode_response(data: bytes) -> HealthStatus:
         return HealthStatus.UNKNOWN
 
 
+def decode_request(data: bytes) -> str:
+    """``HealthCheckRequest.service`` (the server's side); other fields skipped."""
+    service = ""
+    pos = 0
+    while pos < len(data):
+        key, pos = _read_varint(data, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            _, pos = _read_varint(data, pos)
+        elif wire == 2:
+            length, pos = _read_varint(data, pos)
+            if pos + length > len(data):
+                raise ValueError("a truncated field in HealthCheckRequest")
+            if field == 1:
+                service = data[pos : pos + length].decode("utf-8")
+            pos += length
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"wire type {wire} in HealthCheckRequest")
+    if pos > len(data):
+        raise ValueError("a truncated field in HealthCheckRequest")
+    return service
+
+
+def encode_response(status: int) -> bytes:
+    """``HealthCheckResponse`` with ``status`` (the server's side)."""
+    return b"\x08" + _varint(status) if status else b""
+
+
 class HealthClient:
     """Check and Watch on a :class:`~nadisc.grpc.Channel`."""
 

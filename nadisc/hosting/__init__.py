@@ -1,5 +1,7 @@
 """Hosting: serve ASGI apps with hypercorn, register the real bound address,
-deregister and drain on SIGTERM — on trio and on asyncio.
+deregister and drain on SIGTERM — on trio and on asyncio; gRPC listeners
+(``Bind(grpc=GrpcServe(...))``) serve a grpcio server beside or instead of
+the app, with the standard health service and the gRPC protocol metadata.
 
 ::
 
@@ -14,6 +16,7 @@ This package sits above the discovery owner; the owner never imports it.
 """
 
 from ._asgi import ASGIApp, Gate, PrefixRouter
+from ._grpc import GrpcListenerReport, GrpcServe
 from ._host import Host, HostingError, HostPhase, HostReport, open_host, serve
 from ._listen import Bind
 from ._timing import (
@@ -29,6 +32,8 @@ __all__ = [
     "Bind",
     "EligibilityLease",
     "Gate",
+    "GrpcListenerReport",
+    "GrpcServe",
     "Host",
     "HostPhase",
     "HostReport",

@@ -38,6 +38,13 @@ shutdown sequence runs shielded from cancellation and bounded by its budget
 (``shutdown_timeout_ms`` of the config for deregistration and close, plus
 the deregistration grace and ``drain_timeout_ms`` for in-flight requests).
 
+*gRPC listeners* (``Bind(grpc=GrpcServe(...))``, :mod:`nadisc.hosting._grpc`)
+run a grpcio server instead of hypercorn, driven through the same steps:
+their health turns NOT_SERVING as QUIESCING begins (before the
+deregistration is sent), DRAINING calls ``server.stop`` with the drain
+budget, and the listener's threads are joined before it reports stopped.
+Only their registrations get the gRPC protocol metadata.
+
 *Eligibility.* Unless the caller passes its own under the same name, each
 listener gets an :meth:`~nadisc.Eligibility.channel` the host renews itself
 (a 5 s grant renewed every second) while its server is serving and the host
@@ -72,11 +79,13 @@ import anyio.lowlevel
 from .._config import DiscoveryConfig
 from .._eligibility import Eligibility, EligibilityController
 from .._errors import DiscoveryError
+from .._grpc_protocol import GRPC_METADATA_PREFIX
 from .._owner import CloseReport, open_discovery
 from .._probe import eligibility_probe_app
 from .._registration import resolve_registrations
 from .._registration_state import RegistrationState
 from ._asgi import ASGIApp, Gate, PrefixRouter, Receive, Scope, Send, not_found
+from ._grpc import GrpcListener, GrpcListenerReport
 from ._listen import Bind, Listener, bind_socket, is_wildcard
 from ._timing import EligibilityLease, ShutdownBudget, default_deregister_grace
 
@@ -145,13 +154,17 @@ class HostReport:
     grace_seconds: float = 0.0
     #: When new requests began to be refused (``deregistered_at`` + the grace).
     refusing_at: float | None = None
+    #: Per gRPC listener: its health, stop and drain steps and their times.
+    grpc: Mapping[str, GrpcListenerReport] = field(default_factory=dict)
 
 
 class Host:
     """A running host (from :func:`open_host`). Holds no close rights of the owner:
     the host closes it at the end of the block."""
 
-    def __init__(self, listeners: Mapping[str, Listener], gates: Mapping[str, Gate]) -> None:
+    def __init__(
+        self, listeners: Mapping[str, Listener | GrpcListener], gates: Mapping[str, Gate]
+    ) -> None:
         self._listeners = dict(listeners)
         self._gates = dict(gates)
         self._owner: DiscoveryOwner | None = None
@@ -193,12 +206,16 @@ class Host:
 
     def url(self, listener: str) -> str:
         """``http://host:port`` of a listener, dialable from this machine."""
+        return f"http://{self.target(listener)}"
+
+    def target(self, listener: str) -> str:
+        """``host:port`` of a listener, dialable from this machine (a gRPC target)."""
         host, port = self._listeners[listener].bound
         if is_wildcard(host):
             host = "127.0.0.1" if ":" not in host else "::1"
         if ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{port}"
+        return f"{host}:{port}"
 
     @property
     def report(self) -> HostReport | None:
@@ -210,9 +227,16 @@ class Host:
         return self._requested.is_set()
 
     def in_flight(self, listener: str) -> int:
-        """HTTP requests inside the app of ``listener`` now."""
+        """HTTP requests inside the app of ``listener`` now (RPCs on a gRPC listener)."""
+        served = self._listeners.get(listener)
+        if isinstance(served, GrpcListener):
+            return served.in_flight
         gate = self._gates.get(listener)
         return gate.in_flight if gate is not None else 0
+
+    @property
+    def _grpc(self) -> dict[str, GrpcListener]:
+        return {n: li for n, li in self._listeners.items() if isinstance(li, GrpcListener)}
 
     def shutdown(self, reason: str = "shutdown()") -> None:
         """Begin the graceful shutdown (idempotent): the block is cancelled and
@@ -306,6 +330,10 @@ class Host:
         self._phase = HostPhase.QUIESCING
         for controller in self._controllers.values():
             controller.close()
+        # gRPC health says NOT_SERVING before the deregistration goes out, so
+        # health-checking callers stop at once; the servers still serve.
+        for served in self._grpc.values():
+            served.not_serving()
         waiter = owner.begin_quiesce(budget.deadline)
         with anyio.move_on_at(budget.quiesce_until) as waited:
             await waiter.wait()
@@ -324,7 +352,7 @@ class Host:
             gate.close()
         self._draining.set()
         for listener in self._listeners.values():
-            listener.stop()
+            listener.stop()  # gRPC: server.stop(the drain budget)
         # hypercorn cuts what still runs at the drain budget (graceful_timeout);
         # the host kills a server only if it is still there a second later.
         cancelled_before = sum(gate.cancelled for gate in self._gates.values())
@@ -374,6 +402,7 @@ class Host:
             served={name: gate.served for name, gate in self._gates.items()},
             grace_seconds=refusing - deregistered,
             refusing_at=refusing,
+            grpc={name: served.report() for name, served in self._grpc.items()},
         )
         _log_close(report)
         return report
@@ -391,6 +420,7 @@ def _log_close(report: HostReport) -> None:
         and not close.provider_errors
         and not report.over_budget
         and report.abandoned_requests == 0
+        and not any(g.abandoned or g.threads_left for g in report.grpc.values())
     )
     (logger.info if clean else logger.warning)(
         "host closed (%s) in %.3f s: deregistered after %.3f s, drained in %.3f s, "
@@ -404,6 +434,23 @@ def _log_close(report: HostReport) -> None:
         close.tasks_left if close is not None else None,
         list(close.provider_errors) if close is not None else None,
     )
+    for name, g in report.grpc.items():
+        stop = (
+            (g.stopped_at - g.stop_at)
+            if g.stopped_at is not None and g.stop_at is not None
+            else 0.0
+        )
+        (logger.info if not (g.abandoned or g.threads_left) else logger.warning)(
+            "gRPC listener %r: %d RPCs served, %d in flight at stop, stopped in %.3f s "
+            "(grace %.3f s), abandoned=%d, threads_left=%d",
+            name,
+            g.rpcs,
+            g.in_flight_at_stop,
+            stop,
+            g.stop_grace_seconds,
+            g.abandoned,
+            g.threads_left,
+        )
 
 
 # ------------------------------------------------------------------ planning
@@ -449,9 +496,16 @@ def _plan_apps(
         )
     chosen = _registered_listeners(config, [n for n in names if not listeners[n].admin])
     probe_targets: set[str] = set()
+    grpc = {n for n, b in listeners.items() if b.grpc is not None}
     if probe_on is not None:
         if probe_on not in listeners:
             raise HostingError("probe_on", f"no listener {probe_on!r} (have {sorted(names)})")
+        if probe_on in grpc:
+            raise HostingError(
+                "probe_on",
+                f"listener {probe_on!r} serves gRPC; the eligibility probe is HTTP "
+                "(its health service is grpc.health.v1)",
+            )
         if probe_on != admin and probe_on not in chosen:
             raise HostingError(
                 "probe_on",
@@ -464,10 +518,16 @@ def _plan_apps(
             )
         probe_targets.add(probe_on)
     elif config.eligibility_probe:
-        probe_targets = {admin} if admin is not None else {c for c in chosen if c in listeners}
+        probe_targets = (
+            {admin}
+            if admin is not None
+            else {c for c in chosen if c in listeners and c not in grpc}
+        )
     apps: dict[str, ASGIApp] = {}
     gates: dict[str, Gate] = {}
     for name, bind in listeners.items():
+        if name in grpc:
+            continue  # a grpcio server, no ASGI app
         unchanged = {PROBE_PREFIX: probe} if name in probe_targets else {}
         if bind.admin:
             apps[name] = PrefixRouter(mounts, not_found, unchanged=unchanged)
@@ -479,6 +539,41 @@ def _plan_apps(
         gates[name] = gate
         apps[name] = PrefixRouter({}, gate, unchanged=unchanged) if unchanged else gate
     return apps, gates
+
+
+def _with_grpc_metadata(config: DiscoveryConfig, listeners: Mapping[str, Bind]) -> DiscoveryConfig:
+    """The config with the gRPC protocol metadata added to the registrations of
+    gRPC listeners, and to no other (the prefix is the host's to write)."""
+    names = list(listeners)
+    changed = {}
+    for name, entry in config.registrations.items():
+        for key in entry.metadata:
+            if key.startswith(GRPC_METADATA_PREFIX):
+                raise HostingError(
+                    f"registrations.{name}.metadata.{key}",
+                    f"keys under {GRPC_METADATA_PREFIX!r} are written by the host for the "
+                    "registrations of a gRPC listener (from its GrpcServe); remove it",
+                )
+        ref = entry.listener_ref
+        if ref is None and len(names) == 1:
+            ref = names[0]
+        bind = listeners.get(ref) if ref is not None else None
+        if bind is None or bind.grpc is None:
+            continue
+        metadata = {**entry.metadata, **bind.grpc.metadata()}
+        changed[name] = entry.model_copy(update={"metadata": metadata})
+    if not changed:
+        return config
+    return config.model_copy(update={"registrations": {**config.registrations, **changed}})
+
+
+def _open_listener(
+    name: str, bind: Bind, app: ASGIApp | None, drain: float
+) -> Listener | GrpcListener:
+    if bind.grpc is not None:
+        return GrpcListener(name, bind, bind.grpc, drain_timeout=drain)
+    assert app is not None
+    return Listener(name, bind, bind_socket(name, bind), app, drain_timeout=drain)
 
 
 def _unwrap(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -575,13 +670,12 @@ async def open_host(
         await probe_view.get("app", not_found)(scope, receive, send)
 
     apps, gates = _plan_apps(app, config, listeners, dict(mounts or {}), probe_on, probe)
+    config = _with_grpc_metadata(config, listeners)
     # 1. Bind everything (learn the real ports) before anything runs.
-    opened: dict[str, Listener] = {}
+    opened: dict[str, Listener | GrpcListener] = {}
     try:
         for name, bind in listeners.items():
-            opened[name] = Listener(
-                name, bind, bind_socket(name, bind), apps[name], drain_timeout=drain
-            )
+            opened[name] = _open_listener(name, bind, apps.get(name), drain)
     except BaseException:
         for listener in opened.values():
             listener.close()
@@ -607,7 +701,8 @@ async def open_host(
                     # startup finish, then shuts down at once (deregistering
                     # what was written) instead of killing the process.
                     await tg.start(host._signals)
-                # 2. Serve: hypercorn takes each socket once the app's lifespan started.
+                # 2. Serve: hypercorn takes each socket once the app's lifespan
+                #    started; a grpcio server starts (health SERVING).
                 for listener in opened.values():
                     tg.start_soon(listener.run, name=f"nadisc.hosting:{listener.name}")
                 for listener in opened.values():

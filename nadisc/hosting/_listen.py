@@ -43,6 +43,7 @@ KEEP_ALIVE_TIMEOUT = 15.0
 
 if TYPE_CHECKING:
     from ._asgi import ASGIApp
+    from ._grpc import GrpcServe
 
 __all__ = ["KEEP_ALIVE_TIMEOUT", "Bind", "Listener", "bind_socket"]
 
@@ -59,6 +60,10 @@ class Bind:
     advertised). ``app`` overrides the host's app for this listener.
     ``admin=True`` makes it an operations listener: it serves the
     eligibility probe and the host's ``mounts`` only, never the app.
+    ``grpc=GrpcServe(...)`` makes it a gRPC listener: a grpcio server with
+    those servicers and the standard health service, no ASGI app (see
+    :mod:`nadisc.hosting._grpc`); its registrations publish the gRPC
+    protocol metadata, and only theirs do.
     """
 
     host: str = "127.0.0.1"
@@ -67,6 +72,7 @@ class Bind:
     app: ASGIApp | None = field(default=None, compare=False)
     admin: bool = False
     backlog: int = 128
+    grpc: GrpcServe | None = field(default=None, compare=False)
 
     def check(self, name: str) -> None:
         """Raise ``ValueError`` naming the listener when a field is wrong."""
@@ -91,6 +97,19 @@ class Bind:
             raise ValueError(f"listener {name!r}: an admin listener serves no app")
         if isinstance(self.backlog, bool) or not isinstance(self.backlog, int) or self.backlog < 1:
             raise ValueError(f"listener {name!r}: backlog must be a positive integer")
+        if self.grpc is not None:
+            from ._grpc import GrpcServe
+
+            if not isinstance(self.grpc, GrpcServe):
+                raise ValueError(
+                    f"listener {name!r}: grpc must be a GrpcServe, not {type(self.grpc).__name__}"
+                )
+            if self.app is not None or self.admin:
+                raise ValueError(
+                    f"listener {name!r}: a gRPC listener serves its servicers only "
+                    "(no app, not admin)"
+                )
+            self.grpc.check(name)
 
 
 def is_wildcard(host: str) -> bool:
