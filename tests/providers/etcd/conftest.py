@@ -32,6 +32,11 @@ from nadisc_etcd import EtcdProvider, EtcdSettings
 from nadisc import ConnectionContext, ProviderFailure, ProviderSnapshot
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+#: The wire a provider test uses unless it is parametrized over both
+#: (``NADISC_ETCD_TEST_WIRE=grpc`` runs every etcd test over gRPC).
+DEFAULT_WIRE = os.environ.get("NADISC_ETCD_TEST_WIRE", "json")
+#: Runs a test once per wire (its ``wire`` argument overrides the fixture).
+both_wires = pytest.mark.parametrize("wire", ["json", "grpc"])
 ETCD = shutil.which("etcd")
 
 
@@ -285,10 +290,16 @@ ProviderMaker = Callable[..., EtcdProvider]
 
 
 @pytest.fixture
-async def make_provider() -> AsyncIterator[ProviderMaker]:
+def wire() -> str:
+    """The provider's ``wire`` (``both_wires`` parametrizes it)."""
+    return DEFAULT_WIRE
+
+
+@pytest.fixture
+async def make_provider(wire: str) -> AsyncIterator[ProviderMaker]:
     """Build providers against a server with a unique prefix; closes them at teardown.
 
-    ``make_provider(server_or_url, context=..., **settings)``.
+    ``make_provider(server_or_url, context=..., **settings)``, on the test's ``wire``.
     """
     made: list[EtcdProvider] = []
 
@@ -303,6 +314,7 @@ async def make_provider() -> AsyncIterator[ProviderMaker]:
             "retry_initial_backoff_ms": 100,
             "retry_max_backoff_ms": 400,
             "connect_timeout_ms": 500,
+            "wire": wire,
         }
         values.update(settings)
         provider = EtcdProvider(context or make_context(), EtcdSettings(**values))

@@ -24,6 +24,8 @@ from nadisc import (
     RegistrationStatus,
 )
 
+from .conftest import DEFAULT_WIRE
+
 #: The address registrations in these tests advertise (nothing dials it).
 WEB = ("10.0.0.5", 18080)
 
@@ -58,6 +60,7 @@ def etcd_block(url: str, prefix: str, **overrides: Any) -> dict[str, Any]:
         "connect_timeout_ms": 300,
         "ttl_seconds": 3,
         "services": {"orders": {"name": "orders"}, "self": {"name": "order-api"}},
+        "wire": DEFAULT_WIRE,
     }
     block.update(overrides)
     return block
