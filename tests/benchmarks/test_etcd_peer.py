@@ -26,6 +26,6 @@ def test_smoke_run_prints_every_row_against_the_peer(capsys: pytest.CaptureFixtu
     ]
     assert "load average" in out
     for row in rows:
-        # both sides measured something real (each range checked its key count)
-        assert row.ours > 0 and row.peer > 0, row
+        # every side measured something real (each range checked its key count)
+        assert row.json > 0 and row.grpc > 0 and row.peer > 0, row
         assert row.measure in out

@@ -31,10 +31,9 @@ from nadisc_etcd import EtcdProvider, EtcdSettings
 
 from nadisc import ConnectionContext, ProviderFailure, ProviderSnapshot
 
+from . import owner_helpers
+
 IN_CI = os.environ.get("CI", "").lower() == "true"
-#: The wire a provider test uses unless it is parametrized over both
-#: (``NADISC_ETCD_TEST_WIRE=grpc`` runs every etcd test over gRPC).
-DEFAULT_WIRE = os.environ.get("NADISC_ETCD_TEST_WIRE", "json")
 #: Runs a test once per wire (its ``wire`` argument overrides the fixture).
 both_wires = pytest.mark.parametrize("wire", ["json", "grpc"])
 ETCD = shutil.which("etcd")
@@ -292,7 +291,15 @@ ProviderMaker = Callable[..., EtcdProvider]
 @pytest.fixture
 def wire() -> str:
     """The provider's ``wire`` (``both_wires`` parametrizes it)."""
-    return DEFAULT_WIRE
+    return owner_helpers.DEFAULT_WIRE
+
+
+@pytest.fixture(autouse=True)
+def _helpers_use_the_wire(wire: str) -> Iterator[None]:
+    """The owner-level helpers' configs and providers use the test's wire."""
+    owner_helpers.WIRE = wire
+    yield
+    owner_helpers.WIRE = owner_helpers.DEFAULT_WIRE
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from nadisc_etcd._client import EtcdClient
 from nadisc import CloseOutcome, Eligibility, Observation, RegistrationState, open_discovery
 from tests.nadisc.owner_support import all_tasks
 
-from .conftest import EtcdServer, RawEtcd
+from .conftest import EtcdServer, RawEtcd, both_wires
 from .owner_helpers import etcd_config, injected_provider, look, soon, unique_prefix
 
 pytestmark = [pytest.mark.real_server, pytest.mark.trio_only]
@@ -232,6 +232,7 @@ async def test_a_400_key_burst_is_seen_in_full_soon_after_the_last_write(
     assert all_tasks() == before
 
 
+@both_wires
 async def test_registrations_share_a_lease_and_a_lost_one_registers_all_again(
     own_etcd: EtcdServer, raw_factory: Callable[[EtcdServer], RawEtcd]
 ) -> None:
