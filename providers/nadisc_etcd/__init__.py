@@ -1,4 +1,4 @@
-"""etcd provider for nadisc: v3 JSON gateway over httpx or v3 gRPC (``wire: grpc``), gRPC-resolver key layout.
+"""etcd provider for nadisc: v3 JSON gateway (httpx) or v3 gRPC, gRPC-resolver key layout.
 
 Discovery ranges and watches ``<prefix>/<service>/`` (evidence: a lease the
 registrant keeps alive); registration writes the record on a lease and
