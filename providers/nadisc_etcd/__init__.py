@@ -1,4 +1,4 @@
-"""etcd provider for nadisc: v3 JSON gateway over httpx, gRPC-resolver key layout.
+"""etcd provider for nadisc: v3 JSON gateway (httpx) or v3 gRPC, gRPC-resolver key layout.
 
 Discovery ranges and watches ``<prefix>/<service>/`` (evidence: a lease the
 registrant keeps alive); registration writes the record on a lease and
@@ -10,6 +10,7 @@ from ._client import EtcdClient as EtcdClient
 from ._layout import Layout as Layout
 from ._layout import RecordError as RecordError
 from ._layout import decode_record as decode_record
+from ._layout import decode_record_bytes as decode_record_bytes
 from ._layout import encode_record as encode_record
 from ._provider import EtcdProvider as EtcdProvider
 from ._provider import EtcdProviderFactory as EtcdProviderFactory
@@ -28,6 +29,7 @@ __all__ = [
     "Layout",
     "RecordError",
     "decode_record",
+    "decode_record_bytes",
     "encode_record",
     "factory",
 ]

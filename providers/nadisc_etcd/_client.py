@@ -46,7 +46,7 @@ import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import anyio
 import httpx
@@ -85,7 +85,7 @@ from ._wire import (
     decode,
 )
 
-__all__ = ["EtcdClient", "Kind", "LineBuffer", "WatchStream", "discard"]
+__all__ = ["Batches", "ClientCore", "EtcdClient", "Kind", "LineBuffer", "WatchStream", "discard"]
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +203,12 @@ class _Counters:
     watch_connections: int = 0
 
 
+class Batches(Protocol):
+    """What the provider reads from an established watch, on either wire."""
+
+    async def next_batch(self) -> list[WatchResponse]: ...
+
+
 class WatchStream:
     """One established watch: ``created`` was received. Use within ``EtcdClient.watch``."""
 
@@ -242,7 +248,66 @@ class WatchStream:
         self._pending = messages + self._pending
 
 
-class EtcdClient:
+class ClientCore:
+    """What both wires share: endpoints, deadlines, the request limiter, the
+    auth token (one refresh shared by concurrent callers) and the counters."""
+
+    def __init__(
+        self, settings: EtcdSettings, *, request_timeout: float, max_response_bytes: int
+    ) -> None:
+        self._endpoints = settings.endpoints
+        self._current = 0
+        self._username = settings.username
+        self._password = settings.password
+        self._request_timeout = request_timeout
+        self._max_bytes = max_response_bytes
+        self._requests = anyio.CapacityLimiter(settings.max_request_connections)
+        self._token: str | None = None
+        self._auth_lock = anyio.Lock()
+        self._closed = False
+        self.counters = _Counters()
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint currently used (the last one that accepted a connection)."""
+        return self._endpoints[self._current]
+
+    @property
+    def request_pool(self) -> tuple[int, int]:
+        """(unary requests in flight, ``max_request_connections``)."""
+        return self._requests.borrowed_tokens, int(self._requests.total_tokens)
+
+    def _bound(self, deadline: float) -> float:
+        if math.isnan(deadline):
+            raise DeadlineExceeded("deadline is not a number")
+        now = anyio.current_time()
+        if deadline <= now:
+            raise DeadlineExceeded("deadline already passed")
+        return min(deadline, now + self._request_timeout)
+
+    def _secrets(self) -> tuple[str, ...]:
+        """What an error message must never be quoted with (it may echo the request)."""
+        secrets = [self._token or ""]
+        if self._password is not None:
+            secrets.append(self._password.get_secret_value())
+        return tuple(s for s in secrets if s)
+
+    async def _ensure_token(self, until: float, kind: Kind) -> None:
+        if self._username is not None and self._token is None:
+            await self._refresh_token(None, until, kind)
+
+    async def _refresh_token(self, stale: str | None, until: float, kind: Kind) -> None:
+        async with self._auth_lock:
+            if self._token != stale:
+                return  # another caller already refreshed it
+            self._token = await self._authenticate(until, kind)
+
+    async def _authenticate(self, until: float, kind: Kind) -> str:
+        """A fresh token for the configured user (each wire has its own call)."""
+        raise NotImplementedError
+
+
+class EtcdClient(ClientCore):
     """The v3 gateway calls nadisc_etcd needs; one instance per connection.
 
     Not a general etcd client: only range, put, delete, a compare-lease
@@ -257,12 +322,9 @@ class EtcdClient:
         max_response_bytes: int,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._endpoints = settings.endpoints
-        self._current = 0
-        self._username = settings.username
-        self._password = settings.password
-        self._request_timeout = request_timeout
-        self._max_bytes = max_response_bytes
+        super().__init__(
+            settings, request_timeout=request_timeout, max_response_bytes=max_response_bytes
+        )
         connect = settings.connect_timeout_ms / 1000
         self._unary_timeout = httpx.Timeout(request_timeout, connect=connect)
         self._stream_timeout = httpx.Timeout(request_timeout, connect=connect, read=None)
@@ -272,8 +334,7 @@ class EtcdClient:
         # requests by scanning every request against every connection, so a
         # crowd of waiters (or of long watches) in one pool costs the event
         # loop O(requests x connections) per event. The fair limiter in front
-        # keeps the pool's own queue empty.
-        self._requests = anyio.CapacityLimiter(pool)
+        # keeps the pool's own queue empty (``self._requests``).
         # Loading a CA bundle is synchronous and slow (it holds the event
         # loop): https endpoints use the process's shared default context,
         # plain-http ones a context that trusts nothing and loads nothing.
@@ -290,25 +351,6 @@ class EtcdClient:
         # transport (tests) serves watches as well; otherwise each watch
         # opens its own single-connection transport, sharing one TLS context.
         self._injected = transport
-        self._token: str | None = None
-        self._auth_lock = anyio.Lock()
-        self._closed = False
-        self.counters = _Counters()
-
-    @property
-    def endpoint(self) -> str:
-        """The endpoint currently used (the last one that accepted a connection)."""
-        return self._endpoints[self._current]
-
-    # ------------------------------------------------------------------ time
-
-    def _bound(self, deadline: float) -> float:
-        if math.isnan(deadline):
-            raise DeadlineExceeded("deadline is not a number")
-        now = anyio.current_time()
-        if deadline <= now:
-            raise DeadlineExceeded("deadline already passed")
-        return min(deadline, now + self._request_timeout)
 
     # ------------------------------------------------------------- transport
 
@@ -433,13 +475,6 @@ class EtcdClient:
             raise _server_failure(kind, where, failure)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _secrets(self) -> tuple[str, ...]:
-        """What an error body must never be quoted with (it may echo the request)."""
-        secrets = [self._token or ""]
-        if self._password is not None:
-            secrets.append(self._password.get_secret_value())
-        return tuple(s for s in secrets if s)
-
     @staticmethod
     def _status_of(status: int, data: bytes, secrets: tuple[str, ...] = ()) -> GatewayStatus:
         try:
@@ -450,16 +485,6 @@ class EtcdClient:
         return GatewayStatus.of(parsed.code, redacted_excerpt(parsed.message, secrets), status)
 
     # ------------------------------------------------------------------ auth
-
-    async def _ensure_token(self, until: float, kind: Kind) -> None:
-        if self._username is not None and self._token is None:
-            await self._refresh_token(None, until, kind)
-
-    async def _refresh_token(self, stale: str | None, until: float, kind: Kind) -> None:
-        async with self._auth_lock:
-            if self._token != stale:
-                return  # another caller already refreshed it
-            self._token = await self._authenticate(until, kind)
 
     async def _authenticate(self, until: float, kind: Kind) -> str:
         assert self._username is not None and self._password is not None
@@ -721,11 +746,6 @@ class EtcdClient:
         self.counters.watch_connections -= 1
         with anyio.move_on_after(1.0, shield=True):
             await client.aclose()
-
-    @property
-    def request_pool(self) -> tuple[int, int]:
-        """(unary requests in flight, ``max_request_connections``)."""
-        return self._requests.borrowed_tokens, int(self._requests.total_tokens)
 
     # ---------------------------------------------------------------- close
 

@@ -47,6 +47,7 @@ __all__ = [
     "RecordError",
     "check_record",
     "decode_record",
+    "decode_record_bytes",
     "encode_record",
     "instance_id_after",
 ]
@@ -142,6 +143,11 @@ def decode_record(identity: str, value_b64: str, *, max_record_bytes: int) -> In
         raw = binascii.a2b_base64(value_b64, strict_mode=True)
     except (binascii.Error, ValueError):
         raise RecordError("value is not valid base64") from None
+    return decode_record_bytes(identity, raw, max_record_bytes=max_record_bytes)
+
+
+def decode_record_bytes(identity: str, raw: bytes, *, max_record_bytes: int) -> Instance:
+    """:func:`decode_record` of a value already in bytes (the gRPC wire's)."""
     if len(raw) > max_record_bytes:
         raise RecordError(f"value is larger than max_record_bytes={max_record_bytes}")
     if not raw:

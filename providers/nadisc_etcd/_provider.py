@@ -71,14 +71,14 @@ per connection one socket and one probe per interval; per event the routing
 
 from __future__ import annotations
 
-import base64
 import binascii
+import importlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -108,13 +108,16 @@ from nadisc import (
     redacted_excerpt,
 )
 
-from ._client import EtcdClient, WatchStream
+from ._client import Batches, EtcdClient
 from ._fanout import Fanout, Member
 from ._layout import Layout, check_record, encode_record
 from ._leases import LeasePool
 from ._settings import EtcdSettings
 from ._state import Backoff, ProbeVerdict, ServiceState
 from ._wire import GatewayStatus, KeyValue, prefix_range_end
+
+if TYPE_CHECKING:
+    from ._grpc import EtcdGrpcClient
 
 __all__ = ["EtcdProvider", "EtcdProviderFactory", "EtcdStatistics", "factory"]
 
@@ -155,7 +158,7 @@ def record_bytes(kvs: Sequence[KeyValue]) -> int:
         return RECORD_ESTIMATE
     step = max(1, len(kvs) // 32)
     sample = kvs[::step]
-    total = sum(len(kv.value) + (len(kv.key) * 4 + 2) // 3 for kv in sample)
+    total = sum(kv.value_size + (len(kv.key) * 4 + 2) // 3 for kv in sample)
     return total // len(sample) + RECORD_FRAMING
 
 
@@ -270,6 +273,40 @@ def _consumed(pages: list[tuple[KeyValue, ...]]) -> Iterator[KeyValue]:
         yield from pages.pop()
 
 
+def client_for(
+    context: ConnectionContext,
+    settings: EtcdSettings,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> EtcdClient | EtcdGrpcClient:
+    """The client of ``settings.wire``. ``ConfigError`` naming ``etcd.wire``
+    when ``grpc`` is asked for without the ``grpc`` extra installed."""
+    if settings.wire == "json":
+        return EtcdClient(
+            settings,
+            request_timeout=context.request_timeout,
+            max_response_bytes=context.max_response_bytes,
+            transport=transport,
+        )
+    path = f"discovery.connections.{context.name}.etcd.wire"
+    if transport is not None:
+        raise ConfigError(path, "an HTTP transport can only be given with wire 'json'")
+    try:
+        for module in ("h2", "google.protobuf"):
+            importlib.import_module(module)
+        from ._grpc import EtcdGrpcClient
+    except ImportError as exc:
+        raise ConfigError(
+            path,
+            f"wire 'grpc' needs the grpc extra (pip install 'poise-nadisc[grpc]'): "
+            f"{exc.name or 'a module'} is not installed",
+        ) from None
+    return EtcdGrpcClient(
+        settings,
+        request_timeout=context.request_timeout,
+        max_response_bytes=context.max_response_bytes,
+    )
+
+
 class EtcdProvider:
     """One etcd connection. See the module docstring for what each call does."""
 
@@ -283,12 +320,7 @@ class EtcdProvider:
         self._context = context
         self._settings = settings
         self._layout = Layout(settings.prefix)
-        self._client = EtcdClient(
-            settings,
-            request_timeout=context.request_timeout,
-            max_response_bytes=context.max_response_bytes,
-            transport=transport,
-        )
+        self._client = client_for(context, settings, transport)
         self._counts = _Counts()
         self._closed = False
         self._capabilities = capabilities_for(settings)
@@ -645,7 +677,7 @@ class EtcdProvider:
         if run.failure is not None:
             raise run.failure
 
-    async def _read(self, run: _Run, stream: WatchStream) -> None:
+    async def _read(self, run: _Run, stream: Batches) -> None:
         state = run.state
         while True:
             batch = await stream.next_batch()
@@ -889,7 +921,7 @@ class EtcdProvider:
                 )
             await anyio.sleep(interval)
 
-    async def _pump(self, fanout: Fanout[_Run], stream: WatchStream) -> None:
+    async def _pump(self, fanout: Fanout[_Run], stream: Batches) -> None:
         prefix = fanout.head.decode("utf-8", "replace")
         # What a previous host applied but could not publish before it left.
         for count, member in enumerate(fanout.live(), 1):
@@ -1137,7 +1169,7 @@ class EtcdProvider:
             if kv.key != key or kv.lease != lease:
                 continue
             try:
-                value = base64.b64decode(kv.value, validate=True)
+                value = kv.value_bytes()
             except (binascii.Error, ValueError):
                 return HealthStatus.MISSING
             if value == encode_record(record):

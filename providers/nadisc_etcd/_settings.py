@@ -109,6 +109,11 @@ class EtcdSettings(BaseModel):
     #: one stream per watched service (permissions per service suffice). An
     #: empty ``prefix`` always watches per service.
     watch: Literal["shared", "per_service"] = "shared"
+    #: How the provider talks to etcd: ``json``, its v3 JSON gateway (HTTP/1.1,
+    #: httpx); ``grpc``, its v3 gRPC API over ``nadisc.grpc`` (HTTP/2; needs
+    #: the ``grpc`` extra). The same calls, answers and failures either way;
+    #: gRPC reads large ranges many times faster.
+    wire: Literal["json", "grpc"] = "json"
 
     @field_validator("endpoints")
     @classmethod

@@ -39,7 +39,7 @@ import msgspec
 
 from nadisc import CapacityRejected, EvidenceKind, IncrementalListing, Instance, ProviderSnapshot
 
-from ._layout import Layout, RecordError, decode_record, instance_id_after
+from ._layout import Layout, RecordError, decode_record, decode_record_bytes, instance_id_after
 from ._wire import Event, KeyValue, WatchResponse
 
 __all__ = ["Backoff", "ProbeVerdict", "ServiceState"]
@@ -98,7 +98,11 @@ class ServiceState:
         if identity is None:
             return _Entry(kv.mod_revision, None, "key has no UTF-8 instance id")
         try:
-            instance = decode_record(identity, kv.value, max_record_bytes=self._max_record_bytes)
+            instance = (
+                decode_record_bytes(identity, kv.raw, max_record_bytes=self._max_record_bytes)
+                if kv.raw
+                else decode_record(identity, kv.value, max_record_bytes=self._max_record_bytes)
+            )
         except RecordError as exc:
             return _Entry(kv.mod_revision, None, str(exc))
         return _Entry(kv.mod_revision, instance, None)

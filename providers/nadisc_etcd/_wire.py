@@ -20,6 +20,7 @@ are normalized into :class:`GatewayStatus`.
 from __future__ import annotations
 
 import base64
+import binascii
 import enum
 import re
 from typing import Annotated, Any, Literal, TypeVar
@@ -101,6 +102,20 @@ class KeyValue(_Struct, frozen=True):
     #: Raw base64 text of the value (decoded per record, see module docstring).
     value: str = ""
     lease: int = 0
+    #: The value's bytes when the gRPC wire read it (``value`` is then empty).
+    #: Never read from JSON: no gateway field has this name.
+    raw: bytes = msgspec.field(default=b"", name="~nadisc.raw")
+
+    def value_bytes(self) -> bytes:
+        """The value's bytes (``binascii.Error`` when base64 text is invalid)."""
+        if self.raw:
+            return self.raw
+        return binascii.a2b_base64(self.value, strict_mode=True)
+
+    @property
+    def value_size(self) -> int:
+        """The value's size on the wire (base64 text on the JSON wire)."""
+        return len(self.raw) or len(self.value)
 
 
 class RangeResponse(_Struct, frozen=True):

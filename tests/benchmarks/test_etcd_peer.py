@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 
@@ -20,12 +21,15 @@ def test_smoke_run_prints_every_row_against_the_peer(capsys: pytest.CaptureFixtu
     assert [r.measure for r in rows] == [
         "put -> observed p50",
         "put -> observed p99",
+        "put acked p99",
+        "acked -> observed p99",
         "CPU per change",
         f"{etcd_peer.SMOKE.keys:,}-key range wall",
         f"{etcd_peer.SMOKE.keys:,}-key range CPU",
     ]
     assert "load average" in out
     for row in rows:
-        # both sides measured something real (each range checked its key count)
-        assert row.ours > 0 and row.peer > 0, row
+        # every side measured something real (each range checked its key count)
+        assert row.json > 0 and row.grpc > 0 and row.peer > 0, row
+        assert not math.isnan(row.ratio), row
         assert row.measure in out

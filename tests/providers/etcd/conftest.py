@@ -31,7 +31,11 @@ from nadisc_etcd import EtcdProvider, EtcdSettings
 
 from nadisc import ConnectionContext, ProviderFailure, ProviderSnapshot
 
+from . import owner_helpers
+
 IN_CI = os.environ.get("CI", "").lower() == "true"
+#: Runs a test once per wire (its ``wire`` argument overrides the fixture).
+both_wires = pytest.mark.parametrize("wire", ["json", "grpc"])
 ETCD = shutil.which("etcd")
 
 
@@ -285,10 +289,24 @@ ProviderMaker = Callable[..., EtcdProvider]
 
 
 @pytest.fixture
-async def make_provider() -> AsyncIterator[ProviderMaker]:
+def wire() -> str:
+    """The provider's ``wire`` (``both_wires`` parametrizes it)."""
+    return owner_helpers.DEFAULT_WIRE
+
+
+@pytest.fixture(autouse=True)
+def _helpers_use_the_wire(wire: str) -> Iterator[None]:
+    """The owner-level helpers' configs and providers use the test's wire."""
+    owner_helpers.WIRE = wire
+    yield
+    owner_helpers.WIRE = owner_helpers.DEFAULT_WIRE
+
+
+@pytest.fixture
+async def make_provider(wire: str) -> AsyncIterator[ProviderMaker]:
     """Build providers against a server with a unique prefix; closes them at teardown.
 
-    ``make_provider(server_or_url, context=..., **settings)``.
+    ``make_provider(server_or_url, context=..., **settings)``, on the test's ``wire``.
     """
     made: list[EtcdProvider] = []
 
@@ -303,6 +321,7 @@ async def make_provider() -> AsyncIterator[ProviderMaker]:
             "retry_initial_backoff_ms": 100,
             "retry_max_backoff_ms": 400,
             "connect_timeout_ms": 500,
+            "wire": wire,
         }
         values.update(settings)
         provider = EtcdProvider(context or make_context(), EtcdSettings(**values))

@@ -7,6 +7,7 @@ from 100 ms), so every fault shows within a second or two.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -23,6 +24,12 @@ from nadisc import (
     ObservationSnapshot,
     RegistrationStatus,
 )
+
+#: The wire a test uses unless it is parametrized over both
+#: (``NADISC_ETCD_TEST_WIRE=grpc`` runs every etcd test over gRPC).
+DEFAULT_WIRE = os.environ.get("NADISC_ETCD_TEST_WIRE", "json")
+#: The wire of the test running now (set by an autouse fixture of conftest).
+WIRE = DEFAULT_WIRE
 
 #: The address registrations in these tests advertise (nothing dials it).
 WEB = ("10.0.0.5", 18080)
@@ -58,6 +65,7 @@ def etcd_block(url: str, prefix: str, **overrides: Any) -> dict[str, Any]:
         "connect_timeout_ms": 300,
         "ttl_seconds": 3,
         "services": {"orders": {"name": "orders"}, "self": {"name": "order-api"}},
+        "wire": WIRE,
     }
     block.update(overrides)
     return block

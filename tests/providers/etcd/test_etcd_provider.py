@@ -30,7 +30,7 @@ from nadisc import (
     RegistrationRecord,
 )
 
-from .conftest import EtcdServer, ProviderMaker, RawEtcd, RecordingSink, make_context
+from .conftest import EtcdServer, ProviderMaker, RawEtcd, RecordingSink, both_wires, make_context
 
 pytestmark = pytest.mark.real_server
 
@@ -56,6 +56,7 @@ def record(
 # ---------------------------------------------------------------- discovery
 
 
+@both_wires
 async def test_query_lists_records_in_grpc_layout(
     etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
 ) -> None:
@@ -93,6 +94,7 @@ async def test_query_of_an_empty_service_is_a_complete_empty_listing(
     assert snapshot.instances == () and snapshot.invalid == {}
 
 
+@both_wires
 async def test_watch_sees_put_and_delete_within_one_round_trip(
     etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
 ) -> None:
@@ -139,6 +141,7 @@ async def test_idle_watch_is_confirmed_by_progress(
     assert len(sink.publishes) == 1 and sink.failures == []
 
 
+@both_wires
 async def test_progress_notifications_alone_confirm_an_idle_watch(
     etcd_server: EtcdServer, make_provider: ProviderMaker
 ) -> None:
@@ -185,6 +188,7 @@ async def test_burst_of_1000_puts_converges_to_the_exact_newest_state(
     assert len(sink.publishes) <= 1 + 1000 + 143
 
 
+@both_wires
 async def test_malformed_records_are_invalid_and_the_valid_rest_stands(
     etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
 ) -> None:
@@ -232,6 +236,7 @@ async def test_malformed_records_are_invalid_and_the_valid_rest_stands(
         nursery.cancel_scope.cancel()
 
 
+@both_wires
 async def test_a_response_over_the_byte_limit_is_capacity_rejected(
     etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
 ) -> None:
@@ -260,6 +265,7 @@ async def test_more_instances_than_the_limit_is_capacity_rejected(
         await provider.query("orders", soon())
 
 
+@both_wires
 async def test_watch_reports_an_unreachable_server_and_still_starts(
     make_provider: ProviderMaker,
 ) -> None:
@@ -283,6 +289,7 @@ async def test_watch_reports_an_unreachable_server_and_still_starts(
         await provider.renew(Registered(record(), "12345"), soon())
 
 
+@both_wires
 async def test_deadlines_are_checked_before_any_request(
     etcd_server: EtcdServer, make_provider: ProviderMaker
 ) -> None:
@@ -294,6 +301,7 @@ async def test_deadlines_are_checked_before_any_request(
     assert provider.statistics().requests == 0
 
 
+@both_wires
 async def test_a_closed_provider_refuses_work(
     etcd_server: EtcdServer, make_provider: ProviderMaker
 ) -> None:
@@ -307,6 +315,7 @@ async def test_a_closed_provider_refuses_work(
 # ------------------------------------------------------------- registration
 
 
+@both_wires
 async def test_register_writes_a_grpc_compatible_record_on_a_lease(
     etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
 ) -> None:
@@ -327,6 +336,7 @@ async def test_register_writes_a_grpc_compatible_record_on_a_lease(
     assert await provider.renew(registered, soon()) == registered
 
 
+@both_wires
 async def test_deregister_revokes_the_lease_and_removes_the_key(
     etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
 ) -> None:
@@ -353,6 +363,7 @@ async def test_deregister_leaves_a_record_someone_else_rewrote(
     assert json.loads(base64.b64decode(kv["value"]))["Addr"] == "127.0.0.1:9999"
 
 
+@both_wires
 async def test_keepalive_on_a_revoked_lease_is_lease_lost(
     etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
 ) -> None:
@@ -424,6 +435,7 @@ async def test_invalid_registrations_are_refused_before_any_write(
 # ------------------------------------------------------------------- faults
 
 
+@both_wires
 async def test_a_stopped_server_is_incomplete_then_recovers(
     own_etcd: EtcdServer, raw_factory, make_provider: ProviderMaker
 ) -> None:
@@ -459,6 +471,7 @@ async def test_a_stopped_server_is_incomplete_then_recovers(
         nursery.cancel_scope.cancel()
 
 
+@both_wires
 async def test_watch_resumes_after_a_restart_without_losing_events(
     own_etcd: EtcdServer, raw_factory, make_provider: ProviderMaker
 ) -> None:
@@ -496,6 +509,7 @@ async def test_watch_resumes_after_a_restart_without_losing_events(
     assert own_etcd.starts == 2
 
 
+@both_wires
 async def test_compacted_resume_revision_forces_a_fresh_range(
     own_etcd: EtcdServer, raw_factory, make_provider: ProviderMaker
 ) -> None:
@@ -535,6 +549,7 @@ async def test_compacted_resume_revision_forces_a_fresh_range(
 # --------------------------------------------------------------------- auth
 
 
+@both_wires
 async def test_auth_token_refresh_and_revoked_permission(
     own_etcd: EtcdServer, raw_factory, make_provider: ProviderMaker
 ) -> None:

@@ -28,12 +28,13 @@ from nadisc import (
 from nadisc._route import Attempt, Route
 
 from ...nadisc.owner_support import all_tasks
-from .conftest import EtcdServer, RawEtcd
+from .conftest import EtcdServer, RawEtcd, both_wires
 from .owner_helpers import etcd_config, ids, look, reason, soon, unique_prefix, wait_for
 
 pytestmark = pytest.mark.real_server
 
 
+@both_wires
 async def test_open_discovery_loads_etcd_by_name_and_sees_each_change_at_once(
     etcd_server: EtcdServer, raw: RawEtcd
 ) -> None:

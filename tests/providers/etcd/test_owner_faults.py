@@ -24,7 +24,7 @@ from nadisc import (
 )
 
 from ...nadisc.owner_support import all_tasks
-from .conftest import EtcdServer, RawEtcd
+from .conftest import EtcdServer, RawEtcd, both_wires
 from .owner_helpers import (
     WEB,
     etcd_config,
@@ -141,6 +141,7 @@ def quiet_polls(url: str, prefix: str) -> Any:
     )
 
 
+@both_wires
 async def test_a_killed_and_restarted_server_resumes_the_watch_without_losing_events(
     own_etcd: EtcdServer, raw_factory: RawFactory
 ) -> None:
@@ -215,6 +216,7 @@ async def test_a_server_killed_while_the_watch_starts_leaves_nothing_behind(
     assert all_tasks() == before
 
 
+@both_wires
 async def test_compaction_below_the_watched_revision_forces_a_re_range(
     own_etcd: EtcdServer, raw_factory: RawFactory
 ) -> None:
@@ -263,6 +265,7 @@ async def test_compaction_below_the_watched_revision_forces_a_re_range(
     assert all_tasks() == before
 
 
+@both_wires
 async def test_a_revoked_permission_revokes_the_observation_and_the_registrations_evidence(
     own_etcd: EtcdServer, raw_factory: RawFactory
 ) -> None:

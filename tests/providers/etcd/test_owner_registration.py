@@ -39,7 +39,7 @@ from nadisc import (
 )
 
 from ...nadisc.owner_support import all_tasks
-from .conftest import EtcdServer, RawEtcd
+from .conftest import EtcdServer, RawEtcd, both_wires
 from .owner_helpers import (
     WEB,
     etcd_config,
@@ -90,6 +90,7 @@ def opened(config: Any, **kwargs: Any) -> Any:
     )
 
 
+@both_wires
 async def test_keepalives_follow_a_short_lease_and_quiesce_revokes_it(
     etcd_server: EtcdServer, raw: RawEtcd
 ) -> None:
@@ -223,6 +224,7 @@ def recording(url: str, prefix: str, **etcd: Any) -> RecordingProvider:
     return injected_provider(RecordingProvider, url, prefix, **etcd)
 
 
+@both_wires
 async def test_a_remotely_revoked_lease_is_lost_then_registered_again_under_a_new_lease(
     etcd_server: EtcdServer, raw: RawEtcd
 ) -> None:
@@ -290,6 +292,7 @@ async def test_a_deregistration_cut_off_by_a_stopped_server_is_reported_unreacha
     assert all_tasks() == before
 
 
+@both_wires
 async def test_a_first_write_lost_to_a_stopped_server_is_outcome_unknown(
     own_etcd: EtcdServer, raw_factory: RawFactory
 ) -> None:

@@ -31,7 +31,7 @@ from nadisc import (
 )
 from tests.nadisc.owner_support import all_tasks
 
-from .conftest import EtcdServer, RawEtcd
+from .conftest import EtcdServer, RawEtcd, both_wires
 from .owner_helpers import (
     Look,
     etcd_block,
@@ -101,6 +101,7 @@ async def observe_all(owner: DiscoveryOwner, count: int) -> dict[str, Observatio
     return {name: await client.observe(name, soon(10)) for name in names(count)}
 
 
+@both_wires
 async def test_200_services_share_one_stream_and_each_sees_only_its_own_keys(
     etcd_server: EtcdServer, raw: RawEtcd
 ) -> None:
@@ -146,6 +147,7 @@ async def test_200_services_share_one_stream_and_each_sees_only_its_own_keys(
     assert all_tasks() == before
 
 
+@both_wires
 async def test_a_compacted_shared_stream_ranges_every_service_again(
     own_etcd: EtcdServer, raw_factory: RawFactory
 ) -> None:

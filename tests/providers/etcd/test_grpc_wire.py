@@ -1,0 +1,211 @@
+"""The gRPC wire (``wire: grpc``) against the JSON gateway wire, on a real etcd.
+
+Both clients are asked the same things of one server: they must give the
+same answers and the same typed failures. The message table of
+``nadisc_etcd._proto`` is checked against an independently generated copy of
+etcd's protos (the ``*_pb2`` modules aetcd ships, generated from
+etcd-io/etcd's ``rpc.proto`` and ``kv.proto``).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import AsyncIterator
+
+import anyio
+import httpx
+import pytest
+from google.protobuf.descriptor import FieldDescriptor
+from nadisc_etcd import EtcdProvider, EtcdSettings
+from nadisc_etcd._client import ClientCore, EtcdClient
+from nadisc_etcd._grpc import EtcdGrpcClient
+from nadisc_etcd._proto import MESSAGES
+from nadisc_etcd._wire import RangeResponse, prefix_range_end
+
+from nadisc import ConfigError, IncompleteSnapshot, LeaseLost
+
+from ...nadisc.owner_support import all_tasks
+from .conftest import EtcdServer, make_context
+
+pytestmark = pytest.mark.real_server
+
+
+def soon(seconds: float = 3.0) -> float:
+    return anyio.current_time() + seconds
+
+
+def settings(*endpoints: str, **values: object) -> EtcdSettings:
+    return EtcdSettings.model_validate({"endpoints": list(endpoints), **values})
+
+
+@pytest.fixture
+async def both(etcd_server: EtcdServer) -> AsyncIterator[tuple[EtcdClient, EtcdGrpcClient]]:
+    json_client = EtcdClient(
+        settings(etcd_server.url), request_timeout=2.0, max_response_bytes=2**20
+    )
+    grpc_client = EtcdGrpcClient(
+        settings(etcd_server.url), request_timeout=2.0, max_response_bytes=2**20
+    )
+    yield json_client, grpc_client
+    await json_client.aclose()
+    await grpc_client.aclose()
+
+
+def _pairs(answer: RangeResponse) -> list[tuple[bytes, int, int, int, int, bytes]]:
+    return [
+        (kv.key, kv.create_revision, kv.mod_revision, kv.version, kv.lease, kv.value_bytes())
+        for kv in answer.kvs
+    ]
+
+
+def test_the_message_table_matches_etcd_s_generated_protos() -> None:
+    kv_pb2 = pytest.importorskip("aetcd.rpc.kv_pb2")
+    rpc_pb2 = pytest.importorskip("aetcd.rpc.rpc_pb2")
+    wire_types = {FieldDescriptor.TYPE_ENUM: FieldDescriptor.TYPE_INT64}  # both varints
+    checked = 0
+    for name, ours in MESSAGES.items():
+        module = kv_pb2 if name in ("KeyValue", "Event") else rpc_pb2
+        theirs = getattr(module, name).DESCRIPTOR
+        assert ours.DESCRIPTOR.full_name == theirs.full_name
+        for field in ours.DESCRIPTOR.fields:
+            other = theirs.fields_by_name[field.name]
+            assert field.number == other.number, (name, field.name)
+            assert wire_types.get(field.type, field.type) == wire_types.get(
+                other.type, other.type
+            ), (name, field.name)
+            assert field.is_repeated == other.is_repeated, (name, field.name)
+            if field.message_type is not None:
+                assert field.message_type.full_name == other.message_type.full_name
+            checked += 1
+    assert checked >= 70
+
+
+async def test_both_wires_give_the_same_answers(
+    both: tuple[EtcdClient, EtcdGrpcClient], etcd_server: EtcdServer
+) -> None:
+    json_client, grpc_client = both
+    head = b"wires/answers/"
+    end = prefix_range_end(head)
+    grant = await grpc_client.lease_grant(30, deadline=soon())
+    assert grant.ID > 0 and grant.TTL == 30 and grant.error == ""
+    await grpc_client.put(head + b"a", b'{"Addr": "10.0.0.1:80"}', lease=grant.ID, deadline=soon())
+    await json_client.put(head + b"b", b"\x00\xffbinary", lease=0, deadline=soon())
+    put = await grpc_client.put(head + b"c", b"", lease=0, deadline=soon())
+    by_json = await json_client.range(head, end, deadline=soon())
+    by_grpc = await grpc_client.range(head, end, deadline=soon())
+    assert by_grpc.header.revision == by_json.header.revision == put.header.revision
+    assert _pairs(by_grpc) == _pairs(by_json)
+    assert [p[-1] for p in _pairs(by_grpc)] == [b'{"Addr": "10.0.0.1:80"}', b"\x00\xffbinary", b""]
+    # Options: limit, count only, keys only, newest first, at a revision.
+    for options in (
+        {"limit": 2},
+        {"count_only": True},
+        {"keys_only": True},
+        {"limit": 1, "newest_first": True},
+        {"revision": put.header.revision - 1},
+    ):
+        g = await grpc_client.range(head, end, deadline=soon(), **options)
+        j = await json_client.range(head, end, deadline=soon(), **options)
+        assert (_pairs(g), g.more, g.count) == (_pairs(j), j.more, j.count), options
+    alive = await grpc_client.lease_time_to_live(grant.ID, deadline=soon())
+    assert alive.ID == grant.ID and 0 < alive.TTL <= 30 and alive.grantedTTL == 30
+    assert 0 < await grpc_client.lease_keepalive(grant.ID, deadline=soon()) <= 30
+    assert not await grpc_client.delete_if_lease(head + b"b", grant.ID, deadline=soon())
+    assert await grpc_client.delete_if_lease(head + b"a", grant.ID, deadline=soon())
+    deleted = await grpc_client.delete_range(head, end, deadline=soon())
+    assert deleted.deleted == 2
+    assert await grpc_client.lease_revoke(grant.ID, deadline=soon())
+    # A lease that is gone, the same on both wires.
+    assert not await grpc_client.lease_revoke(grant.ID, deadline=soon())
+    assert not await json_client.lease_revoke(grant.ID, deadline=soon())
+    assert await grpc_client.lease_keepalive(grant.ID, deadline=soon()) == 0
+    assert await json_client.lease_keepalive(grant.ID, deadline=soon()) == 0
+    gone = await grpc_client.lease_time_to_live(grant.ID, deadline=soon())
+    assert gone.TTL == (await json_client.lease_time_to_live(grant.ID, deadline=soon())).TTL == -1
+    for client in (json_client, grpc_client):
+        with pytest.raises(LeaseLost, match="lease not found"):
+            await client.put(head + b"x", b"v", lease=grant.ID, deadline=soon())
+    status = await grpc_client.status(deadline=soon())
+    assert status.version == (await json_client.status(deadline=soon())).version != ""
+
+
+async def test_a_watch_sees_the_same_events_and_a_compaction_the_same_way(
+    both: tuple[EtcdClient, EtcdGrpcClient],
+) -> None:
+    json_client, grpc_client = both
+    head = b"wires/watch/"
+    end = prefix_range_end(head)
+    first = await grpc_client.put(head + b"1", b"one", lease=0, deadline=soon())
+    start = first.header.revision
+    await grpc_client.put(head + b"2", b"two", lease=0, deadline=soon())
+    await json_client.delete_range(head + b"1", deadline=soon())
+    seen: dict[str, list[tuple[str, bytes, int]]] = {}
+    for name, client in (("json", json_client), ("grpc", grpc_client)):
+        events: list[tuple[str, bytes, int]] = []
+        async with client.watch(head, end, start_revision=start, open_deadline=soon()) as stream:
+            while len(events) < 3:
+                for message in await stream.next_batch():
+                    events += [(e.type, e.kv.key, e.kv.mod_revision) for e in message.events]
+        seen[name] = events
+    assert seen["grpc"] == seen["json"]
+    assert [e[0] for e in seen["grpc"]] == ["PUT", "PUT", "DELETE"]
+    # Compacted past the start revision: the first batch is the cancel
+    # message with the compaction revision, not an error, on both wires.
+    newest = (await grpc_client.put(head + b"3", b"three", lease=0, deadline=soon())).header
+    await grpc_client.compact(newest.revision, deadline=soon())
+    for client in (json_client, grpc_client):
+        async with client.watch(head, end, start_revision=start, open_deadline=soon()) as stream:
+            [cancel] = await stream.next_batch()
+        assert cancel.canceled and cancel.compact_revision == newest.revision
+
+
+async def test_an_endpoint_that_refuses_connections_is_passed_over(
+    etcd_server: EtcdServer,
+) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    before = all_tasks()
+    client = EtcdGrpcClient(
+        settings(dead, etcd_server.url), request_timeout=2.0, max_response_bytes=2**20
+    )
+    await client.put(b"wires/failover", b"v", lease=0, deadline=soon())
+    assert client.endpoint == etcd_server.url
+    alone = EtcdGrpcClient(settings(dead), request_timeout=2.0, max_response_bytes=2**20)
+    # Nothing reached a server: even a write is known not applied.
+    with pytest.raises(IncompleteSnapshot, match="not sent, no endpoint accepted"):
+        await alone.put(b"wires/failover", b"v", lease=0, deadline=soon())
+    await client.aclose()
+    await alone.aclose()
+    await client.aclose()  # idempotent
+    with pytest.raises(IncompleteSnapshot, match="closed"):
+        await client.status(deadline=soon())
+    assert all_tasks() == before
+
+
+def test_wire_grpc_without_the_grpc_extra_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "h2", None)  # what a missing module looks like
+    with pytest.raises(ConfigError, match="grpc extra") as caught:
+        EtcdProvider(make_context(name="main"), settings("http://127.0.0.1:2379", wire="grpc"))
+    assert caught.value.path == "discovery.connections.main.etcd.wire"
+    assert "h2" in str(caught.value)
+    # The default wire needs none of it.
+    provider = EtcdProvider(make_context(), settings("http://127.0.0.1:2379"))
+    assert isinstance(provider._client, ClientCore)
+
+
+def test_an_injected_http_transport_needs_the_json_wire() -> None:
+    transport = httpx.MockTransport(lambda request: httpx.Response(500))
+    with pytest.raises(ConfigError, match="only be given with wire 'json'") as caught:
+        EtcdProvider(
+            make_context(), settings("http://127.0.0.1:2379", wire="grpc"), transport=transport
+        )
+    assert caught.value.path.endswith(".etcd.wire")
+
+
+def test_an_unknown_wire_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="wire"):
+        settings("http://127.0.0.1:2379", wire="http2")
