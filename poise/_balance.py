@@ -614,6 +614,9 @@ class Balance(Generic[Req, Resp]):
             self._due_checks(now)
         idle = self._idle
         if not idle:
+            if self._consumed:
+                # A consumed endpoint drained or ejected before this scan.
+                self._flush()
             if self._ready:
                 return True
             if self._parked_count:
@@ -827,7 +830,8 @@ class Balance(Generic[Req, Resp]):
                 raise
             await self._loop_changed()
         now = self._clock()
-        if self._idle or not self._ready or self._parked_count or self._detector is not None:
+        # (An outlier detector has no length: it is true when present.)
+        if self._idle or self._consumed or not self._ready or self._parked_count or self._detector:
             while True:
                 since = self._wake_count
                 if self._scan(now):
@@ -905,7 +909,8 @@ class Balance(Generic[Req, Resp]):
                 raise
             await self._loop_changed()
         now = self._clock()
-        if self._idle or not self._ready or self._parked_count or self._detector is not None:
+        # (An outlier detector has no length: it is true when present.)
+        if self._idle or self._consumed or not self._ready or self._parked_count or self._detector:
             while True:
                 since = self._wake_count
                 if self._scan(now):
