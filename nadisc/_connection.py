@@ -195,7 +195,7 @@ class Connection:
                 "before the first listing"
             )
         # The caller has seen what observe() returned: changes start from here.
-        observation._look(now)
+        observation._seen = slot.state_key(now)
         return observation
 
     async def _new_slot(self, alias: str, remote: str) -> Slot:

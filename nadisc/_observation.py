@@ -275,6 +275,10 @@ class Slot:
         self._unheld_since: float | None = None
         self._record: ObservationSnapshot | None = None
         self._record_key: tuple[int, float | None, bool] | None = None
+        # The last state key and the times it holds for: (evidence,
+        # generation, from, until, key). Every observer woken by one outcome
+        # reads it, so it is worked out once per change, not once per waiter.
+        self._key_memo: tuple[Evidence, int, float, float, tuple[int, Reason | None]] | None = None
         self._poll = policy.poll_interval_ms / 1000.0
         self._idle = policy.idle_timeout_ms / 1000.0
         self._timeout = policy.request_timeout_ms / 1000.0
@@ -298,6 +302,26 @@ class Slot:
         self.task_cost = 2 if self.watch_streams > 0 else 1
 
     # ------------------------------------------------------------------ holders
+
+    def state_key(self, now: float) -> tuple[int, Reason | None]:
+        """``evidence.state_key(now)``, shared by every reader until it can change.
+
+        The key moves only with the generation or at ``evidence.expiry``
+        (see :mod:`nadisc._evidence`), so one computed at ``t`` holds, for
+        the same evidence and generation, from ``t`` until that expiry.
+        """
+        evidence = self.evidence
+        memo = self._key_memo
+        if (
+            memo is not None
+            and memo[0] is evidence
+            and memo[1] == evidence.generation
+            and memo[2] <= now < memo[3]
+        ):
+            return memo[4]
+        key = evidence.state_key(now)
+        self._key_memo = (evidence, evidence.generation, now, evidence.expiry(now), key)
+        return key
 
     def touch(self, now: float) -> None:
         self.last_access = max(self.last_access, now)
@@ -766,7 +790,7 @@ class Observation:
         slot.handles.add(self)
 
     def _look(self, now: float) -> None:
-        self._seen = self._slot.evidence.state_key(now)
+        self._seen = self._slot.state_key(now)
 
     @property
     def connection(self) -> str:
@@ -860,7 +884,7 @@ class Observation:
         check_deadline(deadline, anyio.current_time())
         while True:
             now = anyio.current_time()
-            key = slot.evidence.state_key(now)
+            key = slot.state_key(now)
             if key != self._seen:
                 self._seen = key
                 await anyio.lowlevel.checkpoint()

@@ -80,14 +80,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from bisect import bisect_left, insort
+from array import array
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from itertools import count, islice, repeat
 from operator import attrgetter
-from typing import Generic, Never, Protocol, TypeVar, cast, overload
+from typing import Any, Generic, Never, Protocol, TypeVar, cast, overload
 
 import anyio
 import anyio.lowlevel
@@ -102,7 +103,9 @@ from ._errors import (
     ReadinessError,
     SelectionError,
 )
+from ._flat import PickTable
 from ._outlier import OutlierDetector, OutlierEvent
+from ._policies import PowerOfTwoChoices
 from ._protocols import LoadGuard, Policy
 from ._service import release_reservation
 
@@ -118,7 +121,8 @@ ReadinessObserver = Callable[[int, Hashable, Exception], None]
 """Called as ``observer(index, key, error)`` for every readiness failure."""
 
 _by_index = attrgetter("_index")
-_T = TypeVar("_T")
+
+_Seq = TypeVar("_Seq", list[Any], "array[int]")
 # splice() renumbers with map(setattr, ...) drained by a zero-length deque:
 # the loop runs in C.
 _set_attr = setattr
@@ -266,6 +270,7 @@ class Balance(Generic[Req, Resp]):
         "_context",
         "_default_clock",
         "_detector",
+        "_draw",
         "_edits",
         "_endpoints",
         "_event",
@@ -280,7 +285,9 @@ class Balance(Generic[Req, Resp]):
         "_project",
         "_ready",
         "_recheck",
+        "_rslots",
         "_scanning",
+        "_table",
         "_wake_count",
     )
 
@@ -387,6 +394,16 @@ class Balance(Generic[Req, Resp]):
         # _consumed; _flush() drops the ones that did not become READY, and
         # runs before every pick.
         self._ready: list[Endpoint[Req, Resp]] = []
+        # The pick-table slot of every endpoint in _ready, in the same order:
+        # a power-of-two-choices pick reads these and the table's flat lists
+        # (see poise._flat) without touching an endpoint or tracker object.
+        self._rslots = _slots()
+        self._table = PickTable()
+        # The inlined pick of dispatch(): the policy's generator when it is a
+        # PowerOfTwoChoices and no context is projected (it reads none).
+        self._draw: Callable[[], float] | None = (
+            policy._random if type(policy) is PowerOfTwoChoices and context is None else None
+        )
         self._consumed: list[Endpoint[Req, Resp]] = []
         # IDLE endpoints in no particular order (swap-remove; ep._slot is the position).
         self._idle: list[Endpoint[Req, Resp]] = []
@@ -597,6 +614,9 @@ class Balance(Generic[Req, Resp]):
             self._due_checks(now)
         idle = self._idle
         if not idle:
+            if self._consumed:
+                # A consumed endpoint drained or ejected before this scan.
+                self._flush()
             if self._ready:
                 return True
             if self._parked_count:
@@ -635,8 +655,7 @@ class Balance(Generic[Req, Resp]):
                     ep._slot = -1
                     ep._state = READY
                     if not ep._listed:
-                        ep._listed = True
-                        insort(ready, ep, key=_by_index)
+                        self._list_ready(ep)
                 elif ep._wakes != wakes:
                     # Woken while it answered "not yet": poll it again next scan.
                     pending += 1
@@ -679,8 +698,15 @@ class Balance(Generic[Req, Resp]):
             self._leave_scan(ep)
             ep._state = READY
             if not ep._listed:
-                ep._listed = True
-                insort(self._ready, ep, key=_by_index)
+                self._list_ready(ep)
+
+    def _list_ready(self, ep: Endpoint[Req, Resp]) -> None:
+        """Insert a READY endpoint in _ready (and its slot in _rslots), in order."""
+        ep._listed = True
+        ready = self._ready
+        at = bisect_right(ready, ep._index, key=_by_index)
+        ready.insert(at, ep)
+        self._rslots.insert(at, ep._fslot)
 
     def _scan_time(self) -> float:
         """The clock for the scan's own bookkeeping; works outside an event loop.
@@ -804,7 +830,8 @@ class Balance(Generic[Req, Resp]):
                 raise
             await self._loop_changed()
         now = self._clock()
-        if self._idle or not self._ready or self._parked_count or self._detector is not None:
+        # (An outlier detector has no length: it is true when present.)
+        if self._idle or self._consumed or not self._ready or self._parked_count or self._detector:
             while True:
                 since = self._wake_count
                 if self._scan(now):
@@ -815,18 +842,23 @@ class Balance(Generic[Req, Resp]):
         if self._consumed:
             self._flush()
         ready = self._ready
-        n = len(ready)
-        project = self._project
-        i = self._policy.pick(ready, None if project is None else project(request), now)
-        if type(i) is not int or not 0 <= i < n:
-            raise _bad_pick(self._policy, i, n)
-        ep = ready[i]
+        draw = self._draw
+        if draw is not None and not self._table.unbound and now - now == 0.0:
+            ep = ready[self._table.pick(self._rslots, draw, now)]
+        else:
+            n = len(ready)
+            project = self._project
+            i = self._policy.pick(ready, None if project is None else project(request), now)
+            if type(i) is not int or not 0 <= i < n:
+                raise _bad_pick(self._policy, i, n)
+            ep = ready[i]
         guard = ep._tracker.start(now)
-        ep._state = IDLE
-        self._consumed.append(ep)
-        idle = self._idle
-        ep._slot = len(idle)
-        idle.append(ep)
+        if not ep._steady:
+            ep._state = IDLE
+            self._consumed.append(ep)
+            idle = self._idle
+            ep._slot = len(idle)
+            idle.append(ep)
         index = ep._index
         self._in_flight += 1
         try:
@@ -877,7 +909,8 @@ class Balance(Generic[Req, Resp]):
                 raise
             await self._loop_changed()
         now = self._clock()
-        if self._idle or not self._ready or self._parked_count or self._detector is not None:
+        # (An outlier detector has no length: it is true when present.)
+        if self._idle or self._consumed or not self._ready or self._parked_count or self._detector:
             while True:
                 since = self._wake_count
                 if self._scan(now):
@@ -971,19 +1004,25 @@ class Balance(Generic[Req, Resp]):
             raise SelectionError(
                 "no endpoint holds a readiness reservation; await ready() before call()"
             )
-        project = self._project
-        i = self._policy.pick(ready, None if project is None else project(request), now)
-        if type(i) is not int or not 0 <= i < n:
-            raise _bad_pick(self._policy, i, n)
-        ep = ready[i]
+        draw = self._draw
+        if draw is not None and not self._table.unbound and now - now == 0.0:
+            ep = ready[self._table.pick(self._rslots, draw, now)]
+        else:
+            project = self._project
+            i = self._policy.pick(ready, None if project is None else project(request), now)
+            if type(i) is not int or not 0 <= i < n:
+                raise _bad_pick(self._policy, i, n)
+            ep = ready[i]
         guard = ep._tracker.start(now)
-        # The call consumes the reservation: back to IDLE, polled by the next
-        # scan (it stays listed in _ready until then; see _flush).
-        ep._state = IDLE
-        self._consumed.append(ep)
-        idle = self._idle
-        ep._slot = len(idle)
-        idle.append(ep)
+        if not ep._steady:
+            # The call consumes the reservation: back to IDLE, polled by the
+            # next scan (it stays listed in _ready until then; see _flush). An
+            # always-ready service that reserves nothing stays READY.
+            ep._state = IDLE
+            self._consumed.append(ep)
+            idle = self._idle
+            ep._slot = len(idle)
+            idle.append(ep)
         return ep, guard
 
     # -- membership ----------------------------------------------------------
@@ -1060,6 +1099,7 @@ class Balance(Generic[Req, Resp]):
             if id(ep) not in kept:
                 self._detach(ep)
         ready: list[Endpoint[Req, Resp]] = []
+        rslots = _slots()
         idle: list[Endpoint[Req, Resp]] = []
         for index, ep in enumerate(new):
             if ep._owner is not self:
@@ -1068,6 +1108,7 @@ class Balance(Generic[Req, Resp]):
             ep._listed = ep._state is READY
             if ep._listed:
                 ready.append(ep)
+                rslots.append(ep._fslot)
             elif ep._state is IDLE and ep._eligible and not ep._ejected and ep._parked < 0:
                 ep._slot = len(idle)
                 idle.append(ep)
@@ -1076,6 +1117,7 @@ class Balance(Generic[Req, Resp]):
         self._endpoints = new
         self._by_key = keys
         self._ready = ready
+        self._rslots = rslots
         self._idle = idle
         self._consumed.clear()
         if self._detector is not None:
@@ -1180,7 +1222,9 @@ class Balance(Generic[Req, Resp]):
                 # ready list, as a consumed endpoint keeps its own: when the
                 # next scan finds it ready it is already in order, and if
                 # not, _flush() drops it before any pick.
-                ready[self._ready_position(old, slack)] = new
+                at = self._ready_position(old, slack)
+                ready[at] = new
+                self._rslots[at] = new._fslot
                 old._listed = False
                 new._listed = True
                 consumed.append(new)
@@ -1188,16 +1232,20 @@ class Balance(Generic[Req, Resp]):
             by_key[new._key] = new
         if unlisted:
             self._ready = _without(ready, unlisted)
+            self._rslots = _without(self._rslots, unlisted)
         if gone:
             positions = [ep._index for ep in gone]
             endpoints = self._endpoints = _without(endpoints, positions)
             first = min(positions)
             # Renumber the endpoints behind the first removal, in C.
             _consume(map(_set_attr, islice(endpoints, first, None), _INDEX, count(first)))
+        table = self._table
         for ep in leaving.values():
             ep._owner = None
             ep._index = -1
             ep._slot = -1
+            table.vacate(ep._fslot, ep._tracker)
+            ep._fslot = -1
         for new in added:
             self._attach(new, len(endpoints))
             endpoints.append(new)
@@ -1306,6 +1354,7 @@ class Balance(Generic[Req, Resp]):
 
     def _attach_state(self, ep: Endpoint[Req, Resp]) -> None:
         ep._owner = self
+        ep._fslot = self._table.occupy(ep._tracker)
         ep._state = IDLE
         ep._error = None
         ep._listed = False
@@ -1357,13 +1406,21 @@ class Balance(Generic[Req, Resp]):
         ep._owner = None
         ep._index = -1
         ep._slot = -1
+        self._table.vacate(ep._fslot, ep._tracker)
+        ep._fslot = -1
         if state is READY:
             release_reservation(ep._service)
 
     def _unlist(self, ep: Endpoint[Req, Resp]) -> None:
         if ep._listed:
             ep._listed = False
-            self._ready.remove(ep)
+            self._drop_ready(ep)
+
+    def _drop_ready(self, ep: Endpoint[Req, Resp]) -> None:
+        """Take one endpoint (and its slot) out of _ready and _rslots."""
+        at = self._ready.index(ep)
+        del self._ready[at]
+        del self._rslots[at]
 
     def _flush(self) -> None:
         """Drop consumed endpoints that did not become READY again from _ready."""
@@ -1379,13 +1436,14 @@ class Balance(Generic[Req, Resp]):
             ready = self._ready
             if len(dropped) <= _FEW:
                 for ep in dropped:
-                    ready.remove(ep)
+                    self._drop_ready(ep)
             else:
                 # Many at once (replacements spliced in that did not become
                 # ready): find them by bisection and copy the list once.
                 slack = len(self._endpoints) - len(ready)
                 at = [self._ready_position(ep, slack) for ep in dropped]
                 self._ready = _without(ready, at)
+                self._rslots = _without(self._rslots, at)
 
     def _leave_scan(self, ep: Endpoint[Req, Resp]) -> None:
         """Take an IDLE endpoint out of the scan (the idle list or the parking)."""
@@ -1469,18 +1527,23 @@ class Balance(Generic[Req, Resp]):
             self._notify()
 
 
-def _without(items: list[_T], positions: list[int]) -> list[_T]:
+def _slots() -> array[int]:
+    """An empty list of pick-table slots, as a typed array (see _rslots)."""
+    return array("q")
+
+
+def _without(items: _Seq, positions: list[int]) -> _Seq:
     """``items`` without the entries at ``positions`` (distinct, any order).
 
-    A few deletions edit the list in place; more rebuild it from slices, one
-    C-level copy instead of one memmove per deletion.
+    A few deletions edit the list (or array) in place; more rebuild it from
+    slices, one C-level copy instead of one memmove per deletion.
     """
     positions.sort()
     if len(positions) <= _FEW:
         for at in reversed(positions):
             del items[at]
         return items
-    kept: list[_T] = []
+    kept = items[:0]
     start = 0
     for at in positions:
         kept += items[start:at]

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from ._errors import InvalidInput
 from ._load import InFlight
 from ._protocols import LoadTracker, Service
+from ._service import ServiceFn
 
 if TYPE_CHECKING:
     from ._balance import Balance
@@ -83,6 +84,17 @@ def check_weight(weight: object) -> float:
     return value
 
 
+def _steady(service: object) -> bool:
+    """True when ``service``'s readiness is :class:`~poise.ServiceFn`'s own.
+
+    Such a service is always ready and reserves nothing, so a call leaves it
+    READY: a re-poll could only answer True again.
+    """
+    return getattr(type(service), "poll_ready", None) is ServiceFn.poll_ready and (
+        "poll_ready" not in getattr(service, "__dict__", ())
+    )
+
+
 class Endpoint(Generic[Req, Resp]):
     """A balanced member. Satisfies the :class:`~poise.Weighted` protocol.
 
@@ -102,6 +114,7 @@ class Endpoint(Generic[Req, Resp]):
         "_ejected",
         "_eligible",
         "_error",
+        "_fslot",
         "_index",
         "_key",
         "_listed",
@@ -111,6 +124,7 @@ class Endpoint(Generic[Req, Resp]):
         "_service",
         "_slot",
         "_state",
+        "_steady",
         "_tracker",
         "_wake",
         "_wakes",
@@ -145,6 +159,7 @@ class Endpoint(Generic[Req, Resp]):
         self._eligible = bool(eligible)
         self._metadata = metadata
         self._service = service
+        self._steady = _steady(service)
         self._tracker: LoadTracker = InFlight() if tracker is None else tracker
         self.load = self._tracker.load
         self._state = IDLE
@@ -154,6 +169,8 @@ class Endpoint(Generic[Req, Resp]):
         self._index = -1
         self._slot = -1
         self._listed = False
+        # The owner's pick-table slot (see poise._flat), -1 when detached.
+        self._fslot = -1
         # Kept by the owning balance: this endpoint's own wake function (made
         # when it joins a balance), how many times it fired, the sequence
         # number of its parking while it waits for one (-1: not parked), and
@@ -227,6 +244,7 @@ class Endpoint(Generic[Req, Resp]):
         if owner is not None:
             owner._invalidate(self)
         self._service = value
+        self._steady = _steady(value)
         if owner is not None:
             owner.wake()
 

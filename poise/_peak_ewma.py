@@ -97,9 +97,12 @@ Cost: ``start`` allocates one small guard and one dict entry; ``load``,
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from ._errors import InvalidInput
+
+if TYPE_CHECKING:
+    from ._flat import PickTable
 
 __all__ = ["PeakEwma", "PeakEwmaGuard"]
 
@@ -108,6 +111,7 @@ __all__ = ["PeakEwma", "PeakEwmaGuard"]
 _MIN_ESTIMATE = 1e-6
 _exp = math.exp
 _new_guard = object.__new__
+_INF = math.inf
 
 
 def _positive(name: str, value: float) -> float:
@@ -165,8 +169,10 @@ class PeakEwma:
         "_oldest",
         "_outstanding",
         "_rate",
+        "_slot",
         "_slow_start",
         "_slow_start_scale",
+        "_table",
         "_updated_at",
     )
 
@@ -206,6 +212,10 @@ class PeakEwma:
         self._observations = 0
         self._epoch: float | None = None
         self._updated_at = 0.0
+        # The balance's pick table this tracker mirrors its cost inputs into
+        # (see poise._flat), and its slot there; None while in no balance.
+        self._table: PickTable | None = None
+        self._slot = -1
 
     # -- read-only view -------------------------------------------------------
 
@@ -313,9 +323,14 @@ class PeakEwma:
         guard._tracker = self
         guard._started_at = now
         outstanding = self._outstanding
+        table = self._table
         if not outstanding:
             self._oldest = now
+            if table is not None and self._age_floor:
+                table.oldest[self._slot] = now
         outstanding[guard] = now
+        if table is not None:
+            table.in_flight[self._slot] = len(outstanding)
         return guard
 
     # -- internals ------------------------------------------------------------
@@ -332,7 +347,21 @@ class PeakEwma:
     def _first_use(self, now: float) -> float:
         self._epoch = now
         self._updated_at = now
+        table = self._table
+        if table is not None:
+            table.updated[self._slot] = now
         return now
+
+    def _mirror(self) -> None:
+        """Write every cost input into the bound pick table's slot."""
+        table = self._table
+        assert table is not None
+        slot = self._slot
+        table.estimate[slot] = self._estimate
+        table.updated[slot] = _INF if self._epoch is None else self._updated_at
+        table.in_flight[slot] = len(self._outstanding)
+        oldest = self._oldest
+        table.oldest[slot] = oldest if oldest is not None and self._age_floor else _INF
 
     def _end(self, guard: PeakEwmaGuard) -> None:
         outstanding = self._outstanding
@@ -341,6 +370,8 @@ class PeakEwma:
             self._oldest = None
         elif started == self._oldest:
             self._oldest = next(iter(outstanding.values()))
+        if self._table is not None:
+            self._mirror()
 
     def __repr__(self) -> str:
         return (
@@ -426,7 +457,17 @@ class PeakEwmaGuard:
         tracker._estimate = estimate
         if now > updated_at:
             tracker._updated_at = now
+            updated_at = now
         tracker._observations += 1
+        table = tracker._table
+        if table is not None:
+            slot = tracker._slot
+            table.estimate[slot] = estimate
+            table.updated[slot] = updated_at
+            table.in_flight[slot] = len(outstanding)
+            if tracker._age_floor:
+                oldest = tracker._oldest
+                table.oldest[slot] = _INF if oldest is None else oldest
 
     def cancel(self, now: float) -> None:
         tracker = self._tracker
@@ -443,6 +484,8 @@ class PeakEwmaGuard:
             tracker._estimate = age
             if now > tracker._updated_at:
                 tracker._updated_at = now
+            if tracker._table is not None:
+                tracker._mirror()
 
     def __repr__(self) -> str:
         state = "ended" if self._tracker is None else "open"

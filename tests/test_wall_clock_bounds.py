@@ -191,8 +191,8 @@ REVIEWED: dict[tuple[str, str, str], Bound] = {
     (
         "benchmarks/test_dispatch_overhead.py",
         "test_smoke_run_prints_the_table",
-        "assert result.ratio < 15.0, out",
-    ): Bound("upper", 1.4, 15.0, "dispatch against the trio hand loop"),
+        "assert result.ratio(n) < 18.0, out",
+    ): Bound("upper", 1.8, 18.0, "dispatch against the trio hand loop, 100 and 1,000 endpoints"),
     (
         "benchmarks/test_dispatch_scale.py",
         "test_smoke_run_prints_the_table",

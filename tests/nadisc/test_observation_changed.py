@@ -49,3 +49,40 @@ async def test_a_failure_behind_a_revocation_does_not_wake_changed(
         provider.set("orders", [inst("b")])
         await orders.changed(anyio.current_time() + 60)
         assert orders.snapshot(strict=True).identities() == ("b",)
+
+
+async def test_waiters_share_one_state_key_that_always_equals_the_evidence(
+    autojump_clock: object,
+) -> None:
+    """Every observer woken by one outcome reads the slot's shared state key:
+    worked out once, and equal to the evidence's own key at every time, on
+    both sides of the expiry and after each event."""
+    provider = MemoryProvider(services={"orders": "orders"})
+    provider.set("orders", [inst("a")])
+    async with memory_owner({"primary": provider}) as owner:
+        handle = owner.client()
+        orders = await handle.observe("orders", anyio.current_time() + 5)
+        slot = handle._connection.slots["orders"]
+        evidence = slot.evidence
+
+        def agree(start: float) -> None:
+            times = [start + step for step in (0.0, 0.001, 1.0, 29.9, 30.0, 31.0, 600.0, 1e6)]
+            keys = [slot.state_key(t) for t in times]
+            assert keys == [evidence.state_key(t) for t in times]
+            # Not stale at first, stale in the end: the expiry lies between.
+            assert keys[0][1] is None and keys[-1][1] is not None
+
+        now = anyio.current_time()
+        first = slot.state_key(now)
+        assert slot.state_key(now + 0.5) is first  # shared, not recomputed
+        agree(now)
+        provider.set("orders", [inst("b")])
+        await orders.changed(anyio.current_time() + 60)
+        assert slot.state_key(anyio.current_time()) != first  # a new generation
+        agree(anyio.current_time())
+        provider.fail("orders", IncompleteSnapshot("timeout"))
+        await orders.changed(anyio.current_time() + 60)
+        now = anyio.current_time()
+        assert [slot.state_key(now + s) for s in (0.0, 1.0, 1e6)] == [
+            evidence.state_key(now + s) for s in (0.0, 1.0, 1e6)
+        ]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Sequence
 
 import anyio
 import anyio.lowlevel
 
-from poise import Balance, Endpoint, LoadGuard, ReadinessState, Weighted
+from poise import Balance, Endpoint, LoadGuard, PeakEwma, ReadinessState, Weighted
 
 
 class Ctl:
@@ -167,3 +168,44 @@ async def until(predicate: Callable[[], bool]) -> None:
             return
         await anyio.lowlevel.checkpoint()
     raise AssertionError("condition never became true")
+
+
+def assert_flat_mirrors(balance: Balance[object, object]) -> None:
+    """The balance's pick table says what its endpoints and their trackers say.
+
+    Every endpoint holds its own slot; the ready slots follow the ready list;
+    a bound slot holds its PeakEwma tracker's estimate, last update (infinite
+    before the first use), calls in flight, oldest call in flight (infinite
+    when none or without the age floor) and decay rate; the unbound count is
+    the number of endpoints whose tracker is not mirrored.
+    """
+    table = balance._table
+    members = list(balance.endpoints)
+    slots = [ep._fslot for ep in members]
+    assert all(slot >= 0 for slot in slots)
+    assert len(set(slots)) == len(slots)
+    assert set(table.free).isdisjoint(slots)
+    assert len(table.free) + len(slots) == len(table.estimate) == len(table.trackers)
+    assert list(balance._rslots) == [ep._fslot for ep in balance._ready]
+    unbound = 0
+    for ep in members:
+        slot = ep._fslot
+        tracker = ep.tracker
+        assert table.trackers[slot] is tracker
+        if not table.bound[slot]:
+            unbound += 1
+            # Not mirrored here (a tracker bound through another endpoint
+            # that shares it is mirrored in that endpoint's slot only).
+            assert not (isinstance(tracker, PeakEwma) and tracker._slot == slot)
+            continue
+        assert isinstance(tracker, PeakEwma)
+        assert tracker._table is table and tracker._slot == slot
+        oldest = tracker._oldest
+        assert table.row(slot) == (
+            tracker.rtt_estimate,
+            math.inf if tracker.updated_at is None else tracker.updated_at,
+            tracker.in_flight,
+            oldest if oldest is not None and tracker.age_floor else math.inf,
+            1.0 / tracker.decay,
+        )
+    assert table.unbound == unbound

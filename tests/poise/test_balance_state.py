@@ -27,6 +27,7 @@ from poise import (
     RoundRobin,
     SelectionError,
 )
+from tests.poise._balance_support import assert_flat_mirrors
 
 KEYS = ["a", "b", "c", "d", "e"]
 MODES = ["ready", "pending", "fail"]
@@ -282,6 +283,7 @@ class BalanceMachine(RuleBasedStateMachine):
             assert _tracker(ep).in_flight == self._open_on(ep)
         for svc in self.replaced:
             assert svc.reserved == 0 and svc.violations == []
+        assert_flat_mirrors(b)
         stats = b.statistics()
         assert stats.in_flight == len(self.calls)
         assert stats.idle + stats.ready + stats.failed == stats.endpoints == len(members)

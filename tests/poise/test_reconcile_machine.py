@@ -41,6 +41,7 @@ from poise import (
     ForeignSnapshot,
     InFlight,
     LoadTracker,
+    PeakEwma,
     ReadinessError,
     ReadinessState,
     RoundRobin,
@@ -48,6 +49,7 @@ from poise import (
     Snapshot,
     StaleRevision,
 )
+from tests.poise._balance_support import assert_flat_mirrors
 
 from ..conftest import BACKEND
 
@@ -102,8 +104,8 @@ class Factory:
 
     def __init__(self) -> None:
         self.created: list[HeldService] = []
-        self.trackers: list[InFlight] = []
-        self.tracker_of: dict[int, InFlight] = {}
+        self.trackers: list[InFlight | PeakEwma] = []
+        self.tracker_of: dict[int, InFlight | PeakEwma] = {}
         self.calls = 0
         self.fail_on: set[int] = set()
         self.wrong_shape_on: set[int] = set()
@@ -119,7 +121,8 @@ class Factory:
         self.created.append(service)
         if number in self.wrong_shape_on:
             return (service,)
-        tracker = InFlight()
+        # Half the generations are mirrored in the balance's pick table.
+        tracker = PeakEwma() if number % 2 else InFlight()
         self.trackers.append(tracker)
         self.tracker_of[id(service)] = tracker
         return service, tracker
@@ -255,7 +258,8 @@ class ReconcileMachine(RuleBasedStateMachine):
                 assert id(ep.service) not in fresh
             else:
                 assert id(ep.service) in fresh
-                assert ep.state is ReadinessState.IDLE and ep.load(0.0) == 0
+                assert ep.state is ReadinessState.IDLE
+                assert self.factory.tracker_of[id(ep.service)].in_flight == 0
         live_now = set(map(id, balance.endpoints))
         for prior_ep, _key, _service, state, eligible, load, _reserved in before[:-1]:
             if id(prior_ep) not in live_now:
@@ -340,6 +344,11 @@ class ReconcileMachine(RuleBasedStateMachine):
         _finish(coroutine, service, outcome)
 
     # -- invariants -------------------------------------------------------------------------
+
+    @invariant()
+    def pick_tables_mirror_the_trackers(self) -> None:
+        for balance in (self.sync_balance, self.async_balance):
+            assert_flat_mirrors(balance.balance)
 
     @invariant()
     def no_service_leaks(self) -> None:
