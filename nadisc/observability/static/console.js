@@ -150,14 +150,10 @@
     return s.instances.some((i) => matches(i.identity) || matches(i.address));
   }
 
-  function serviceCard(key, s) {
-    const route = state.routes.get(key);
-    const endpoints = new Map((route ? route.endpoints : []).map((e) => [e.identity, e]));
+  function cardHead(key, s) {
     const status = s.unavailable ? pill("unavailable: " + s.unavailable, "bad")
       : s.degraded ? pill("degraded", "warn") : pill("usable", "ok");
     const age = ageText(s, serverNow());
-    const large = s.instances.length > COLLAPSE_OVER;
-    const open = !large || expanded.has(key);
     const head = el("h3", {}, el("span", { class: "name" }, s.service),
       el("span", { class: "meta" }, "on " + s.connection), status,
       el("span", { class: "meta" }, "revision " + s.revision),
@@ -166,8 +162,8 @@
       el("span", { class: "age" }, bar(age.fraction, age.kind, "evidence age of max_age"), " ",
         el("span", { class: "num dim", "data-age": "" }, age.text)),
       s.last_failure ? pill("last failure: " + s.last_failure, "warn") : null);
-    const card = el("div", { class: "card", "data-service": key, "data-version": "" }, head);
-    if (large) {
+    if (s.instances.length > COLLAPSE_OVER) {
+      const open = expanded.has(key);
       const toggle = el("button", { type: "button", class: "toggle" },
         open ? "collapse" : "show " + s.instances.length + " instances");
       toggle.addEventListener("click", () => {
@@ -176,46 +172,112 @@
       });
       head.append(toggle);
     }
-    if (open) {
-      const keyMatches = !filter || matches(key);
-      const rows = [];
-      for (const i of s.instances) {
-        if (!keyMatches && !(matches(i.identity) || matches(i.address))) continue;
-        rows.push(el("tr", { "data-instance": i.identity },
+    return head;
+  }
+
+  function endpointSig(e) {
+    return e ? (e.draining ? "d" : "") + (e.eligible ? "" : "i") + (e.readiness === "failed" ? "q" : "") : "";
+  }
+
+  // The rows of an open card, kept in step with the listing: a row whose
+  // instance and marks did not change is the same DOM node as before (so a
+  // selection inside it survives), a changed one is replaced where it stands.
+  function syncRows(card, key, s) {
+    const route = state.routes.get(key);
+    const endpoints = new Map((route ? route.endpoints : []).map((e) => [e.identity, e]));
+    const keyMatches = !filter || matches(key);
+    const want = [];
+    const next = new Map();
+    const keep = (id, sig, build) => {
+      let slot = id;
+      for (let n = 1; next.has(slot); n++) slot = id + "\u0000" + n; // repeated identities
+      const old = card.rows.get(slot);
+      const tr = old && old.sig === sig ? old.tr : build();
+      next.set(slot, { tr, sig });
+      want.push(tr);
+    };
+    for (const i of s.instances) {
+      if (!keyMatches && !(matches(i.identity) || matches(i.address))) continue;
+      const e = endpoints.get(i.identity);
+      keep(i.identity, "l" + i.address + "\u0000" + i.weight + "\u0000" + endpointSig(e), () =>
+        el("tr", { "data-instance": i.identity },
           el("td", { class: "id" }, i.identity), el("td", { class: "num id" }, i.address),
-          el("td", { class: "num" }, i.weight), el("td", {}, ...marks(endpoints.get(i.identity)))));
-      }
+          el("td", { class: "num" }, i.weight), el("td", {}, ...marks(e))));
+    }
+    if (endpoints.size) {
       const listed = new Set(s.instances.map((i) => i.identity));
       for (const e of endpoints.values()) {
-        if (!listed.has(e.identity)) {
-          rows.push(el("tr", { "data-instance": e.identity, class: "dim" },
+        if (listed.has(e.identity)) continue;
+        keep(e.identity, "e" + endpointSig(e), () =>
+          el("tr", { "data-instance": e.identity, class: "dim" },
             el("td", { class: "id" }, e.identity), el("td", {}, "–"), el("td", {}, "–"),
             el("td", {}, ...marks(e))));
-        }
       }
-      card.append(el("table", { class: "grid fixed instances" },
-        el("thead", {}, el("tr", {}, ...["instance", "address", "weight", "marks"]
-          .map((h) => el("th", {}, h)))),
-        el("tbody", {}, ...rows)));
     }
-    if (!serviceMatches(key, s)) card.hidden = true;
-    return card;
+    // Rows that went away first, then insert the new ones in order: rows
+    // kept are never moved.
+    for (const [slot, old] of card.rows) {
+      const now = next.get(slot);
+      if (!now || now.tr !== old.tr) old.tr.remove();
+    }
+    const body = card.tbody;
+    let cursor = body.firstChild;
+    for (const tr of want) {
+      if (cursor === tr) { cursor = cursor.nextSibling; continue; }
+      body.insertBefore(tr, cursor);
+    }
+    while (cursor) { const after = cursor.nextSibling; cursor.remove(); cursor = after; }
+    card.rows = next;
+  }
+
+  function newCard(key) {
+    const node = el("div", { class: "card", "data-service": key, "data-version": "" });
+    return { node, head: null, table: null, tbody: null, rows: new Map(), version: -1, marks: "" };
+  }
+
+  // Bring one card up to its service: the head is rebuilt (a few elements),
+  // the rows are reconciled one by one.
+  function fillCard(card, key, s) {
+    const head = cardHead(key, s);
+    if (card.head) card.head.replaceWith(head); else card.node.prepend(head);
+    card.head = head; card.age = null; card.fill = null; card.width = null;
+    const open = s.instances.length <= COLLAPSE_OVER || expanded.has(key);
+    if (open) {
+      if (!card.table) {
+        card.tbody = el("tbody", {});
+        card.table = el("table", { class: "grid fixed instances" },
+          el("thead", {}, el("tr", {}, ...["instance", "address", "weight", "marks"]
+            .map((h) => el("th", {}, h)))), card.tbody);
+        card.node.append(card.table);
+      }
+      syncRows(card, key, s);
+    } else if (card.table) {
+      card.table.remove();
+      card.table = null; card.tbody = null; card.rows = new Map();
+    }
+    const hidden = !serviceMatches(key, s);
+    if (card.node.hidden !== hidden) card.node.hidden = hidden;
+    card.node.setAttribute("data-version", String(state.versions.get(key)));
   }
 
   function rebuildService(key, force) {
     const s = state.services.get(key);
-    const known = cards.get(key);
+    if (!s) { removeService(key); return; }
+    let known = cards.get(key);
     const version = state.versions.get(key);
     const sig = marksSignature(key);
     if (!force && known && known.version === version && known.marks === sig) return;
-    const node = serviceCard(key, s);
     counts.rebuilt += 1;
     document.body.dataset.rebuilt = String(counts.rebuilt);
-    node.setAttribute("data-version", String(version));
-    if (known) { watcher.unobserve(known.node); known.node.replaceWith(node); }
-    else placeService(key, node);
-    cards.set(key, { node, version, marks: sig });
-    watcher.observe(node);
+    if (!known) {
+      known = newCard(key);
+      cards.set(key, known);
+      placeService(key, known.node);
+      watcher.observe(known.node);
+    }
+    fillCard(known, key, s);
+    known.version = version;
+    known.marks = sig;
   }
 
   const order = []; // service keys of the cards, sorted
@@ -354,6 +416,73 @@
   });
 
   const counts = { messages: 0, rebuilt: 0 }; // diagnostics, on the body's data-* attributes
+  // Benchmarks set window.nadiscProfile = [] to get a timing per message and per frame.
+  let profile = null;
+  Object.defineProperty(window, "nadiscProfile", {
+    configurable: true, get: () => profile, set: (value) => { profile = Array.isArray(value) ? value : null; },
+  });
+
+  // What the next frame has to draw: messages only change the state and
+  // mark what moved; one requestAnimationFrame writes the DOM for all of
+  // them (a timer stands in when frames are not running, e.g. a hidden tab).
+  const dirty = { services: new Set(), routes: new Set(), overview: false, stamped: false };
+  let flushPending = false;
+  let firstRenderPending = false;
+
+  function scheduleFlush() {
+    if (flushPending) return;
+    flushPending = true;
+    const timer = setTimeout(flush, 250);
+    requestAnimationFrame(() => { clearTimeout(timer); flush(); });
+  }
+
+  function flush() {
+    if (!flushPending) return;
+    flushPending = false;
+    const started = performance.now();
+    if (dirty.overview && state.overview) {
+      renderOwner(state.overview);
+      renderConnections(state.overview.connections);
+      renderRegistrations(state.overview.registrations);
+    }
+    const keys = [...dirty.services].sort();
+    if (!cards.size && keys.length) {
+      // First render: every card into one fragment, in order, one insertion.
+      const fragment = document.createDocumentFragment();
+      for (const key of keys) {
+        const s = state.services.get(key);
+        if (!s) continue;
+        const card = newCard(key);
+        fillCard(card, key, s);
+        card.version = state.versions.get(key);
+        card.marks = marksSignature(key);
+        cards.set(key, card);
+        order.push(key);
+        fragment.append(card.node);
+        watcher.observe(card.node);
+      }
+      if (cards.size) document.getElementById("services").replaceChildren(fragment);
+    } else {
+      for (const key of keys) rebuildService(key, false);
+    }
+    for (const key of dirty.routes) {
+      if (state.routes.has(key)) rebuildRoute(key); else removeRoute(key);
+    }
+    if (dirty.stamped && cards.size) tickAges();
+    dirty.services.clear(); dirty.routes.clear(); dirty.overview = false; dirty.stamped = false;
+    document.body.setAttribute("data-seq", String(state.seq));
+    document.body.dataset.messages = String(counts.messages);
+    document.body.dataset.rebuilt = String(counts.rebuilt);
+    freshness();
+    if (profile) profile.push(["render", started, performance.now()]);
+    if (firstRenderPending) {
+      firstRenderPending = false;
+      performance.mark("nadisc:applied");
+      void document.body.offsetHeight; // include the layout in the measure
+      // Milliseconds from the navigation to the first full render (for tests and benchmarks).
+      document.body.dataset.firstRenderMs = performance.now().toFixed(1);
+    }
+  }
 
   function apply(message) {
     counts.messages += 1;
@@ -361,17 +490,17 @@
     state.interval = message.interval; state.staleAfter = message.stale_after; state.seq = message.seq;
     if (message.type === "tick") { freshness(); return; }
     if (message.type === "full") {
-      for (const key of [...cards.keys()]) if (!(key in message.services)) { state.services.delete(key); removeService(key); }
-      for (const key of [...routeCards.keys()]) if (!(key in message.routes)) { state.routes.delete(key); removeRoute(key); }
+      for (const key of [...state.services.keys()]) if (!(key in message.services)) { state.services.delete(key); dirty.services.add(key); }
+      for (const key of [...state.routes.keys()]) if (!(key in message.routes)) { state.routes.delete(key); dirty.routes.add(key); }
+      if (!document.body.dataset.firstRenderMs) firstRenderPending = true;
     }
-    if (message.overview) {
-      state.overview = message.overview;
-      renderOwner(state.overview);
-      renderConnections(state.overview.connections);
-      renderRegistrations(state.overview.registrations);
+    if (message.overview) { state.overview = message.overview; dirty.overview = true; }
+    for (const [key, value] of Object.entries(message.routes || {})) {
+      state.routes.set(key, value);
+      dirty.routes.add(key);
+      dirty.services.add(key); // the route's marks show on the service's rows
     }
-    for (const [key, value] of Object.entries(message.routes || {})) state.routes.set(key, value);
-    for (const key of message.removed_routes || []) { state.routes.delete(key); removeRoute(key); }
+    for (const key of message.removed_routes || []) { state.routes.delete(key); dirty.routes.add(key); dirty.services.add(key); }
     const changedCards = new Set(Object.keys(message.services));
     for (const [key, value] of Object.entries(message.services)) {
       const old = state.services.get(key);
@@ -390,51 +519,20 @@
     for (const key of changedCards) {
       const s = state.services.get(key);
       if (!s) continue;
+      for (const n of [...s.pieces.keys()]) if (n >= s.chunks) s.pieces.delete(n);
       const all = [];
       for (let n = 0; n < s.chunks; n++) for (const i of s.pieces.get(n) || []) all.push(i);
       s.instances = all;
       state.versions.set(key, (state.versions.get(key) || 0) + 1); // the card's own version
+      dirty.services.add(key);
     }
     // Confirmed-at times move with every poll: only the age texts follow them.
-    let stamped = false;
     for (const [key, stamp] of Object.entries(message.confirmed || {})) {
       const s = state.services.get(key);
-      if (s) { s.confirmed_at = stamp; stamped = true; }
+      if (s) { s.confirmed_at = stamp; dirty.stamped = true; }
     }
-    for (const key of message.removed) { state.services.delete(key); state.versions.delete(key); removeService(key); }
-    // A service card is rebuilt when its version moved, or when its route's marks changed.
-    const touched = new Set([...changedCards, ...Object.keys(message.routes || {})]);
-    const keys = [...touched].sort();
-    if (!cards.size && keys.length) {
-      // First render: every card into one fragment, in order, one insertion.
-      const fragment = document.createDocumentFragment();
-      for (const key of keys) {
-        if (!state.services.has(key)) continue;
-        const node = serviceCard(key, state.services.get(key));
-        const version = state.versions.get(key);
-        node.setAttribute("data-version", String(version));
-        cards.set(key, { node, version, marks: marksSignature(key) });
-        order.push(key);
-        fragment.append(node);
-        watcher.observe(node);
-      }
-      const box = document.getElementById("services");
-      box.replaceChildren(fragment);
-    } else {
-      for (const key of keys) if (state.services.has(key)) rebuildService(key, false);
-    }
-    for (const key of Object.keys(message.routes || {})) rebuildRoute(key);
-    if (stamped && cards.size) tickAges();
-    document.body.setAttribute("data-seq", String(state.seq));
-    document.body.dataset.messages = String(counts.messages);
-    document.body.dataset.rebuilt = String(counts.rebuilt);
-    freshness();
-    if (message.type === "full" && !document.body.dataset.firstRenderMs) {
-      performance.mark("nadisc:applied");
-      void document.body.offsetHeight; // include the layout in the measure
-      // Milliseconds from the navigation to the first full render (for tests and benchmarks).
-      document.body.dataset.firstRenderMs = performance.now().toFixed(1);
-    }
+    for (const key of message.removed) { state.services.delete(key); state.versions.delete(key); dirty.services.add(key); }
+    scheduleFlush();
   }
   state.versions = new Map();
 
@@ -471,9 +569,12 @@
     };
     socket.onmessage = (event) => {
       if (!document.body.dataset.firstRenderMs) performance.mark("nadisc:first-message");
+      const started = performance.now();
       const message = JSON.parse(event.data);
+      const parsed = performance.now();
       apply(message);
       socket.send(JSON.stringify({ ack: message.seq }));
+      if (profile) profile.push(["message", started, parsed, performance.now(), event.data.length]);
     };
     socket.onclose = () => {
       state.connected = false;
@@ -486,6 +587,7 @@
   document.getElementById("filter").addEventListener("input", (event) => {
     filter = event.target.value.trim().toLowerCase();
     for (const key of cards.keys()) rebuildService(key, true);
+    tickAges();
   });
 
   setInterval(() => { tickAges(); freshness(); }, 1000); // ages move between updates
