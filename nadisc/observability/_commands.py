@@ -157,6 +157,7 @@ def _row(part: Mapping[str, Any], now: float) -> dict[str, Any]:
         "instances": len(part["instances"]),
         "unavailable": part["unavailable"],
         "last_error": part["last_failure"],
+        "failure_reason": part.get("failure_reason"),
     }
 
 
@@ -188,6 +189,8 @@ def format_table(rows: Sequence[Mapping[str, Any]], failed: Failed = ()) -> str:
         error = (r["unavailable"] and f"unavailable: {r['unavailable']}") or r["last_error"] or "-"
         if r["unavailable"] and r["last_error"]:
             error += f" ({r['last_error']})"
+        if r.get("failure_reason"):
+            error += f": {r['failure_reason']}"
         lines.append(
             (
                 str(r["connection"]),

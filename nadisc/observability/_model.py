@@ -77,6 +77,7 @@ def _listing_head(listing: ServiceListing) -> dict[str, Any]:
         "degraded": listing.degraded,
         "unavailable": listing.unavailable_reason,
         "last_failure": listing.last_failure,
+        "failure_reason": listing.failure_reason,
     }
 
 
@@ -394,6 +395,7 @@ class ConsoleModel:
                 listing.confirmed_at is None,
                 listing.unavailable_reason,
                 listing.last_failure,
+                listing.failure_reason,
                 listing.degraded,
                 listing.evidence,
                 id(listing.instances),

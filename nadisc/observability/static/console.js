@@ -161,7 +161,9 @@
       el("span", { class: "meta", "data-count": s.instances.length }, s.instances.length + " instances"),
       el("span", { class: "age" }, bar(age.fraction, age.kind, "evidence age of max_age"), " ",
         el("span", { class: "num dim", "data-age": "" }, age.text)),
-      s.last_failure ? pill("last failure: " + s.last_failure, "warn") : null);
+      s.last_failure ? pill("last failure: " + s.last_failure, "warn") : null,
+      s.failure_reason ? el("span", { class: "dim reason", "data-failure-reason": "" },
+        s.failure_reason) : null);
     if (s.instances.length > COLLAPSE_OVER) {
       const open = expanded.has(key);
       const toggle = el("button", { type: "button", class: "toggle" },
