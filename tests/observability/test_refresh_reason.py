@@ -16,7 +16,6 @@ log record, metric or repr.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from pathlib import Path
@@ -28,8 +27,7 @@ import trio
 from trio_websocket import open_websocket_url
 
 from nadisc import DiscoveryOwner, ServiceListing, open_discovery
-from nadisc.observability import console_app, watch_remote
-from nadisc.observability._commands import _View
+from nadisc.observability import console_app
 from tests.fakes.consul import Fault, run_consul_fake
 from tests.observability.chromium import open_chromium, require_chromium
 from tests.observability.support import (
@@ -38,6 +36,7 @@ from tests.observability.support import (
     consul_config,
     orders_instance,
     served,
+    watch_once,
 )
 
 pytestmark = pytest.mark.trio_only
@@ -101,30 +100,16 @@ async def test_a_failed_refresh_shows_its_redacted_reason_everywhere_until_it_he
                     metrics_text = (await client.get(base + "/metrics")).text
                 part = json.loads(state_text)["services"]["primary/orders"]
                 assert part["failure_reason"] == reason
-                outputs += [text, state_text, metrics_text]
+                outputs += [str(text), state_text, metrics_text]
 
                 # nadisc watch --connect: the table names the failure and why.
-                remote = io.StringIO()
-                with trio.fail_after(10):
-                    await watch_remote(
-                        base.replace("http", "ws") + "/ws",
-                        ["orders"],
-                        _View(remote, as_json=False, updates=1),
-                        None,
-                    )
-                as_json = io.StringIO()
-                with trio.fail_after(10):
-                    await watch_remote(
-                        base.replace("http", "ws") + "/ws",
-                        ["orders"],
-                        _View(as_json, as_json=True, updates=1),
-                        None,
-                    )
-                (row,) = [line for line in remote.getvalue().splitlines() if "orders" in line]
+                remote = await watch_once(base)
+                as_json = await watch_once(base, as_json=True)
+                (row,) = [line for line in remote.splitlines() if "orders" in line]
                 assert row.endswith(reason)
-                (record,) = [json.loads(x) for x in as_json.getvalue().splitlines()]
+                (record,) = [json.loads(x) for x in as_json.splitlines()]
                 assert record["failure_reason"] == reason
-                outputs += [remote.getvalue(), as_json.getvalue()]
+                outputs += [remote, as_json]
 
                 # The page shows it on the service's card.
                 page = await browser.open_page(base + "/", width=1280, height=800)
