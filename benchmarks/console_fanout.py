@@ -351,10 +351,15 @@ class PagesResult:
     #: the largest message carrying exactly one changed instance (bytes)
     one_change_max: int
     big_part_bytes: int
-    #: where the time goes: name -> (calls, p50 ms, p99 ms)
-    costs: dict[str, tuple[int, float, float]]
+    #: where the time goes: name -> (calls, p50 ms, p99 ms, max ms)
+    costs: dict[str, tuple[int, float, float, float]]
     #: per page: main-thread busy share by phase while the changes ran (DevTools metrics)
     busy: list[dict[str, float]]
+    #: the owner's process (owner, console, hypercorn, the probe clients):
+    #: CPU seconds per second while the changes ran
+    server_cpu: float
+    #: per page: the 3 slowest changes, (latency ms, ms into the run)
+    worst: dict[int, list[tuple[float, float]]]
     #: (service, instances changed at once, bytes sent for it, messages)
     calibration: list[tuple[str, int, int, int]]
     load: tuple[float, float]  # load average (1 min) before and after
@@ -368,15 +373,23 @@ def _start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
     ]
 
 
+async def _loop_lag(out: list[float]) -> None:
+    """How late the owner's event loop wakes a 10 ms sleep (ms), all run long."""
+    while True:
+        t0 = time.perf_counter()
+        await trio.sleep(0.01)
+        out.append((time.perf_counter() - t0 - 0.01) * 1000.0)
+
+
 async def _page_metrics(page: Any) -> dict[str, float]:
     listed = (await page.send("Performance.getMetrics"))["metrics"]
     return {m["name"]: float(m["value"]) for m in listed}
 
 
-def _costs(values: list[float]) -> tuple[int, float, float]:
+def _costs(values: list[float]) -> tuple[int, float, float, float]:
     if not values:
-        return (0, math.nan, math.nan)
-    return (len(values), quantile(values, 0.5), quantile(values, 0.99))
+        return (0, math.nan, math.nan, math.nan)
+    return (len(values), quantile(values, 0.5), quantile(values, 0.99), max(values))
 
 
 def _instance_changes(state: dict[str, str], message: dict[str, Any]) -> tuple[int, int]:
@@ -423,7 +436,7 @@ async def _pages_main(cfg: dict[str, Any], profile: str) -> PagesResult:
     probe["log"] = []
     slow_lags: list[float] = []
     calibration: list[tuple[str, int, int, int]] = []
-    server: dict[str, list[float]] = {"sample": [], "delta": []}
+    server: dict[str, list[float]] = {"sample": [], "delta": [], "loop lag": []}
     # Server-side costs: every sample and every message built, timed in place.
     real_resample = _model.ConsoleModel.resample
     real_delta = _model.ConsoleSample.delta
@@ -521,13 +534,15 @@ async def _pages_main(cfg: dict[str, Any], profile: str) -> PagesResult:
                     metrics_before = [await _page_metrics(page) for page in pages]
                     nursery.start_soon(probe_client)
                     nursery.start_soon(slow_client)
+                    nursery.start_soon(_loop_lag, server["loop lag"])
                     await trio.sleep(cfg["drain"])
-                    server["sample"].clear()
-                    server["delta"].clear()
+                    for values in server.values():
+                        values.clear()
                     k = 0
                     period = 1.0 / cfg["rate"]
                     next_at = trio.current_time()
                     deadline = next_at + cfg["seconds"]
+                    cpu0 = time.process_time()
                     while trio.current_time() < deadline:
                         k += 1
                         if k % 2:
@@ -546,6 +561,7 @@ async def _pages_main(cfg: dict[str, Any], profile: str) -> PagesResult:
                         next_at += period
                         await trio.sleep_until(next_at)
                     churned = k
+                    server_cpu = (time.process_time() - cpu0) / cfg["seconds"]
                     await trio.sleep(cfg["drain"])  # let every page catch up
                     metrics_after = [await _page_metrics(page) for page in pages]
                     seen_per_page = [await page.evaluate("window.__seen") for page in pages]
@@ -579,12 +595,17 @@ async def _pages_main(cfg: dict[str, Any], profile: str) -> PagesResult:
             hog.kill()
             hog.wait()
     rows = []
+    worst: dict[int, list[tuple[float, float]]] = {}
     for n, seen in enumerate(seen_per_page):
         first: dict[str, float] = {}
         for identity, at in seen:
             if identity in stamps and identity not in first:
                 first[identity] = at
         latencies = [first[i] - stamps[i] for i in first]
+        start = min(stamps.values(), default=0.0)
+        worst[n] = sorted(((first[i] - stamps[i], stamps[i] - start) for i in first), reverse=True)[
+            :3
+        ]
         label = f"page {n + 1}" + (" (big open)" if n == 0 else "")
         if latencies:
             rows.append(
@@ -599,6 +620,7 @@ async def _pages_main(cfg: dict[str, Any], profile: str) -> PagesResult:
         else:
             rows.append((label, 0, math.nan, math.nan, math.nan))
     costs = {
+        "server: loop lag (10 ms)": _costs(server["loop lag"]),
         "server: sample": _costs(server["sample"]),
         "server: build message": _costs(server["delta"]),
     }
@@ -645,6 +667,8 @@ async def _pages_main(cfg: dict[str, Any], profile: str) -> PagesResult:
         big_part_bytes=big_part,
         costs=costs,
         busy=busy,
+        server_cpu=server_cpu,
+        worst=worst,
         calibration=calibration,
         load=(load_before, os.getloadavg()[0]),
     )
@@ -694,9 +718,16 @@ def print_pages(r: PagesResult, cfg: dict[str, Any]) -> None:
             f"{'page ' + str(n + 1):<18} {b['ScriptDuration']:7.1%} "
             f"{b['RecalcStyleDuration']:7.1%} {b['LayoutDuration']:7.1%} {b['TaskDuration']:10.1%}"
         )
-    print(f"{'where the time goes':<24} {'calls':>7} {'p50 ms':>8} {'p99 ms':>8}")
-    for name, (calls, p50, p99) in r.costs.items():
-        print(f"{name:<24} {calls:>7} {p50:8.2f} {p99:8.2f}")
+    for n, slowest in r.worst.items():
+        said = ", ".join(f"{ms:.0f} ms at +{at / 1000:.1f} s" for ms, at in slowest)
+        print(f"page {n + 1} slowest changes: {said}")
+    print(
+        f"owner process (owner, console, server, probe and slow client): "
+        f"{r.server_cpu:.1%} of a core while the changes ran"
+    )
+    print(f"{'where the time goes':<24} {'calls':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for name, (calls, p50, p99, most) in r.costs.items():
+        print(f"{name:<24} {calls:>7} {p50:8.2f} {p99:8.2f} {most:8.2f}")
 
 
 def run_pages(

@@ -88,6 +88,11 @@ async def test_a_failed_refresh_shows_its_redacted_reason_everywhere_until_it_he
                 assert reason.split(":", 1)[0].isidentifier()  # "<kind>: <message>"
                 assert listing.instances  # still served from its grace window
                 outputs += [repr(listing), repr(owner.observer().snapshot())]
+                # The console's next sample has it (samples are taken every 50 ms).
+                taken = app.model.samples
+                with trio.fail_after(10):
+                    while app.model.samples < taken + 2:
+                        await trio.sleep(0.01)
 
                 # /ws and /state carry it in the service's part.
                 async with open_websocket_url(base.replace("http", "ws") + "/ws") as socket:

@@ -10,6 +10,7 @@
 
 (function () {
   const COLLAPSE_OVER = 20; // instances: larger cards start collapsed
+  const BLOCK = 25; // instance rows per block of an open card
   const state = {
     now: 0, sampled: 0, receivedAt: 0, interval: 0.1, staleAfter: 3, seq: 0,
     overview: null, services: new Map(), routes: new Map(), connected: false,
@@ -217,24 +218,47 @@
       }
     }
     // Rows that went away first, then insert the new ones in order: rows
-    // kept are never moved.
+    // kept are never moved (unless rows before them came or went).
     for (const [slot, old] of card.rows) {
       const now = next.get(slot);
       if (!now || now.tr !== old.tr) old.tr.remove();
     }
-    const body = card.tbody;
-    let cursor = body.firstChild;
-    for (const tr of want) {
-      if (cursor === tr) { cursor = cursor.nextSibling; continue; }
-      body.insertBefore(tr, cursor);
+    // The rows sit in blocks of BLOCK, each a table of its own that the
+    // browser lays out and paints only when it is on screen and changed
+    // (content-visibility): one row changing in a 1,000-row card costs a
+    // block, not the card.
+    const blocks = Math.max(1, Math.ceil(want.length / BLOCK));
+    while (card.blocks.length < blocks) {
+      const tbody = el("tbody", {});
+      const table = el("table", { class: "grid fixed instances" });
+      if (!card.blocks.length) {
+        table.append(el("thead", {}, el("tr", {}, ...["instance", "address", "weight", "marks"]
+          .map((h) => el("th", {}, h)))));
+      }
+      table.append(tbody);
+      card.node.append(el("div", { class: "block" }, table));
+      card.blocks.push(tbody);
     }
-    while (cursor) { const after = cursor.nextSibling; cursor.remove(); cursor = after; }
+    while (card.blocks.length > blocks) card.blocks.pop().closest(".block").remove();
+    for (let b = 0; b < blocks; b++) {
+      const body = card.blocks[b];
+      let cursor = body.firstChild;
+      for (let n = b * BLOCK; n < Math.min(want.length, (b + 1) * BLOCK); n++) {
+        const tr = want[n];
+        if (cursor === tr) { cursor = cursor.nextSibling; continue; }
+        body.insertBefore(tr, cursor);
+      }
+      // What is left belongs to the blocks after this one (the rest was removed).
+      const spill = [];
+      while (cursor) { spill.push(cursor); cursor = cursor.nextSibling; }
+      if (spill.length) card.blocks[b + 1].prepend(...spill);
+    }
     card.rows = next;
   }
 
   function newCard(key) {
     const node = el("div", { class: "card", "data-service": key, "data-version": "" });
-    return { node, head: null, table: null, tbody: null, rows: new Map(), version: -1, marks: "" };
+    return { node, head: null, blocks: [], rows: new Map(), version: -1, marks: "" };
   }
 
   // Bring one card up to its service: the head is rebuilt (a few elements),
@@ -244,19 +268,12 @@
     if (card.head) card.head.replaceWith(head); else card.node.prepend(head);
     card.head = head; card.age = null; card.fill = null; card.width = null;
     const open = s.instances.length <= COLLAPSE_OVER || expanded.has(key);
-    if (open) {
-      if (!card.table) {
-        card.tbody = el("tbody", {});
-        card.table = el("table", { class: "grid fixed instances" },
-          el("thead", {}, el("tr", {}, ...["instance", "address", "weight", "marks"]
-            .map((h) => el("th", {}, h)))), card.tbody);
-        card.node.append(card.table);
-      }
-      syncRows(card, key, s);
-    } else if (card.table) {
-      card.table.remove();
-      card.table = null; card.tbody = null; card.rows = new Map();
+    if (open) syncRows(card, key, s);
+    else if (card.blocks.length) {
+      for (const body of card.blocks) body.closest(".block").remove();
+      card.blocks = []; card.rows = new Map();
     }
+    card.node.classList.toggle("large", s.instances.length > BLOCK);
     const hidden = !serviceMatches(key, s);
     if (card.node.hidden !== hidden) card.node.hidden = hidden;
     card.node.setAttribute("data-version", String(state.versions.get(key)));
