@@ -22,9 +22,18 @@ Routes are parts of their own, so a route's counters moving does not
 resend the overview or any service.
 
 Costs per sample: O(services + registrations + route endpoints) while
-listings are unchanged; a changed service is re-encoded once (O(its
-instances)) and shared by every client. Per client per update: O(services)
-to compare versions, plus the bytes of what changed.
+listings are unchanged; a changed service's instances are compared chunk
+by chunk (``CHUNK`` rows) and only the chunks whose rows changed are
+encoded, once, shared by every client. Per client per update: O(parts) to
+compare versions, plus the bytes of what changed.
+
+Adding a kind of part (e.g. per-channel rows): give :class:`ConsoleSample`
+one more ``Parts`` mapping (key -> (version, JSON text), the version moving
+only when the text changes), fill it in :meth:`ConsoleModel.resample`
+(set ``changed`` when a version moves or a key goes), and have
+:meth:`ConsoleSample.delta` emit it with :func:`_changed` under a prefix of
+its own in ``seen`` and a message member of its own. Clients ignore
+members they do not know, so the page and ``nadisc watch`` keep working.
 
 What is shown: configured connection, service and registration names,
 closed states, instance identities and addresses, weights, ages and
