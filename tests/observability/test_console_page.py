@@ -107,7 +107,11 @@ async def test_a_thousand_services_render_fast_idle_cheaply_and_keep_the_selecti
 
                 work = share("ScriptDuration", "LayoutDuration", "RecalcStyleDuration")
                 tasks = share("TaskDuration")
-                print(f"idle main thread: script+layout+style {work:.1%}, all tasks {tasks:.1%}")
+                layouts = after["LayoutCount"] - before["LayoutCount"]
+                print(
+                    f"idle main thread: script+layout+style {work:.1%}, all tasks {tasks:.1%}, "
+                    f"{layouts:.0f} layouts in {wall:.1f} s"
+                )
                 # What keeps it idle, by count: no card rebuilt, and a
                 # few layouts a second (ticks and age texts, each its own relayout boundary).
                 assert await page.evaluate("Number(document.body.dataset.rebuilt)") == seen
