@@ -30,12 +30,14 @@ Run: ``python -m benchmarks.console_fanout [--smoke]``
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import socket
 import subprocess
 import sys
 import time
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -297,28 +299,38 @@ def print_table(r: Result) -> None:
 
 PAGES_FULL: dict[str, Any] = {
     "big": 1000, "small": 20, "per_small": 3, "rate": 20, "seconds": 15.0, "tabs": 3,
-    "drain": 2.0, "slow_period": 1.0,
+    "drain": 2.0, "slow_period": 1.0, "hog": 0,
 }  # fmt: skip
 PAGES_SMOKE: dict[str, Any] = {
-    "big": 200, "small": 4, "per_small": 3, "rate": 20, "seconds": 1.0, "tabs": 1,
-    "drain": 0.5, "slow_period": 0.3,
+    "big": 200, "small": 4, "per_small": 3, "rate": 20, "seconds": 1.5, "tabs": 1,
+    "drain": 0.5, "slow_period": 0.3, "hog": 0,
 }  # fmt: skip
 PAGES_INTERVAL = 0.1
 
 #: Installed in each page once it rendered: records when each instance row
-#: appears (wall clock, the system's, as the owner's stamps).
+#: appears: when the DOM had it, and the start of the next animation frame
+#: (the frame that showed the row was painted by then; the latency columns
+#: use this one), on the system's wall clock as the owner's stamps.
 _WATCH_ROWS = """
 window.__seen = [];
+window.nadiscProfile = [];
 new MutationObserver((records) => {
-  const t = performance.timeOrigin + performance.now();
+  const ids = [];
   for (const r of records) for (const n of r.addedNodes) {
     if (n.nodeType !== 1) continue;
     const rows = n.matches('[data-instance]') ? [n] : n.querySelectorAll('[data-instance]');
-    for (const row of rows) window.__seen.push([row.dataset.instance, t]);
+    for (const row of rows) ids.push(row.dataset.instance);
   }
+  const dom = performance.timeOrigin + performance.now();
+  if (ids.length) requestAnimationFrame(() => {
+    const t = performance.timeOrigin + performance.now();
+    for (const id of ids) window.__seen.push([id, t, dom]);
+  });
 }).observe(document.getElementById('services'), {childList: true, subtree: true});
 true
 """
+
+_HOG = "import time\nwhile True:\n    time.perf_counter()\n"
 
 
 @dataclass
@@ -328,15 +340,78 @@ class PagesResult:
     changes: int
     small_changes: int
     first_render_ms: list[float]
-    pages: list[tuple[int, float, float, float]]  # (seen, p50, p99, max) per tab
+    #: (label, changes seen, p50, p99, max) per tab
+    pages: list[tuple[str, int, float, float, float]]
     slow_reads: int
     slow_max_lag_ms: float
     full_bytes: int
     big_msgs: tuple[int, float]  # (messages, mean bytes) carrying the big service
     small_msgs: tuple[int, float]  # (messages, mean bytes) of small services only
     bytes_per_change: float
+    #: bytes per changed instance: (messages with a big-service change, with small only)
+    per_instance: tuple[float, float]
+    #: the largest message carrying exactly one changed instance (bytes)
+    one_change_max: int
     big_part_bytes: int
-    load: float
+    #: where the time goes: name -> (calls, p50 ms, p99 ms, max ms)
+    costs: dict[str, tuple[int, float, float, float]]
+    #: per page: main-thread busy share by phase while the changes ran (DevTools metrics)
+    busy: list[dict[str, float]]
+    #: the owner's process (owner, console, hypercorn, the probe clients):
+    #: CPU seconds per second while the changes ran
+    server_cpu: float
+    #: per page: p99 to the DOM having the row (before its frame was painted)
+    dom_p99: list[float]
+    #: change -> the probe WebSocket client (in the owner's process): seen, p50, p99, max
+    delivered: tuple[int, float, float, float]
+    #: per page: the 3 slowest changes, (latency ms, ms into the run)
+    worst: dict[int, list[tuple[float, float]]]
+    #: (service, instances changed at once, bytes sent for it, messages)
+    calibration: list[tuple[str, int, int, int]]
+    load: tuple[float, float]  # load average (1 min) before and after
+
+
+def _start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
+    """CPU-bound processes that load the machine beside the run (killed after it)."""
+    return [
+        subprocess.Popen([sys.executable, "-c", _HOG], stdin=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+
+
+async def _loop_lag(out: list[float]) -> None:
+    """How late the owner's event loop wakes a 10 ms sleep (ms), all run long."""
+    while True:
+        t0 = time.perf_counter()
+        await trio.sleep(0.01)
+        out.append((time.perf_counter() - t0 - 0.01) * 1000.0)
+
+
+async def _page_metrics(page: Any) -> dict[str, float]:
+    listed = (await page.send("Performance.getMetrics"))["metrics"]
+    return {m["name"]: float(m["value"]) for m in listed}
+
+
+def _costs(values: list[float]) -> tuple[int, float, float, float]:
+    if not values:
+        return (0, math.nan, math.nan, math.nan)
+    return (len(values), quantile(values, 0.5), quantile(values, 0.99), max(values))
+
+
+def _instance_changes(state: dict[str, str], message: dict[str, Any]) -> tuple[int, int]:
+    """(changed instances in the big service, in small ones) that ``message``
+    carries, against the chunks a client held before (``state`` is updated)."""
+    big = small = 0
+    for mark, chunk in message.get("instances", {}).items():
+        old = {json.dumps(i, sort_keys=True) for i in json.loads(state.get(mark, "[]"))}
+        new = [json.dumps(i, sort_keys=True) for i in chunk]
+        moved = sum(1 for i in new if i not in old)
+        state[mark] = json.dumps(chunk)
+        if mark.startswith("primary/big#"):
+            big += moved
+        else:
+            small += moved
+    return big, small
 
 
 async def _pages_main(cfg: dict[str, Any], profile: str) -> PagesResult:
@@ -345,10 +420,11 @@ async def _pages_main(cfg: dict[str, Any], profile: str) -> PagesResult:
     from trio_websocket import open_websocket_url
 
     from nadisc import DiscoveryConfig, Instance, open_discovery
-    from nadisc.observability import console_app, serve
+    from nadisc.observability import _model, console_app, serve
     from nadisc.testing import MemoryProvider
     from tests.observability.chromium import open_chromium
 
+    load_before = os.getloadavg()[0]
     big, small, per = cfg["big"], cfg["small"], cfg["per_small"]
     names = {"big": "big", **{f"sm{i:02d}": f"sm{i:02d}" for i in range(small)}}
     provider = MemoryProvider(services=names, watch=True)
@@ -361,107 +437,261 @@ async def _pages_main(cfg: dict[str, Any], profile: str) -> PagesResult:
         {"enabled": True, "connections": {"primary": {"provider": "host"}}}
     )
     stamps: dict[str, float] = {}
-    probe: dict[str, Any] = {"big": [], "small": [], "bytes": 0, "full": 0}
+    probe: dict[str, Any] = {"big": [], "small": [], "bytes": 0, "full": 0, "per": ([], [])}
+    probe["one"] = 0
+    probe["log"] = []
+    probe["first"] = {}
     slow_lags: list[float] = []
-    async with open_discovery(config, providers={"primary": provider}) as owner:
-        held = [await owner.client().observe(n, trio.current_time() + 10) for n in names]
-        app = console_app(owner, interval=PAGES_INTERVAL)
-        async with trio.open_nursery() as nursery:
-            urls = await nursery.start(serve, app, "127.0.0.1:0")
-            ws = urls[0].replace("http", "ws") + "/ws?ack=1"
-            done = trio.Event()
+    calibration: list[tuple[str, int, int, int]] = []
+    server: dict[str, list[float]] = {"sample": [], "delta": [], "loop lag": [], "gc": []}
+    gc_started = [0.0]
 
-            async def probe_client() -> None:
-                # Reads and acks every message, as the page does; counts bytes.
-                async with open_websocket_url(ws, max_message_size=1 << 26) as socket:
-                    first = await socket.get_message()
-                    probe["full"] = len(first)
-                    await socket.send_message('{"ack":0}')
-                    while not done.is_set():
-                        text = await socket.get_message()
+    def gc_pause(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            server["gc"].append((time.perf_counter() - gc_started[0]) * 1000.0)
+
+    gc.callbacks.append(gc_pause)
+    # Server-side costs: every sample and every message built, timed in place.
+    real_resample = _model.ConsoleModel.resample
+    real_delta = _model.ConsoleSample.delta
+
+    def timed_resample(self: Any, now: float | None = None) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return real_resample(self, now)
+        finally:
+            server["sample"].append((time.perf_counter() - t0) * 1000.0)
+
+    def timed_delta(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return real_delta(self, *args, **kwargs)
+        finally:
+            server["delta"].append((time.perf_counter() - t0) * 1000.0)
+
+    hogs = _start_hogs(cfg["hog"])
+    _model.ConsoleModel.resample = timed_resample  # type: ignore[method-assign]
+    _model.ConsoleSample.delta = timed_delta  # type: ignore[method-assign]
+    try:
+        async with open_discovery(config, providers={"primary": provider}) as owner:
+            held = [await owner.client().observe(n, trio.current_time() + 10) for n in names]
+            app = console_app(owner, interval=PAGES_INTERVAL)
+            async with trio.open_nursery() as nursery:
+                urls = await nursery.start(serve, app, "127.0.0.1:0")
+                ws = urls[0].replace("http", "ws") + "/ws?ack=1"
+                done = trio.Event()
+
+                async def probe_client() -> None:
+                    # Reads and acks every message, as the page does; counts bytes.
+                    chunks: dict[str, str] = {}
+                    async with open_websocket_url(ws, max_message_size=1 << 26) as socket:
+                        first = await socket.get_message()
+                        probe["full"] = len(first)
+                        _instance_changes(chunks, json.loads(first))
                         await socket.send_message('{"ack":0}')
-                        message = json.loads(text)
-                        if message["type"] == "tick":
-                            continue
-                        probe["bytes"] += len(text)
-                        kind = "big" if "primary/big" in message["services"] else "small"
-                        probe[kind].append(len(text))
+                        while not done.is_set():
+                            text = await socket.get_message()
+                            await socket.send_message('{"ack":0}')
+                            message = json.loads(text)
+                            if message["type"] == "tick":
+                                continue
+                            got = time.time() * 1000.0
+                            for chunk in message.get("instances", {}).values():
+                                for instance in chunk:
+                                    probe["first"].setdefault(instance["identity"], got)
+                            moved_big, moved_small = _instance_changes(chunks, message)
+                            probe["log"].append((moved_big, moved_small, len(text)))
+                            probe["bytes"] += len(text)
+                            if moved_big + moved_small == 1:
+                                probe["one"] = max(probe["one"], len(text))
+                            if moved_big:
+                                probe["big"].append(len(text))
+                                probe["per"][0].append(len(text) / (moved_big + moved_small))
+                            elif moved_small:
+                                probe["small"].append(len(text))
+                                probe["per"][1].append(len(text) / moved_small)
 
-            async def slow_client() -> None:
-                # Deliberately slow: one read a second; acks just before reading.
-                async with open_websocket_url(ws, max_message_size=1 << 26) as socket:
-                    await socket.get_message()
-                    while not done.is_set():
-                        await trio.sleep(cfg["slow_period"])
-                        await socket.send_message('{"ack":0}')
-                        message = json.loads(await socket.get_message())
-                        slow_lags.append(trio.current_time() - float(message["sampled"]))
+                async def slow_client() -> None:
+                    # Deliberately slow: one read a second; acks just before reading.
+                    async with open_websocket_url(ws, max_message_size=1 << 26) as socket:
+                        await socket.get_message()
+                        while not done.is_set():
+                            await trio.sleep(cfg["slow_period"])
+                            await socket.send_message('{"ack":0}')
+                            message = json.loads(await socket.get_message())
+                            slow_lags.append(trio.current_time() - float(message["sampled"]))
 
-            async with open_chromium(Path(profile)) as browser:
-                pages = [
-                    await browser.open_page(urls[0] + "/", width=1400, height=900)
-                    for _ in range(cfg["tabs"])
-                ]
-                renders = []
-                for page in pages:
-                    await page.wait_for(
-                        "document.body && document.body.dataset.firstRenderMs", timeout=60
+                async with AsyncExitStack() as stack:
+                    # Separate browsers (each its own process and window, in
+                    # front): a background tab gets no animation frames.
+                    pages = []
+                    for n in range(cfg["tabs"]):
+                        browser = await stack.enter_async_context(
+                            open_chromium(Path(profile) / f"browser{n}")
+                        )
+                        pages.append(await browser.open_page(urls[0] + "/", width=1400, height=900))
+                    renders = []
+                    for page in pages:
+                        await page.wait_for(
+                            "document.body && document.body.dataset.firstRenderMs", timeout=60
+                        )
+                        renders.append(
+                            float(await page.evaluate("document.body.dataset.firstRenderMs"))
+                        )
+                        await page.evaluate(_WATCH_ROWS)
+                    # The first tab opens the big card: its rows are on the page
+                    # and every change to it must show there too.
+                    card = "document.querySelector('[data-service=\"primary/big\"]')"
+                    await pages[0].evaluate(f"{card}.querySelector('button.toggle').click()")
+                    await pages[0].wait_for(
+                        f"{card}.querySelectorAll('[data-instance]').length === {big}"
                     )
-                    renders.append(
-                        float(await page.evaluate("document.body.dataset.firstRenderMs"))
-                    )
-                    await page.evaluate(_WATCH_ROWS)
-                nursery.start_soon(probe_client)
-                nursery.start_soon(slow_client)
-                await trio.sleep(cfg["drain"])
-                k = 0
-                period = 1.0 / cfg["rate"]
-                next_at = trio.current_time()
-                deadline = next_at + cfg["seconds"]
-                while trio.current_time() < deadline:
-                    k += 1
-                    if k % 2:
-                        slot = (k // 2) % big
-                        current = list(provider.listing("big").instances)
-                        current[slot] = Instance(f"big-{slot}-v{k}", "10.2.0.1", 1000 + slot)
-                        provider.set("big", current)
-                    else:
-                        svc = f"sm{(k // 2) % small:02d}"
-                        slot = (k // 2 // small) % per
-                        current = list(provider.listing(svc).instances)
-                        identity = f"{svc}-{slot}-v{k}"
-                        current[slot] = Instance(identity, "10.3.0.1", 2000 + slot)
+                    await pages[0].evaluate("window.__seen = []")
+                    for page in pages:
+                        await page.send("Performance.enable")
+                    metrics_before = [await _page_metrics(page) for page in pages]
+                    nursery.start_soon(probe_client)
+                    nursery.start_soon(slow_client)
+                    nursery.start_soon(_loop_lag, server["loop lag"])
+                    await trio.sleep(cfg["drain"])
+                    if cfg.get("gc_freeze"):
+                        gc.freeze()  # what is alive now is never scanned again
+                    for values in server.values():
+                        values.clear()
+                    k = 0
+                    period = 1.0 / cfg["rate"]
+                    next_at = trio.current_time()
+                    deadline = next_at + cfg["seconds"]
+                    cpu0 = time.process_time()
+                    while trio.current_time() < deadline:
+                        k += 1
+                        if k % 2:
+                            slot = (k // 2) % big
+                            svc, identity = "big", f"big-{slot}-v{k}"
+                            current = list(provider.listing("big").instances)
+                            current[slot] = Instance(identity, "10.2.0.1", 1000 + slot)
+                        else:
+                            svc = f"sm{(k // 2) % small:02d}"
+                            slot = (k // 2 // small) % per
+                            current = list(provider.listing(svc).instances)
+                            identity = f"{svc}-{slot}-v{k}"
+                            current[slot] = Instance(identity, "10.3.0.1", 2000 + slot)
                         stamps[identity] = time.time() * 1000.0
                         provider.set(svc, current)
-                    next_at += period
-                    await trio.sleep_until(next_at)
-                await trio.sleep(cfg["drain"])  # let every page catch up
-                seen_per_page = [await page.evaluate("window.__seen") for page in pages]
-                done.set()
-            nursery.cancel_scope.cancel()
-        big_part = len(
-            json.dumps([[i.identity, i.host] for i in provider.listing("big").instances])
-        )
-        del held
+                        next_at += period
+                        await trio.sleep_until(next_at)
+                    churned = k
+                    server_cpu = (time.process_time() - cpu0) / cfg["seconds"]
+                    await trio.sleep(cfg["drain"])  # let every page catch up
+                    metrics_after = [await _page_metrics(page) for page in pages]
+                    # A page that is still behind gets up to 30 s more (its
+                    # late rows count with their real latency).
+                    small_ids = {i for i in stamps if not i.startswith("big-")}
+                    with trio.move_on_after(30):
+                        for n, page in enumerate(pages):
+                            wanted = set(stamps) if n == 0 else small_ids
+                            while not wanted <= {
+                                row[0] for row in await page.evaluate("window.__seen")
+                            }:
+                                await trio.sleep(0.1)
+                    seen_per_page = [await page.evaluate("window.__seen") for page in pages]
+                    # Bytes against what changed: n instances of the big
+                    # service (each in a chunk of its own), then one small one.
+                    for n, svc in ((1, "big"), (2, "big"), (5, "big"), (20, "big"), (1, "sm00")):
+                        mark = len(probe["log"])
+                        current = list(provider.listing(svc).instances)
+                        step = max(1, len(current) // n)
+                        for j in range(n):
+                            slot = (j * step + 3) % len(current)
+                            k += 1
+                            current[slot] = Instance(f"{svc}-{slot}-v{k}", "10.4.0.1", 3000 + slot)
+                        provider.set(svc, current)
+                        with trio.fail_after(30):
+                            while not any(b + s_ >= n for b, s_, _ in probe["log"][mark:]):
+                                await trio.sleep(0.01)
+                        carried = [e for e in probe["log"][mark:] if e[0] + e[1]]
+                        calibration.append((svc, n, sum(e[2] for e in carried), len(carried)))
+                    profiles = [await page.evaluate("window.nadiscProfile") for page in pages]
+                    done.set()
+                nursery.cancel_scope.cancel()
+            big_part = len(
+                json.dumps([[i.identity, i.host] for i in provider.listing("big").instances])
+            )
+            del held
+    finally:
+        _model.ConsoleModel.resample = real_resample  # type: ignore[method-assign]
+        _model.ConsoleSample.delta = real_delta  # type: ignore[method-assign]
+        gc.callbacks.remove(gc_pause)
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
     rows = []
-    for seen in seen_per_page:
+    worst: dict[int, list[tuple[float, float]]] = {}
+    dom_p99: list[float] = []
+    for n, seen in enumerate(seen_per_page):
         first: dict[str, float] = {}
-        for identity, at in seen:
+        in_dom: dict[str, float] = {}
+        for identity, at, dom in seen:
             if identity in stamps and identity not in first:
                 first[identity] = at
+                in_dom[identity] = dom
         latencies = [first[i] - stamps[i] for i in first]
+        dom_p99.append(
+            quantile([in_dom[i] - stamps[i] for i in in_dom], 0.99) if in_dom else math.nan
+        )
+        start = min(stamps.values(), default=0.0)
+        worst[n] = sorted(((first[i] - stamps[i], stamps[i] - start) for i in first), reverse=True)[
+            :3
+        ]
+        label = f"page {n + 1}" + (" (big open)" if n == 0 else "")
         if latencies:
             rows.append(
-                (len(first), quantile(latencies, 0.5), quantile(latencies, 0.99), max(latencies))
+                (
+                    label,
+                    len(first),
+                    quantile(latencies, 0.5),
+                    quantile(latencies, 0.99),
+                    max(latencies),
+                )
             )
         else:
-            rows.append((0, math.nan, math.nan, math.nan))
+            rows.append((label, 0, math.nan, math.nan, math.nan))
+    costs = {
+        "server: loop lag (10 ms)": _costs(server["loop lag"]),
+        "server: sample": _costs(server["sample"]),
+        "server: gc pause": _costs(server["gc"]),
+        "server: build message": _costs(server["delta"]),
+    }
+    # Page entries: ["message", start, parsed, applied, bytes] and ["render", start, end].
+    picks = {"page: parse": ("message", 1, 2), "page: apply": ("message", 2, 3)}
+    picks["page: render frame"] = ("render", 1, 2)
+    for name, (kind, begin, end) in picks.items():
+        values = [e[end] - e[begin] for p in profiles for e in p or [] if e[0] == kind]
+        costs[name] = _costs(values)
+    busy = []
+    for before, after in zip(metrics_before, metrics_after, strict=True):
+        wall = after["Timestamp"] - before["Timestamp"]
+        busy.append(
+            {
+                name: (after[name] - before[name]) / wall
+                for name in (
+                    "ScriptDuration",
+                    "RecalcStyleDuration",
+                    "LayoutDuration",
+                    "TaskDuration",
+                )
+            }
+        )
+    delivered = [probe["first"][i] - stamps[i] for i in stamps if i in probe["first"]]
     bigs, smalls = probe["big"], probe["small"]
+    per_big, per_small = probe["per"]
     return PagesResult(
         big=big,
         small=small,
-        changes=k,
-        small_changes=len(stamps),
+        changes=churned,
+        small_changes=churned // 2,
         first_render_ms=renders,
         pages=rows,
         slow_reads=len(slow_lags),
@@ -470,38 +700,103 @@ async def _pages_main(cfg: dict[str, Any], profile: str) -> PagesResult:
         big_msgs=(len(bigs), sum(bigs) / max(1, len(bigs))),
         small_msgs=(len(smalls), sum(smalls) / max(1, len(smalls))),
         bytes_per_change=probe["bytes"] / max(1, k),
+        per_instance=(
+            sum(per_big) / max(1, len(per_big)),
+            sum(per_small) / max(1, len(per_small)),
+        ),
+        one_change_max=probe["one"],
         big_part_bytes=big_part,
-        load=os.getloadavg()[0],
+        costs=costs,
+        busy=busy,
+        server_cpu=server_cpu,
+        worst=worst,
+        dom_p99=dom_p99,
+        delivered=(
+            len(delivered),
+            quantile(delivered, 0.5) if delivered else math.nan,
+            quantile(delivered, 0.99) if delivered else math.nan,
+            max(delivered, default=math.nan),
+        ),
+        calibration=calibration,
+        load=(load_before, os.getloadavg()[0]),
     )
 
 
 def print_pages(r: PagesResult, cfg: dict[str, Any]) -> None:
+    frozen = ", gc frozen" if cfg.get("gc_freeze") else ""
     print(
         f"console pages: 1 service x {r.big} instances + {r.small} x {cfg['per_small']}, "
-        f"{cfg['rate']} changes/s for {cfg['seconds']:g} s ({r.changes} changes, "
-        f"{r.small_changes} to small services), interval {PAGES_INTERVAL * 1000:.0f} ms, "
-        f"{cfg['tabs']} Chromium tabs + 1 slow client, load average {r.load:.1f}"
+        f"{cfg['rate']} changes/s for {cfg['seconds']:g} s ({r.changes} changes, half to the "
+        f"big service), interval {PAGES_INTERVAL * 1000:.0f} ms, {cfg['tabs']} Chromium browsers "
+        f"+ 1 slow client, {cfg['hog']} CPU hogs{frozen}, "
+        f"load average {r.load[0]:.1f} -> {r.load[1]:.1f}"
     )
     print(
-        f"{'client':<8} {'first render ms':>16} {'changes seen':>13} "
-        f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
+        f"{'client':<18} {'first render ms':>16} {'changes seen':>13} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'p99 in DOM':>11}"
     )
-    for n, (seen, p50, p99, worst) in enumerate(r.pages):
+    for n, (label, seen, p50, p99, worst) in enumerate(r.pages):
         print(
-            f"{'page ' + str(n + 1):<8} {r.first_render_ms[n]:16.0f} {seen:>13} "
-            f"{p50:8.1f} {p99:8.1f} {worst:8.1f}"
+            f"{label:<18} {r.first_render_ms[n]:16.0f} {seen:>13} "
+            f"{p50:8.1f} {p99:8.1f} {worst:8.1f} {r.dom_p99[n]:11.1f}"
         )
+    seen, p50, p99, worst = r.delivered
+    print(f"{'probe (WebSocket)':<18} {'':>16} {seen:>13} {p50:8.1f} {p99:8.1f} {worst:8.1f}")
     print(
         f"slow client: {r.slow_reads} reads (one per {cfg['slow_period']:g} s), "
         "newest sample at most "
         f"{r.slow_max_lag_ms:.0f} ms old when read (interval {PAGES_INTERVAL * 1000:.0f} ms)"
     )
     print(
-        f"bytes: full state {r.full_bytes}; deltas with the big service {r.big_msgs[1]:.0f} "
-        f"({r.big_msgs[0]} msgs; its ids+hosts alone {r.big_part_bytes}); deltas of small "
-        f"services only {r.small_msgs[1]:.0f} ({r.small_msgs[0]} msgs); per change "
-        f"{r.bytes_per_change:.0f}"
+        f"bytes: full state {r.full_bytes}; deltas with a big-service change {r.big_msgs[1]:.0f} "
+        f"({r.big_msgs[0]} msgs; the big service's ids+hosts alone {r.big_part_bytes}); "
+        f"deltas of small services only {r.small_msgs[1]:.0f} ({r.small_msgs[0]} msgs); "
+        f"per change {r.bytes_per_change:.0f}"
     )
+    print(
+        f"bytes per changed instance: big service {r.per_instance[0]:.0f}, small services "
+        f"{r.per_instance[1]:.0f}; largest one-instance delta {r.one_change_max}"
+    )
+    print(f"{'changed at once':<24} {'bytes':>7} {'msgs':>5} {'bytes/instance':>15}")
+    for svc, n, size, msgs in r.calibration:
+        label = f"{n} in {'the big service' if svc == 'big' else 'a small one'}"
+        print(f"{label:<24} {size:>7} {msgs:>5} {size / n:15.0f}")
+    print(
+        f"{'page main thread':<18} {'script':>7} {'style':>7} {'layout':>7} {'all tasks':>10}"
+        "  (share of wall time while the changes ran)"
+    )
+    for n, b in enumerate(r.busy):
+        print(
+            f"{'page ' + str(n + 1):<18} {b['ScriptDuration']:7.1%} "
+            f"{b['RecalcStyleDuration']:7.1%} {b['LayoutDuration']:7.1%} {b['TaskDuration']:10.1%}"
+        )
+    for n, slowest in r.worst.items():
+        said = ", ".join(f"{ms:.0f} ms at +{at / 1000:.1f} s" for ms, at in slowest)
+        print(f"page {n + 1} slowest changes: {said}")
+    print(
+        f"owner process (owner, console, server, probe and slow client): "
+        f"{r.server_cpu:.1%} of a core while the changes ran"
+    )
+    print(f"{'where the time goes':<24} {'calls':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for name, (calls, p50, p99, most) in r.costs.items():
+        print(f"{name:<24} {calls:>7} {p50:8.2f} {p99:8.2f} {most:8.2f}")
+
+
+def run_pages(
+    *, smoke: bool = False, seconds: float | None = None, hog: int = 0, gc_freeze: bool = False
+) -> tuple[PagesResult, dict[str, Any]]:
+    """The page scenario: (result, the configuration it ran with)."""
+    import tempfile
+
+    cfg = dict(PAGES_SMOKE if smoke else PAGES_FULL)
+    if seconds:
+        cfg["seconds"] = seconds
+    cfg["hog"] = hog
+    cfg["gc_freeze"] = gc_freeze
+    with tempfile.TemporaryDirectory() as profile:
+        result = trio.run(_pages_main, cfg, profile)
+    print_pages(result, cfg)
+    return result, cfg
 
 
 def main(argv: list[str] | None = None) -> Result | None:
@@ -512,7 +807,13 @@ def main(argv: list[str] | None = None) -> Result | None:
     parser.add_argument(
         "--pages",
         action="store_true",
-        help="the page scenario: one 1,000-instance service, 20 small ones, Chromium tabs",
+        help="the page scenario: one 1,000-instance service, 20 small ones, Chromium browsers",
+    )
+    parser.add_argument(
+        "--hog", type=int, default=0, help="CPU-bound processes run beside (--pages)"
+    )
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="gc.freeze() once set up (--pages)"
     )
     parser.add_argument("--child", nargs=2, metavar=("URL", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -520,14 +821,7 @@ def main(argv: list[str] | None = None) -> Result | None:
         trio.run(_child_main, args.child[0], json.loads(args.child[1]))
         return None
     if args.pages:
-        import tempfile
-
-        pages_cfg = dict(PAGES_SMOKE if args.smoke else PAGES_FULL)
-        if args.seconds:
-            pages_cfg["seconds"] = args.seconds
-        with tempfile.TemporaryDirectory() as profile:
-            pages = trio.run(_pages_main, pages_cfg, profile)
-        print_pages(pages, pages_cfg)
+        run_pages(smoke=args.smoke, seconds=args.seconds, hog=args.hog, gc_freeze=args.gc_freeze)
         return None
     cfg = dict(SMOKE if args.smoke else FULL)
     if args.clients:

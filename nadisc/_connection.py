@@ -23,6 +23,7 @@ import anyio
 import anyio.lowlevel
 
 from ._capacity import SnapshotLedger, StreamTicket, TaskBudget, WatchStreams
+from ._config import block_secrets, provider_block
 from ._errors import CapacityExceeded, DeadlineExceeded, UnknownService
 from ._observation import (
     Observation,
@@ -31,6 +32,7 @@ from ._observation import (
     loop_clock,
     loop_event_and_deadline,
 )
+from ._redact import redacted_excerpt
 
 if TYPE_CHECKING:
     from ._config import ConnectionConfig
@@ -97,6 +99,16 @@ class Runtime(Protocol):
 class Connection:
     """One named connection: provider, policy, bindings and slots."""
 
+    _secrets: tuple[str, ...] | None
+
+    def redacted(self, text: str) -> str:
+        """``text`` made safe to show: at most 200 characters, this
+        connection's own secrets and any credential-looking value cut out
+        (for prepare and refresh failure reasons)."""
+        if self._secrets is None:
+            self._secrets = block_secrets(provider_block(self.policy))
+        return redacted_excerpt(text, self._secrets)
+
     def __init__(
         self,
         name: str,
@@ -120,6 +132,7 @@ class Connection:
         #: The closed kind of that failure: the provider failure's class name,
         #: ``ProviderRaised`` or ``DeadlineExceeded`` (None: no failure).
         self.prepare_error_kind: str | None = None
+        self._secrets: tuple[str, ...] | None = None
         # The event loop's clock, resolved on the first observe().
         self._clock: Callable[[], float] | None = None
         self._move_on_at: Callable[[float], contextlib.AbstractContextManager[object]] = (

@@ -249,6 +249,9 @@ class Slot:
 
     def __init__(self, connection: Connection, alias: str, remote: str) -> None:
         self.connection = connection
+        #: Why the last refresh failed ("<kind>: <message>", redacted like a
+        #: prepare failure); None once a complete listing was accepted.
+        self.failure_reason: str | None = None
         self.alias = alias
         self.remote = remote
         policy = connection.policy
@@ -382,6 +385,7 @@ class Slot:
                 kind.value,
             )
         self.connection.stats.record_failure(kind.value)
+        self.failure_reason = self.connection.redacted(f"{type(failure).__name__}: {failure}")
         if self._failed is not None:
             self._failed.set()
         changed = self.evidence.on_failure(kind, now)
@@ -420,9 +424,11 @@ class Slot:
                     self.alias,
                     exc.limit,
                 )
+                self.failure_reason = self.connection.redacted(f"CapacityExceeded: {exc}")
                 self._notify(evidence.on_withheld(frozenset(snapshot.identities()), now))
                 return False
             changed = evidence.on_success(snapshot, now, hold)
+        self.failure_reason = None
         self._notify(changed)
         return True
 

@@ -236,6 +236,10 @@ class ServiceListing:
     #: The kind of the failed refresh in force (None: the last refresh worked).
     last_failure: str | None
     instances: tuple[InstanceView, ...]
+    #: Why the last refresh failed, ``"<kind>: <message>"``, at most 200
+    #: characters with the connection's secrets redacted (None once a
+    #: complete listing arrived). Never a metric label.
+    failure_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,6 +519,7 @@ def _lister(owner: DiscoveryOwner) -> Callable[[float], tuple[ServiceListing, ..
                         ),
                         last_failure=None if failure is None else failure.value,
                         instances=() if isinstance(view, Refusal) else instances,
+                        failure_reason=slot.failure_reason,
                     )
                 )
         for key in [k for k in cache if k not in seen]:

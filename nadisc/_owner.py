@@ -66,8 +66,6 @@ from ._config import (
     DiscoveryConfig,
     LimitsConfig,
     binding_names,
-    block_secrets,
-    provider_block,
     validate_provider_block,
 )
 from ._connection import Connection, DiscoveryHandle
@@ -84,7 +82,6 @@ from ._errors import (
 from ._observation import Slot, check_deadline, check_deadline_value
 from ._probe import EligibilityProbe
 from ._provider import ConnectionContext, Provider
-from ._redact import redacted_excerpt
 from ._registration import (
     OwnerRegistrations,
     RegistrationSpec,
@@ -686,11 +683,7 @@ class DiscoveryOwner:
         connection.prepared = error is None
         # Shown by the observer, the console, ``watch`` and PrepareError: the
         # connection's own secrets and any credential-looking value are cut out.
-        connection.prepare_error = (
-            None
-            if error is None
-            else redacted_excerpt(error, block_secrets(provider_block(connection.policy)))
-        )
+        connection.prepare_error = None if error is None else connection.redacted(error)
         connection.prepare_error_kind = kind
 
     def freeze_registrations(self, specs: Sequence[object] | None = None) -> None:

@@ -214,6 +214,21 @@ REVIEWED: dict[tuple[str, str, str], Bound] = {
         "assert large.apply_ms < 60 * small.apply_ms + 5, out",
     ): Bound("upper", 1.85, 60.0, "an apply at 1,000 members against 100"),
     (
+        "benchmarks/test_console_fanout.py",
+        "test_pages_smoke_run_is_fast_for_every_browser_and_sends_what_changed",
+        "assert p99_ms <= 5000.0, out",
+    ): Bound("upper", 0.21, 5.0, "change -> Chromium page p99 (ms/1000), the 500 ms goal x10"),
+    (
+        "benchmarks/test_console_fanout.py",
+        "test_pages_smoke_run_is_fast_for_every_browser_and_sends_what_changed",
+        "assert max(result.first_render_ms) <= 15_000.0, out",
+    ): Bound("upper", 0.45, 15.0, "first render of the page (ms/1000), the 1.5 s goal x10"),
+    (
+        "benchmarks/test_console_fanout.py",
+        "test_pages_smoke_run_is_fast_for_every_browser_and_sends_what_changed",
+        "assert result.slow_max_lag_ms <= 10 * console_fanout.PAGES_INTERVAL * 1000, out",
+    ): Bound("upper", 0.098, 1.0, "the slow client's sample age when read (ms/1000)"),
+    (
         "benchmarks/test_nacos_scale.py",
         "test_nacos_scale_smoke",
         'assert 0 < decoded["unchanged_ratio"] < decoded["careful_ratio"]',

@@ -284,6 +284,9 @@ class ConsoleApp:
             await credit.wait()
             with anyio.move_on_after(max(0.0, sent_at + HEARTBEAT - anyio.current_time())):
                 sample = await model.wait_newer(sample.seq)
+            # A sampler that fell behind (a busy loop) is not waited for: the
+            # message is built from a sample at most one interval old.
+            sample = model.fresh()
             now = anyio.current_time()
             text = sample.delta(seen, now=now, sampled=model.sampled_at, interval=model.interval)
             if text is None:

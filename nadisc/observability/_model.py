@@ -22,9 +22,18 @@ Routes are parts of their own, so a route's counters moving does not
 resend the overview or any service.
 
 Costs per sample: O(services + registrations + route endpoints) while
-listings are unchanged; a changed service is re-encoded once (O(its
-instances)) and shared by every client. Per client per update: O(services)
-to compare versions, plus the bytes of what changed.
+listings are unchanged; a changed service's instances are compared chunk
+by chunk (``CHUNK`` rows) and only the chunks whose rows changed are
+encoded, once, shared by every client. Per client per update: O(parts) to
+compare versions, plus the bytes of what changed.
+
+Adding a kind of part (e.g. per-channel rows): give :class:`ConsoleSample`
+one more ``Parts`` mapping (key -> (version, JSON text), the version moving
+only when the text changes), fill it in :meth:`ConsoleModel.resample`
+(set ``changed`` when a version moves or a key goes), and have
+:meth:`ConsoleSample.delta` emit it with :func:`_changed` under a prefix of
+its own in ``seen`` and a message member of its own. Clients ignore
+members they do not know, so the page and ``nadisc watch`` keep working.
 
 What is shown: configured connection, service and registration names,
 closed states, instance identities and addresses, weights, ages and
@@ -66,21 +75,31 @@ def _num(value: float | None) -> float | None:
     return round(value, 6)
 
 
-def service_part(listing: ServiceListing) -> dict[str, Any]:
+def _listing_head(listing: ServiceListing) -> dict[str, Any]:
+    """A service's card without its instances or confirmed-at time."""
     return {
         "connection": listing.connection,
         "service": listing.service,
         "revision": listing.revision,
         "evidence": listing.evidence,
-        "confirmed_at": _num(listing.confirmed_at),
         "max_age": listing.max_age,
         "degraded": listing.degraded,
         "unavailable": listing.unavailable_reason,
         "last_failure": listing.last_failure,
-        "instances": [
-            {"identity": i.identity, "address": i.address, "weight": i.weight}
-            for i in listing.instances
-        ],
+        "failure_reason": listing.failure_reason,
+    }
+
+
+def _instance_row(identity: str, address: str, weight: float) -> dict[str, Any]:
+    return {"identity": identity, "address": address, "weight": weight}
+
+
+def service_part(listing: ServiceListing) -> dict[str, Any]:
+    """A service as one JSON object (``nadisc watch --json`` and tests)."""
+    return {
+        **_listing_head(listing),
+        "confirmed_at": _num(listing.confirmed_at),
+        "instances": [_instance_row(i.identity, i.address, i.weight) for i in listing.instances],
     }
 
 
@@ -161,7 +180,7 @@ def _dumps(value: object) -> str:
 
 
 #: Instances per chunk of a service's listing (a part of its own).
-CHUNK = 50
+CHUNK = 10
 
 #: Seconds between two messages to a client when nothing changed (a "tick"
 #: that carries only how old the data is).
@@ -310,6 +329,8 @@ class ConsoleModel:
         # "<key>#<n>" -> (version, JSON list of instances); key -> chunk count
         self._chunks: dict[str, tuple[int, str]] = {}
         self._counts: dict[str, int] = {}
+        # "<key>#<n>" -> the chunk's rows as last encoded (compared before encoding)
+        self._rows: dict[str, tuple[tuple[str, str, float], ...]] = {}
         self._overview: tuple[str, int] = ("", 0)
         self._sampling = False
         self._event = anyio.Event()
@@ -383,6 +404,7 @@ class ConsoleModel:
                 listing.confirmed_at is None,
                 listing.unavailable_reason,
                 listing.last_failure,
+                listing.failure_reason,
                 listing.degraded,
                 listing.evidence,
                 id(listing.instances),
@@ -394,17 +416,23 @@ class ConsoleModel:
                     mark = f"{key}#{n}"
                     chunks[mark] = self._chunks[mark]
                 continue
-            content = service_part(listing)
-            del content["confirmed_at"]
+            content = _listing_head(listing)
             # The instances in chunks of their own: one instance changing in a
-            # large service resends its chunk, not the service.
-            instances = content.pop("instances")
+            # large service resends its chunk, not the service. A chunk is
+            # compared by its rows and encoded only when they changed.
+            instances = listing.instances
             count = math.ceil(len(instances) / CHUNK)
             content["chunks"] = count
             for n in range(count):
                 mark = f"{key}#{n}"
-                chunk = _dumps(instances[n * CHUNK : (n + 1) * CHUNK])
+                part = instances[n * CHUNK : (n + 1) * CHUNK]
+                rows = tuple((i.identity, i.address, i.weight) for i in part)
                 old = self._chunks.get(mark)
+                if old is not None and self._rows.get(mark) == rows:
+                    chunks[mark] = old
+                    continue
+                chunk = _dumps([_instance_row(*row) for row in rows])
+                self._rows[mark] = rows
                 if old is not None and old[1] == chunk:
                     chunks[mark] = old
                 else:
@@ -426,6 +454,8 @@ class ConsoleModel:
             changed = True
         if set(self._chunks) - set(chunks):
             changed = True
+            for mark in set(self._chunks) - set(chunks):
+                self._rows.pop(mark, None)
         self._chunks = chunks
         self._confirmed = confirmed
         routes: dict[str, tuple[int, str]] = {}

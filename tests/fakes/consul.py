@@ -737,6 +737,10 @@ class ConsulFake:
         """Apply ``fault`` to the next ``times`` requests whose path starts with ``prefix``."""
         self._faults.append(_Injected(prefix, fault, times))
 
+    def clear_faults(self) -> None:
+        """Drop every injected fault not used up yet (the registry heals)."""
+        self._faults.clear()
+
     def _take_fault(self, path: str) -> Fault | None:
         for injected in self._faults:
             if path.startswith(injected.prefix) and injected.remaining > 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -75,6 +76,22 @@ async def consul_console(
         async with served(app) as base:
             yield owner, app, base
         del observation
+
+
+async def watch_once(base: str, *, as_json: bool = False) -> str:
+    """What ``nadisc watch --connect <base>/ws orders`` prints for one update."""
+    from nadisc.observability import watch_remote
+    from nadisc.observability._commands import _View
+
+    out = io.StringIO()
+    with trio.fail_after(10):
+        await watch_remote(
+            base.replace("http", "ws") + "/ws",
+            ["orders"],
+            _View(out, as_json=as_json, updates=1),
+            None,
+        )
+    return out.getvalue()
 
 
 def apply_message(state: dict[str, Any], text: str | bytes) -> dict[str, Any]:

@@ -21,11 +21,11 @@ import trio
 from trio_websocket import open_websocket_url
 
 from nadisc import DiscoveryConfig, open_discovery
-from nadisc.observability import console_app, format_table, watch_remote
+from nadisc.observability import console_app, format_table
 from nadisc.observability._commands import _View, _watch_local, failed_connections
 from tests.fakes.consul import Fault, run_consul_fake
 from tests.observability.chromium import open_chromium, require_chromium
-from tests.observability.support import CONSUL_TOKEN, apply_message, served
+from tests.observability.support import CONSUL_TOKEN, apply_message, served, watch_once
 
 ETCD_PASSWORD = "etcd-pa55word-e91c"
 SECRETS = (CONSUL_TOKEN, ETCD_PASSWORD)
@@ -131,18 +131,11 @@ async def test_watch_renders_the_reason_locally_and_through_the_console() -> Non
         with trio.fail_after(10):
             await _watch_local(config, keys, _View(table, as_json=False, updates=1), 5)
             await _watch_local(config, keys, _View(lines, as_json=True, updates=1), 5)
-        remote = io.StringIO()
         async with (
             open_discovery(config) as owner,
             served(console_app(owner, interval=0.05)) as base,
         ):
-            with trio.fail_after(10):
-                await watch_remote(
-                    base.replace("http", "ws") + "/ws",
-                    ["orders"],
-                    _View(remote, as_json=False, updates=1),
-                    None,
-                )
+            remote = await watch_once(base)
     said = [line for line in table.getvalue().splitlines() if line.startswith("connection ")]
     assert sorted(line.partition(" failed to prepare: ")[0] for line in said) == [
         "connection kv",
@@ -153,9 +146,9 @@ async def test_watch_renders_the_reason_locally_and_through_the_console() -> Non
     assert sorted(r["connection"] for r in records) == ["kv", "primary"]
     assert all(r["prepare_error"] for r in records)
     # The console's owner met a healthy Consul (two faults were used up): only etcd failed.
-    remote_said = [x for x in remote.getvalue().splitlines() if x.startswith("connection ")]
+    remote_said = [x for x in remote.splitlines() if x.startswith("connection ")]
     assert [line.partition(" failed to prepare: ")[0] for line in remote_said] == ["connection kv"]
-    for output in (table.getvalue(), lines.getvalue(), remote.getvalue()):
+    for output in (table.getvalue(), lines.getvalue(), remote):
         assert_no_secret(output)
 
 

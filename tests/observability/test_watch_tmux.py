@@ -108,6 +108,7 @@ async def test_watch_reconnects_shows_age_redraws_on_resize_and_stops_on_ctrl_c(
                 second = trio.CancelScope()
                 await nursery.start(serving, second, f"127.0.0.1:{port}")
                 await tmux.wait(lambda t: "live" in t and "reconnecting" not in t)
+                print(f"reconnected {trio.current_time() - restarted:.2f} s after the restart")
                 # Backoff capped at 1 s: measured 0.1-1.1 s here; the issue asks <= 3 s.
                 # Measured 0.1-1.1 s (the 3 s target); bounded at 10x that.
                 assert trio.current_time() - restarted <= 12.0

@@ -10,6 +10,7 @@
 
 (function () {
   const COLLAPSE_OVER = 20; // instances: larger cards start collapsed
+  const BLOCK = 25; // instance rows per block of an open card
   const state = {
     now: 0, sampled: 0, receivedAt: 0, interval: 0.1, staleAfter: 3, seq: 0,
     overview: null, services: new Map(), routes: new Map(), connected: false,
@@ -150,14 +151,10 @@
     return s.instances.some((i) => matches(i.identity) || matches(i.address));
   }
 
-  function serviceCard(key, s) {
-    const route = state.routes.get(key);
-    const endpoints = new Map((route ? route.endpoints : []).map((e) => [e.identity, e]));
+  function cardHead(key, s) {
     const status = s.unavailable ? pill("unavailable: " + s.unavailable, "bad")
       : s.degraded ? pill("degraded", "warn") : pill("usable", "ok");
     const age = ageText(s, serverNow());
-    const large = s.instances.length > COLLAPSE_OVER;
-    const open = !large || expanded.has(key);
     const head = el("h3", {}, el("span", { class: "name" }, s.service),
       el("span", { class: "meta" }, "on " + s.connection), status,
       el("span", { class: "meta" }, "revision " + s.revision),
@@ -165,9 +162,11 @@
       el("span", { class: "meta", "data-count": s.instances.length }, s.instances.length + " instances"),
       el("span", { class: "age" }, bar(age.fraction, age.kind, "evidence age of max_age"), " ",
         el("span", { class: "num dim", "data-age": "" }, age.text)),
-      s.last_failure ? pill("last failure: " + s.last_failure, "warn") : null);
-    const card = el("div", { class: "card", "data-service": key, "data-version": "" }, head);
-    if (large) {
+      s.last_failure ? pill("last failure: " + s.last_failure, "warn") : null,
+      s.failure_reason ? el("span", { class: "dim reason", "data-failure-reason": "" },
+        s.failure_reason) : null);
+    if (s.instances.length > COLLAPSE_OVER) {
+      const open = expanded.has(key);
       const toggle = el("button", { type: "button", class: "toggle" },
         open ? "collapse" : "show " + s.instances.length + " instances");
       toggle.addEventListener("click", () => {
@@ -176,46 +175,128 @@
       });
       head.append(toggle);
     }
-    if (open) {
-      const keyMatches = !filter || matches(key);
-      const rows = [];
-      for (const i of s.instances) {
-        if (!keyMatches && !(matches(i.identity) || matches(i.address))) continue;
-        rows.push(el("tr", { "data-instance": i.identity },
+    return head;
+  }
+
+  function endpointSig(e) {
+    return e ? (e.draining ? "d" : "") + (e.eligible ? "" : "i") + (e.readiness === "failed" ? "q" : "") : "";
+  }
+
+  // The rows of an open card, kept in step with the listing: a row whose
+  // instance and marks did not change is the same DOM node as before (so a
+  // selection inside it survives), a changed one is replaced where it stands.
+  function syncRows(card, key, s) {
+    const route = state.routes.get(key);
+    const endpoints = new Map((route ? route.endpoints : []).map((e) => [e.identity, e]));
+    const keyMatches = !filter || matches(key);
+    const want = [];
+    const next = new Map();
+    const keep = (id, sig, build) => {
+      let slot = id;
+      for (let n = 1; next.has(slot); n++) slot = id + "\u0000" + n; // repeated identities
+      const old = card.rows.get(slot);
+      const tr = old && old.sig === sig ? old.tr : build();
+      next.set(slot, { tr, sig });
+      want.push(tr);
+    };
+    for (const i of s.instances) {
+      if (!keyMatches && !(matches(i.identity) || matches(i.address))) continue;
+      const e = endpoints.get(i.identity);
+      keep(i.identity, "l" + i.address + "\u0000" + i.weight + "\u0000" + endpointSig(e), () =>
+        el("tr", { "data-instance": i.identity },
           el("td", { class: "id" }, i.identity), el("td", { class: "num id" }, i.address),
-          el("td", { class: "num" }, i.weight), el("td", {}, ...marks(endpoints.get(i.identity)))));
-      }
+          el("td", { class: "num" }, i.weight), el("td", {}, ...marks(e))));
+    }
+    if (endpoints.size) {
       const listed = new Set(s.instances.map((i) => i.identity));
       for (const e of endpoints.values()) {
-        if (!listed.has(e.identity)) {
-          rows.push(el("tr", { "data-instance": e.identity, class: "dim" },
+        if (listed.has(e.identity)) continue;
+        keep(e.identity, "e" + endpointSig(e), () =>
+          el("tr", { "data-instance": e.identity, class: "dim" },
             el("td", { class: "id" }, e.identity), el("td", {}, "–"), el("td", {}, "–"),
             el("td", {}, ...marks(e))));
-        }
       }
-      card.append(el("table", { class: "grid fixed instances" },
-        el("thead", {}, el("tr", {}, ...["instance", "address", "weight", "marks"]
-          .map((h) => el("th", {}, h)))),
-        el("tbody", {}, ...rows)));
     }
-    if (!serviceMatches(key, s)) card.hidden = true;
-    return card;
+    // Rows that went away first, then insert the new ones in order: rows
+    // kept are never moved (unless rows before them came or went).
+    for (const [slot, old] of card.rows) {
+      const now = next.get(slot);
+      if (!now || now.tr !== old.tr) old.tr.remove();
+    }
+    // The rows sit in blocks of BLOCK, each a table of its own that the
+    // browser lays out and paints only when it is on screen and changed
+    // (content-visibility): one row changing in a 1,000-row card costs a
+    // block, not the card.
+    const blocks = Math.max(1, Math.ceil(want.length / BLOCK));
+    while (card.blocks.length < blocks) {
+      const tbody = el("tbody", {});
+      const table = el("table", { class: "grid fixed instances" });
+      if (!card.blocks.length) {
+        table.append(el("thead", {}, el("tr", {}, ...["instance", "address", "weight", "marks"]
+          .map((h) => el("th", {}, h)))));
+      }
+      table.append(tbody);
+      card.node.append(el("div", { class: "block" }, table));
+      card.blocks.push(tbody);
+    }
+    while (card.blocks.length > blocks) card.blocks.pop().closest(".block").remove();
+    for (let b = 0; b < blocks; b++) {
+      const body = card.blocks[b];
+      let cursor = body.firstChild;
+      for (let n = b * BLOCK; n < Math.min(want.length, (b + 1) * BLOCK); n++) {
+        const tr = want[n];
+        if (cursor === tr) { cursor = cursor.nextSibling; continue; }
+        body.insertBefore(tr, cursor);
+      }
+      // What is left belongs to the blocks after this one (the rest was removed).
+      const spill = [];
+      while (cursor) { spill.push(cursor); cursor = cursor.nextSibling; }
+      if (spill.length) card.blocks[b + 1].prepend(...spill);
+    }
+    card.rows = next;
+  }
+
+  function newCard(key) {
+    const node = el("div", { class: "card", "data-service": key, "data-version": "" });
+    return { node, head: null, blocks: [], rows: new Map(), version: -1, marks: "" };
+  }
+
+  // Bring one card up to its service: the head is rebuilt (a few elements),
+  // the rows are reconciled one by one.
+  function fillCard(card, key, s) {
+    const head = cardHead(key, s);
+    if (card.head) card.head.replaceWith(head); else card.node.prepend(head);
+    card.head = head; card.age = null; card.fill = null; card.width = null;
+    const open = s.instances.length <= COLLAPSE_OVER || expanded.has(key);
+    if (open) syncRows(card, key, s);
+    else if (card.blocks.length) {
+      for (const body of card.blocks) body.closest(".block").remove();
+      card.blocks = []; card.rows = new Map();
+    }
+    card.node.classList.toggle("large", s.instances.length > BLOCK);
+    const hidden = !serviceMatches(key, s);
+    if (card.node.hidden !== hidden) card.node.hidden = hidden;
+    card.node.setAttribute("data-version", String(state.versions.get(key)));
   }
 
   function rebuildService(key, force) {
     const s = state.services.get(key);
-    const known = cards.get(key);
+    if (!s) { removeService(key); return; }
+    let known = cards.get(key);
     const version = state.versions.get(key);
     const sig = marksSignature(key);
     if (!force && known && known.version === version && known.marks === sig) return;
-    const node = serviceCard(key, s);
     counts.rebuilt += 1;
     document.body.dataset.rebuilt = String(counts.rebuilt);
-    node.setAttribute("data-version", String(version));
-    if (known) { watcher.unobserve(known.node); known.node.replaceWith(node); }
-    else placeService(key, node);
-    cards.set(key, { node, version, marks: sig });
-    watcher.observe(node);
+    if (!known) {
+      known = newCard(key);
+      cards.set(key, known);
+      placeService(key, known.node);
+      watcher.observe(known.node);
+    }
+    fillCard(known, key, s);
+    known.version = version;
+    known.marks = sig;
   }
 
   const order = []; // service keys of the cards, sorted
@@ -354,6 +435,73 @@
   });
 
   const counts = { messages: 0, rebuilt: 0 }; // diagnostics, on the body's data-* attributes
+  // Benchmarks set window.nadiscProfile = [] to get a timing per message and per frame.
+  let profile = null;
+  Object.defineProperty(window, "nadiscProfile", {
+    configurable: true, get: () => profile, set: (value) => { profile = Array.isArray(value) ? value : null; },
+  });
+
+  // What the next frame has to draw: messages only change the state and
+  // mark what moved; one requestAnimationFrame writes the DOM for all of
+  // them (a timer stands in when frames are not running, e.g. a hidden tab).
+  const dirty = { services: new Set(), routes: new Set(), overview: false, stamped: false };
+  let flushPending = false;
+  let firstRenderPending = false;
+
+  function scheduleFlush() {
+    if (flushPending) return;
+    flushPending = true;
+    const timer = setTimeout(flush, 250);
+    requestAnimationFrame(() => { clearTimeout(timer); flush(); });
+  }
+
+  function flush() {
+    if (!flushPending) return;
+    flushPending = false;
+    const started = performance.now();
+    if (dirty.overview && state.overview) {
+      renderOwner(state.overview);
+      renderConnections(state.overview.connections);
+      renderRegistrations(state.overview.registrations);
+    }
+    const keys = [...dirty.services].sort();
+    if (!cards.size && keys.length) {
+      // First render: every card into one fragment, in order, one insertion.
+      const fragment = document.createDocumentFragment();
+      for (const key of keys) {
+        const s = state.services.get(key);
+        if (!s) continue;
+        const card = newCard(key);
+        fillCard(card, key, s);
+        card.version = state.versions.get(key);
+        card.marks = marksSignature(key);
+        cards.set(key, card);
+        order.push(key);
+        fragment.append(card.node);
+        watcher.observe(card.node);
+      }
+      if (cards.size) document.getElementById("services").replaceChildren(fragment);
+    } else {
+      for (const key of keys) rebuildService(key, false);
+    }
+    for (const key of dirty.routes) {
+      if (state.routes.has(key)) rebuildRoute(key); else removeRoute(key);
+    }
+    if (dirty.stamped && cards.size) tickAges();
+    dirty.services.clear(); dirty.routes.clear(); dirty.overview = false; dirty.stamped = false;
+    document.body.setAttribute("data-seq", String(state.seq));
+    document.body.dataset.messages = String(counts.messages);
+    document.body.dataset.rebuilt = String(counts.rebuilt);
+    freshness();
+    if (profile) profile.push(["render", started, performance.now()]);
+    if (firstRenderPending) {
+      firstRenderPending = false;
+      performance.mark("nadisc:applied");
+      void document.body.offsetHeight; // include the layout in the measure
+      // Milliseconds from the navigation to the first full render (for tests and benchmarks).
+      document.body.dataset.firstRenderMs = performance.now().toFixed(1);
+    }
+  }
 
   function apply(message) {
     counts.messages += 1;
@@ -361,17 +509,17 @@
     state.interval = message.interval; state.staleAfter = message.stale_after; state.seq = message.seq;
     if (message.type === "tick") { freshness(); return; }
     if (message.type === "full") {
-      for (const key of [...cards.keys()]) if (!(key in message.services)) { state.services.delete(key); removeService(key); }
-      for (const key of [...routeCards.keys()]) if (!(key in message.routes)) { state.routes.delete(key); removeRoute(key); }
+      for (const key of [...state.services.keys()]) if (!(key in message.services)) { state.services.delete(key); dirty.services.add(key); }
+      for (const key of [...state.routes.keys()]) if (!(key in message.routes)) { state.routes.delete(key); dirty.routes.add(key); }
+      if (!document.body.dataset.firstRenderMs) firstRenderPending = true;
     }
-    if (message.overview) {
-      state.overview = message.overview;
-      renderOwner(state.overview);
-      renderConnections(state.overview.connections);
-      renderRegistrations(state.overview.registrations);
+    if (message.overview) { state.overview = message.overview; dirty.overview = true; }
+    for (const [key, value] of Object.entries(message.routes || {})) {
+      state.routes.set(key, value);
+      dirty.routes.add(key);
+      dirty.services.add(key); // the route's marks show on the service's rows
     }
-    for (const [key, value] of Object.entries(message.routes || {})) state.routes.set(key, value);
-    for (const key of message.removed_routes || []) { state.routes.delete(key); removeRoute(key); }
+    for (const key of message.removed_routes || []) { state.routes.delete(key); dirty.routes.add(key); dirty.services.add(key); }
     const changedCards = new Set(Object.keys(message.services));
     for (const [key, value] of Object.entries(message.services)) {
       const old = state.services.get(key);
@@ -390,51 +538,20 @@
     for (const key of changedCards) {
       const s = state.services.get(key);
       if (!s) continue;
+      for (const n of [...s.pieces.keys()]) if (n >= s.chunks) s.pieces.delete(n);
       const all = [];
       for (let n = 0; n < s.chunks; n++) for (const i of s.pieces.get(n) || []) all.push(i);
       s.instances = all;
       state.versions.set(key, (state.versions.get(key) || 0) + 1); // the card's own version
+      dirty.services.add(key);
     }
     // Confirmed-at times move with every poll: only the age texts follow them.
-    let stamped = false;
     for (const [key, stamp] of Object.entries(message.confirmed || {})) {
       const s = state.services.get(key);
-      if (s) { s.confirmed_at = stamp; stamped = true; }
+      if (s) { s.confirmed_at = stamp; dirty.stamped = true; }
     }
-    for (const key of message.removed) { state.services.delete(key); state.versions.delete(key); removeService(key); }
-    // A service card is rebuilt when its version moved, or when its route's marks changed.
-    const touched = new Set([...changedCards, ...Object.keys(message.routes || {})]);
-    const keys = [...touched].sort();
-    if (!cards.size && keys.length) {
-      // First render: every card into one fragment, in order, one insertion.
-      const fragment = document.createDocumentFragment();
-      for (const key of keys) {
-        if (!state.services.has(key)) continue;
-        const node = serviceCard(key, state.services.get(key));
-        const version = state.versions.get(key);
-        node.setAttribute("data-version", String(version));
-        cards.set(key, { node, version, marks: marksSignature(key) });
-        order.push(key);
-        fragment.append(node);
-        watcher.observe(node);
-      }
-      const box = document.getElementById("services");
-      box.replaceChildren(fragment);
-    } else {
-      for (const key of keys) if (state.services.has(key)) rebuildService(key, false);
-    }
-    for (const key of Object.keys(message.routes || {})) rebuildRoute(key);
-    if (stamped && cards.size) tickAges();
-    document.body.setAttribute("data-seq", String(state.seq));
-    document.body.dataset.messages = String(counts.messages);
-    document.body.dataset.rebuilt = String(counts.rebuilt);
-    freshness();
-    if (message.type === "full" && !document.body.dataset.firstRenderMs) {
-      performance.mark("nadisc:applied");
-      void document.body.offsetHeight; // include the layout in the measure
-      // Milliseconds from the navigation to the first full render (for tests and benchmarks).
-      document.body.dataset.firstRenderMs = performance.now().toFixed(1);
-    }
+    for (const key of message.removed) { state.services.delete(key); state.versions.delete(key); dirty.services.add(key); }
+    scheduleFlush();
   }
   state.versions = new Map();
 
@@ -471,9 +588,12 @@
     };
     socket.onmessage = (event) => {
       if (!document.body.dataset.firstRenderMs) performance.mark("nadisc:first-message");
+      const started = performance.now();
       const message = JSON.parse(event.data);
+      const parsed = performance.now();
       apply(message);
       socket.send(JSON.stringify({ ack: message.seq }));
+      if (profile) profile.push(["message", started, parsed, performance.now(), event.data.length]);
     };
     socket.onclose = () => {
       state.connected = false;
@@ -486,6 +606,7 @@
   document.getElementById("filter").addEventListener("input", (event) => {
     filter = event.target.value.trim().toLowerCase();
     for (const key of cards.keys()) rebuildService(key, true);
+    tickAges();
   });
 
   setInterval(() => { tickAges(); freshness(); }, 1000); // ages move between updates
