@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 import random
 import ssl
-from bisect import bisect_left
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Generator, Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -52,7 +51,7 @@ from .._balancing import RouteBalancing
 from .._errors import DiscoveryError, EvidenceUnavailable, LifecycleError
 from .._grpc_protocol import GRPC_AUTHORITY_KEY, GRPC_TLS_KEY, GRPC_TLS_MODES
 from .._observation import loop_clock
-from .._route import CALL_FAILURE_KINDS, CALL_LATENCY_BUCKETS, Attempt, RestOptions, Route
+from .._route import CALL_FAILURE_KINDS, Attempt, RestOptions, Route
 from .._tls import default_tls_context
 from ._channel import Channel
 from ._errors import RpcError
@@ -267,7 +266,8 @@ class DiscoveryChannel:
         self._where = f"connection {self.qualifier!r} service {service!r}"
         #: The rotating start of the first-serving probe.
         self.probe_start = 0
-        self.stats = GrpcCallStatistics(self.qualifier, service)
+        #: The owner's call counts of this connection (they outlive the channel).
+        self.stats = owner.grpc_call_counts(self.qualifier)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("open" if self._tg is not None else "new")
@@ -305,7 +305,6 @@ class DiscoveryChannel:
         # from a caller waiting on ``route.observation``.
         follow = await self._handle.observe(self.service)
         tg.start_soon(self._follow, route, follow)
-        _register(self)
         return self
 
     async def __aexit__(
@@ -328,7 +327,6 @@ class DiscoveryChannel:
         if self._closed:
             return
         self._closed = True
-        _unregister(self)
         route = self._route
         if route is not None:
             route.close()
@@ -641,16 +639,16 @@ async def unary_call(
     clock = channel._clock
     start = clock()
     stats = channel.stats
-    code = grpc.StatusCode.OK
+    code = 0  # OK
     try:
         result = await _attempts(
             mc, deadline, args, metadata, compression, idempotent, first_serving
         )
     except RpcError as exc:
-        code = exc.code()
+        code = exc.code().value[0]
         raise
     except BaseException:
-        code = grpc.StatusCode.CANCELLED
+        code = _CANCELLED
         raise
     finally:
         stats.observe(code, clock() - start)
@@ -737,6 +735,7 @@ async def _attempts(
 
 
 _FAILURE_STATUS = CALL_FAILURE_KINDS.index("status")
+_CANCELLED: int = grpc.StatusCode.CANCELLED.value[0]
 _NONE: frozenset[str] = frozenset()
 
 
@@ -871,11 +870,11 @@ class DiscoveryStreamCall:
         self._ended = True
         channel = self._mc._channel
         if isinstance(error, RpcError):
-            code = error.code()
+            code = error.code().value[0]
         elif error is None:
-            code = grpc.StatusCode.OK
+            code = 0  # OK
         else:
-            code = grpc.StatusCode.CANCELLED
+            code = _CANCELLED
         channel.stats.observe(code, channel._clock() - self._start)
         held = self._held
         if held is not None:
@@ -937,40 +936,6 @@ class DiscoveryStreamCall:
     def __del__(self) -> None:
         if not self._ended and self._held is not None:
             self._held.cancel()
-
-
-class GrpcCallStatistics:
-    """Calls per status code and a latency histogram, for one discovery channel."""
-
-    __slots__ = ("codes", "connection", "latency", "latency_sum", "service")
-
-    def __init__(self, connection: str, service: str) -> None:
-        self.connection = connection
-        self.service = service
-        self.codes: dict[grpc.StatusCode, int] = dict.fromkeys(grpc.StatusCode, 0)
-        self.latency = [0] * (len(CALL_LATENCY_BUCKETS) + 1)
-        self.latency_sum = 0.0
-
-    def observe(self, code: grpc.StatusCode, seconds: float) -> None:
-        self.codes[code] += 1
-        self.latency[bisect_left(CALL_LATENCY_BUCKETS, seconds)] += 1
-        self.latency_sum += seconds
-
-
-#: The open discovery channels, for the observer and the exporters (weakly, by id).
-_OPEN: dict[int, DiscoveryChannel] = {}
-
-
-def _register(channel: DiscoveryChannel) -> None:
-    _OPEN[id(channel)] = channel
-
-
-def _unregister(channel: DiscoveryChannel) -> None:
-    _OPEN.pop(id(channel), None)
-
-
-def open_channels() -> tuple[DiscoveryChannel, ...]:
-    return tuple(_OPEN.values())
 
 
 def discovery_channel(

@@ -115,6 +115,21 @@
         el("span", { class: "pill " + (STATE_KIND[s] || ""), title: "at " + seconds(t) }, s)))))));
   }
 
+  function renderGrpc(list) {
+    const body = document.querySelector("#grpc tbody");
+    if (!list || !list.length) {
+      body.replaceChildren(el("tr", {}, el("td", { class: "dim" }, "no gRPC discovery calls")));
+      return;
+    }
+    body.replaceChildren(...list.map((g) => {
+      const codes = Object.entries(g.codes).map(([k, v]) => k + " " + v).join(", ") || "0";
+      return el("tr", { "data-grpc": g.connection },
+        el("td", {}, el("b", {}, g.connection)), el("td", { class: "num" }, g.calls),
+        el("td", {}, codes),
+        el("td", { class: "num" }, g.p99 === null ? (g.calls ? "> 30 s" : "–") : "≤ " + seconds(g.p99)));
+    }));
+  }
+
   // ------------------------------------------------------------------ services
 
   function marks(endpoint) {
@@ -369,6 +384,7 @@
       renderOwner(state.overview);
       renderConnections(state.overview.connections);
       renderRegistrations(state.overview.registrations);
+      renderGrpc(state.overview.grpc);
     }
     for (const [key, value] of Object.entries(message.routes || {})) state.routes.set(key, value);
     for (const key of message.removed_routes || []) { state.routes.delete(key); removeRoute(key); }
