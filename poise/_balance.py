@@ -939,6 +939,21 @@ class Balance(Generic[Req, Resp]):
             raise
         return Held(self, guard, response, ep._key, index)
 
+    def hold(self, index_or_key: Hashable) -> Held[None]:
+        """Open a load guard on one named endpoint, outside the policy's pick.
+
+        For a caller that chose the endpoint itself (a health probe's winner,
+        say) and sends to it directly: the call counts in the endpoint's
+        load, latency and outcomes exactly as a picked one does. No
+        reservation is taken or needed, and nothing awaits. End it once with
+        :meth:`Held.complete` or :meth:`Held.cancel`. Raises
+        :class:`~poise.InvalidInput` when there is no such endpoint.
+        """
+        ep = self._lookup(index_or_key)
+        guard = ep._tracker.start(self._clock())
+        self._in_flight += 1
+        return Held(self, guard, None, ep._key, ep._index)
+
     @asynccontextmanager
     async def open(self, request: Req) -> AsyncIterator[Resp]:
         """Dispatch and hold the load guard until the block exits (streamed bodies).

@@ -32,6 +32,7 @@ or an explicit :class:`DiscoveryProtocol` for registries without metadata
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import ssl
@@ -45,7 +46,7 @@ import anyio.abc
 import grpc
 import grpc.aio
 
-from poise import CallDeclined, EndpointError, SelectionError
+from poise import CallDeclined, EndpointError, Held, InvalidInput, SelectionError
 
 from .._balancing import RouteBalancing
 from .._errors import DiscoveryError, EvidenceUnavailable, LifecycleError
@@ -55,6 +56,7 @@ from .._route import CALL_FAILURE_KINDS, Attempt, RestOptions, Route
 from .._tls import default_tls_context
 from ._channel import Channel
 from ._errors import RpcError
+from ._first_serving import first_serving_pick
 from ._retry import RetryPolicy, RetryThrottle, retry_delay, should_retry
 from ._wire import MetadataLike
 
@@ -335,6 +337,7 @@ class DiscoveryChannel:
         for sub in subs:
             sub.stop.set()
             sub.idle.set()
+            sub.opened.set()  # a call waiting for one still opening: closed
         tg = self._tg
         if tg is not None:
             with (
@@ -380,17 +383,10 @@ class DiscoveryChannel:
             if sub.active == 0:
                 sub.idle.set()
 
-    async def _run_sub(self, sub: _Subchannel, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        dial = sub.dial
-        async with Channel(
-            dial.target,
-            ssl_context=dial.ssl_context,
-            authority=dial.authority,
-            **self._channel_options,
-        ) as channel:
+    async def _run_sub(self, sub: _Subchannel, channel: Channel) -> None:
+        async with channel:
             sub.channel = channel
             sub.opened.set()
-            task_status.started()
             await sub.stop.wait()
             # No new call reaches it; the calls in flight get the drain budget.
             with anyio.move_on_after(self._drain):
@@ -399,12 +395,21 @@ class DiscoveryChannel:
             await channel.close(min(self._drain, 1.0))
 
     async def subchannel(self, instance: Instance) -> _Subchannel:
-        """The live subchannel of ``instance`` (opened on its first call)."""
+        """The live subchannel of ``instance`` (opened on its first call).
+
+        The subchannel runs in a task of the discovery channel, not of the
+        caller: a caller cancelled while it opens leaves it opening for the
+        next call, never half-open in the table.
+        """
         identity = instance.identity
         sub = self._subs.get(identity)
         if sub is not None and (sub.instance is instance or sub.instance == instance):
             if sub.channel is None:
                 await sub.opened.wait()  # another call is opening it right now
+                if sub.channel is None:
+                    raise RpcError(
+                        grpc.StatusCode.UNAVAILABLE, f"{self._where}: the channel is closed"
+                    )
             return sub
         if sub is not None:
             self._retire(identity, sub)
@@ -414,11 +419,49 @@ class DiscoveryChannel:
         if self._tls_context is None:
             self._tls_context = default_tls_context()
         dial = dial_for(instance, self._protocol, self._where, self._tls_context)
+        channel = Channel(
+            dial.target,
+            ssl_context=dial.ssl_context,
+            authority=dial.authority,
+            **self._channel_options,
+        )
         sub = self._subs[identity] = _Subchannel(instance, dial)
-        await tg.start(self._run_sub, sub)
-        return sub
+        tg.start_soon(self._run_sub, sub, channel)
+        return await self.subchannel(instance)
 
     # -- the pick --------------------------------------------------------------------
+
+    async def apply_listing(self, deadline: float) -> None:
+        """Let the balance apply the mirrored listing (before a call that does not pick)."""
+        route = self.route
+        if not route.reconciled:
+            # An empty or ended listing: the probe finds no candidate and says so.
+            with anyio.move_on_at(deadline), contextlib.suppress(SelectionError):
+                await route.streaming.ready()
+
+    def hold(self, instance: Instance) -> Held[None]:
+        """A load guard on ``instance``'s endpoint for a call sent to it directly.
+
+        Synchronous. Raises ``RpcError(UNAVAILABLE)``, marked unprocessed,
+        when the instance is no longer the current one of its identity.
+        """
+        route = self.route
+        identity = instance.identity
+        if route.current(identity) is instance:
+            try:
+                held = route.streaming.balance.hold(identity)
+            except InvalidInput:
+                pass
+            else:
+                route.count_sent(identity)
+                return held
+        error = RpcError(
+            grpc.StatusCode.UNAVAILABLE,
+            f"{self._where}: instance {identity!r} left the listing after the probe",
+            where="discovery",
+        )
+        error.unprocessed = True
+        raise error
 
     async def pick(
         self,
@@ -674,19 +717,23 @@ async def _attempts(
     policy = channel.retry_policy if idempotent else None
     throttle = channel.retry_throttle
     while True:
-        held = None
         if first_serving:
-            from ._first_serving import first_serving_pick
-
+            await channel.apply_listing(deadline)
             instance = await first_serving_pick(channel, deadline)
-            sub = await channel.subchannel(instance)
-            held = None
-            sub.enter()
+            # The probe's winner is sent to directly, under a load guard of
+            # its own endpoint (as a picked call is); any end cancels it.
+            held = channel.hold(instance)
             try:
-                call = sub.multicallable(kind, method, serializer, deserializer)
-                outcome: Any = await _send(call, args, deadline, clock, metadata, compression)
-            finally:
-                sub.leave()
+                sub = await channel.subchannel(instance)
+                sub.enter()
+                try:
+                    call = sub.multicallable(kind, method, serializer, deserializer)
+                    outcome: Any = await _send(call, args, deadline, clock, metadata, compression)
+                finally:
+                    sub.leave()
+            except BaseException:
+                held.cancel()
+                raise
         else:
 
             async def send(instance: Instance) -> Any:
@@ -702,16 +749,14 @@ async def _attempts(
             outcome = held.response
         attempts += 1
         if not isinstance(outcome, RpcError):
-            if held is not None:
-                held.complete()
+            held.complete()
             if throttle is not None:
                 throttle.success()
             return outcome
         error = outcome
-        if held is not None:
-            held.complete(failed=error.code() in _INSTANCE_FAILURES)
-            channel.route.count_failure(_FAILURE_STATUS, held.key)
-            tried.add(str(held.key))
+        held.complete(failed=error.code() in _INSTANCE_FAILURES)
+        channel.route.count_failure(_FAILURE_STATUS, held.key)
+        tried.add(str(held.key))
         now = clock()
         if getattr(error, "unprocessed", False) and now < deadline:
             # The server never saw it: safe to send elsewhere, not an attempt

@@ -10,6 +10,7 @@ server (SERVING, NOT_SERVING, or a Check that never answers).
 
 from __future__ import annotations
 
+import random
 import socket
 from types import ModuleType
 
@@ -21,8 +22,10 @@ import pytest
 
 from nadisc import Instance
 from nadisc._grpc_protocol import GRPC_TLS_KEY
+from nadisc._observer import route_metrics
 from nadisc.grpc import (
     PROBE_SHARE,
+    DiscoveryChannel,
     NoServingInstance,
     RetryPolicy,
     RetryThrottle,
@@ -31,7 +34,7 @@ from nadisc.grpc import (
 )
 from nadisc.grpc._first_serving import candidates
 from nadisc.testing import MemoryProvider
-from tests.grpc.discovery_support import backends
+from tests.grpc.discovery_support import HOLD, backends
 from tests.grpc.support import Conn, h2_server
 from tests.nadisc.owner_support import memory_owner
 
@@ -252,3 +255,81 @@ def test_candidates_rotate_and_stop_at_16() -> None:
     assert candidates(names, 18) == [*names[18:], *names[:14]]
     assert candidates(names[:3], 4) == ["i1", "i2", "i0"]
     assert candidates([], 3) == []
+
+
+# -- load guards of first-serving calls ---------------------------------------------
+
+
+def open_guards(channel: DiscoveryChannel) -> dict[str, int]:
+    """Identity -> load guards open on its endpoint (all generations of the route)."""
+    view = route_metrics(channel.route)
+    assert view.in_flight == sum(e.in_flight for e in view.endpoints)
+    return {e.identity: e.in_flight for e in view.endpoints}
+
+
+async def test_a_first_serving_call_holds_a_guard_on_the_instance_it_picked(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 3, workers=4) as servers:
+        servers[0].health = servers[2].health = "not_serving"
+        async with (
+            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
+            discovery_channel(owner, "primary", SERVICE) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            request = pb.SimpleRequest(response_size=HOLD)
+
+            async def call() -> None:
+                await stub.UnaryCall(request, timeout=20, first_serving=True)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                assert await anyio.to_thread.run_sync(servers[1].arrived.wait, 20)
+                # In flight on b1: its guard is open, nothing elsewhere.
+                assert open_guards(channel) == {"b0": 0, "b1": 1, "b2": 0}
+                servers[1].release.set()
+            assert open_guards(channel) == {"b0": 0, "b1": 0, "b2": 0}
+            assert channel.route.statistics().sent == {"b1": 1}
+
+
+async def test_random_cancellations_leave_no_guard_behind(
+    pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    rng = random.Random(29)
+    outcomes = {"cancelled": 0, "completed": 0, "error": 0}
+    with backends(pb, pb_grpc, 3, workers=8) as servers:
+        servers[2].health = "hang"  # its probes are always cancelled
+        async with (
+            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
+            discovery_channel(owner, "primary", SERVICE) as channel,
+        ):
+            stub = pb_grpc.TestServiceStub(channel)
+            limiter = anyio.CapacityLimiter(16)
+
+            async def run(index: int) -> None:
+                request = pb.SimpleRequest(response_size=rng.choice((0, 2, 10)))
+                delay = rng.uniform(0, 0.05)
+                async with limiter:
+                    with anyio.move_on_after(delay) as scope:
+                        try:
+                            await stub.UnaryCall(request, timeout=20, first_serving=index % 2 == 0)
+                        except RpcError as exc:
+                            # Only what a short budget explains: the probe's refusal
+                            # at 75% of it, or the server's deadline (never a
+                            # subchannel left broken by an earlier cancellation).
+                            assert isinstance(exc, NoServingInstance) or (
+                                exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                            ), exc
+                            outcomes["error"] += 1
+                            return
+                    outcomes["cancelled" if scope.cancelled_caught else "completed"] += 1
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    for index in range(300):
+                        tg.start_soon(run, index)
+            assert sum(outcomes.values()) == 300
+            assert outcomes["cancelled"] > 30 and outcomes["completed"] > 15
+            assert set(open_guards(channel).values()) == {0}
+            assert channel.route.streaming.balance.statistics().in_flight == 0
+            assert all(sub.active == 0 for sub in channel._subs.values())
