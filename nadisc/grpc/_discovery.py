@@ -52,6 +52,7 @@ from .._balancing import RouteBalancing
 from .._errors import DiscoveryError, EvidenceUnavailable, LifecycleError
 from .._grpc_protocol import GRPC_AUTHORITY_KEY, GRPC_TLS_KEY, GRPC_TLS_MODES
 from .._observation import loop_clock
+from .._retry import Failure, RetryRules, Step, retry_step
 from .._route import CALL_FAILURE_KINDS, Attempt, RestOptions, Route
 from .._tls import default_tls_context
 from ._channel import Channel
@@ -259,6 +260,10 @@ class DiscoveryChannel:
         #: The service name the first-serving probe asks ``grpc.health.v1`` about.
         self.health_service = health_service
         self._channel_options = dict(channel_options or {})
+        if "transparent_retries" in self._channel_options:
+            raise TypeError(
+                "transparent_retries is the discovery channel's decision, not a subchannel option"
+            )
         self._route: Route | None = None
         self._subs: dict[str, _Subchannel] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -423,6 +428,9 @@ class DiscoveryChannel:
             dial.target,
             ssl_context=dial.ssl_context,
             authority=dial.authority,
+            # Never the same host again on its own: the discovery channel
+            # moves an unprocessed call to another instance first.
+            transparent_retries=0,
             **self._channel_options,
         )
         sub = self._subs[identity] = _Subchannel(instance, dial)
@@ -759,10 +767,30 @@ async def _attempts(
         tried.add(str(held.key))
         now = clock()
         if getattr(error, "unprocessed", False) and now < deadline:
-            # The server never saw it: safe to send elsewhere, not an attempt
-            # of the retry policy; at most once per listed instance.
-            transparent += 1
-            if transparent <= max(len(channel.route.identities()), 1):
+            # The server never saw it: the transport's rule decides (any
+            # method, not an attempt of the retry policy, at most one per
+            # listed instance), to an instance this round has not tried.
+            listed = channel.route.identities()
+            untried = any(identity not in tried for identity in listed)
+            if not untried and listed:
+                tried.clear()  # every one was tried: a new round, anywhere
+                untried = True
+            step = retry_step(
+                _TRANSPARENT_ONLY,
+                Failure.NOTHING_SENT,
+                retryable=False,
+                attempts=attempts,
+                transparent=transparent,
+                listed=len(listed),
+                untried=untried,
+                timed_out=False,
+                now=now,
+                cutoff=deadline,
+                deadline=deadline,
+                withdraw=_no_budget,
+            )
+            if step is Step.TRANSPARENT:
+                transparent += 1
                 attempts -= 1
                 continue
         if policy is not None:
@@ -780,6 +808,17 @@ async def _attempts(
 
 
 _FAILURE_STATUS = CALL_FAILURE_KINDS.index("status")
+#: The transparent half of :func:`nadisc._retry.retry_step`: gRPC's own retry
+#: policy (above) takes the place of the transport's attempts and statuses.
+_TRANSPARENT_ONLY = RetryRules(
+    max_attempts=1, on_connect_failure=True, on_transport_error=False, on_retryable_status=False
+)
+
+
+def _no_budget(now: float) -> bool:
+    return False
+
+
 _CANCELLED: int = grpc.StatusCode.CANCELLED.value[0]
 _NONE: frozenset[str] = frozenset()
 

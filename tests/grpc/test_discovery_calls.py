@@ -82,8 +82,38 @@ async def test_a_call_the_server_never_saw_goes_to_another_instance(
                 for _ in range(6):
                     response = await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
                     assert response.username == "b0"
-            assert bad.record.requests  # the bad instance was picked and refused
+                picked = channel.route.statistics().sent["bad"]
+            assert picked >= 1  # the bad instance was picked and refused
+            # The subchannel's own same-host retries are off under discovery:
+            # each pick of the refusing instance is one request there.
+            assert len(bad.record.requests) == picked
             assert servers[0].calls == 6
+
+
+@pytest.mark.parametrize("scenario", [refuse, goaway_below], ids=["refused", "goaway"])
+async def test_with_every_instance_tried_one_more_round_then_unavailable(
+    pb: ModuleType, pb_grpc: ModuleType, scenario: object
+) -> None:
+    # One listed instance: the first attempt, then one transparent retry (at
+    # most one per listed instance), then the caller gets the unprocessed error.
+    async with h2_server(scenario) as bad:  # type: ignore[arg-type]
+        memory = provider(Instance("bad", "127.0.0.1", bad.port, metadata=PLAIN))
+        async with (
+            memory_owner({"primary": memory}) as owner,
+            discovery_channel(owner, "primary", SERVICE) as channel,
+        ):
+            with pytest.raises(RpcError) as info:
+                await pb_grpc.TestServiceStub(channel).UnaryCall(pb.SimpleRequest(), timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert info.value.unprocessed
+            assert channel.route.statistics().sent == {"bad": 2}
+        assert len(bad.record.requests) == 2
+
+
+async def test_the_subchannel_retry_is_not_an_option_under_discovery() -> None:
+    async with memory_owner({"primary": provider()}) as owner:
+        with pytest.raises(TypeError, match="transparent_retries"):
+            discovery_channel(owner, "primary", SERVICE, transparent_retries=2)
 
 
 async def test_a_refused_connection_goes_to_another_instance(
