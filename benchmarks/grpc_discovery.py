@@ -33,7 +33,6 @@ import argparse
 import functools
 import math
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -43,6 +42,7 @@ from typing import Any, Literal
 
 import anyio
 
+from benchmarks._grpc_server import serving
 from benchmarks.grpc_throughput import REQUEST, UNARY
 
 CLIENTS = (
@@ -68,29 +68,10 @@ class Result:
 
 
 def _server(stack: ExitStack) -> int:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+    (port,) = stack.enter_context(
+        serving([sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"])
     )
-    assert process.stdin is not None and process.stdout is not None
-    stdin, stdout = process.stdin, process.stdout
-
-    def stop() -> None:
-        stdin.close()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-        stdout.close()
-
-    stack.callback(stop)
-    line = stdout.readline()
-    if not line.startswith("PORT"):
-        raise RuntimeError("the benchmark's grpcio server did not start")
-    return int(line.split()[1])
+    return port
 
 
 async def _fan(concurrency: int, calls: int, one: Callable[[], Awaitable[Any]]) -> int:

@@ -30,22 +30,13 @@ from nadisc.grpc import (
     RetryPolicy,
     RetryThrottle,
     RpcError,
-    discovery_channel,
 )
 from nadisc.grpc._first_serving import candidates
-from nadisc.testing import MemoryProvider
+from tests.grpc.conftest import Opener
 from tests.grpc.discovery_support import HOLD, backends
 from tests.grpc.support import Conn, h2_server
-from tests.nadisc.owner_support import memory_owner
 
-SERVICE = "orders"
 PLAIN = {GRPC_TLS_KEY: "plaintext"}
-
-
-def provider(*instances: Instance) -> MemoryProvider:
-    memory = MemoryProvider(services={SERVICE: SERVICE})
-    memory.set(SERVICE, instances)
-    return memory
 
 
 def closed_port() -> int:
@@ -67,17 +58,12 @@ async def goaway_below(conn: Conn, event: h2.events.Event) -> None:
 
 @pytest.mark.parametrize("scenario", [refuse, goaway_below], ids=["refused", "goaway"])
 async def test_a_call_the_server_never_saw_goes_to_another_instance(
-    pb: ModuleType, pb_grpc: ModuleType, scenario: object
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType, scenario: object
 ) -> None:
     with backends(pb, pb_grpc, 1) as servers:
         async with h2_server(scenario) as bad:  # type: ignore[arg-type]
-            memory = provider(
-                Instance("bad", "127.0.0.1", bad.port, metadata=PLAIN), servers[0].instance()
-            )
-            async with (
-                memory_owner({"primary": memory}) as owner,
-                discovery_channel(owner, "primary", SERVICE) as channel,
-            ):
+            bad_one = Instance("bad", "127.0.0.1", bad.port, metadata=PLAIN)
+            async with discovery(bad_one, servers[0].instance()) as (_owner, channel, _memory):
                 stub = pb_grpc.TestServiceStub(channel)
                 for _ in range(6):
                     response = await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
@@ -92,16 +78,13 @@ async def test_a_call_the_server_never_saw_goes_to_another_instance(
 
 @pytest.mark.parametrize("scenario", [refuse, goaway_below], ids=["refused", "goaway"])
 async def test_with_every_instance_tried_one_more_round_then_unavailable(
-    pb: ModuleType, pb_grpc: ModuleType, scenario: object
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType, scenario: object
 ) -> None:
     # One listed instance: the first attempt, then one transparent retry (at
     # most one per listed instance), then the caller gets the unprocessed error.
     async with h2_server(scenario) as bad:  # type: ignore[arg-type]
-        memory = provider(Instance("bad", "127.0.0.1", bad.port, metadata=PLAIN))
-        async with (
-            memory_owner({"primary": memory}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        bad_one = Instance("bad", "127.0.0.1", bad.port, metadata=PLAIN)
+        async with discovery(bad_one) as (_owner, channel, _memory):
             with pytest.raises(RpcError) as info:
                 await pb_grpc.TestServiceStub(channel).UnaryCall(pb.SimpleRequest(), timeout=10)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -110,21 +93,18 @@ async def test_with_every_instance_tried_one_more_round_then_unavailable(
         assert len(bad.record.requests) == 2
 
 
-async def test_the_subchannel_retry_is_not_an_option_under_discovery() -> None:
-    async with memory_owner({"primary": provider()}) as owner:
-        with pytest.raises(TypeError, match="transparent_retries"):
-            discovery_channel(owner, "primary", SERVICE, transparent_retries=2)
+async def test_the_subchannel_retry_is_not_an_option_under_discovery(discovery: Opener) -> None:
+    with pytest.raises(TypeError, match="transparent_retries"):
+        async with discovery(transparent_retries=2):
+            pass
 
 
 async def test_a_refused_connection_goes_to_another_instance(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     with backends(pb, pb_grpc, 1) as servers:
         dead = Instance("dead", "127.0.0.1", closed_port(), metadata=PLAIN)
-        async with (
-            memory_owner({"primary": provider(dead, servers[0].instance())}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(dead, servers[0].instance()) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             for _ in range(6):
                 response = await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
@@ -138,13 +118,10 @@ def failing(pb: ModuleType, code: grpc.StatusCode) -> object:
 
 
 async def test_a_processed_call_is_never_re_sent_without_a_policy(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     with backends(pb, pb_grpc, 2) as servers:
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             with pytest.raises(RpcError) as info:
                 await stub.UnaryCall(failing(pb, grpc.StatusCode.UNAVAILABLE), timeout=10)
@@ -154,17 +131,14 @@ async def test_a_processed_call_is_never_re_sent_without_a_policy(
 
 
 async def test_the_retry_policy_covers_idempotent_calls_under_throttling(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     policy = RetryPolicy(max_attempts=3, initial_backoff=0.001, max_backoff=0.002)
     throttle = RetryThrottle(max_tokens=4, token_ratio=0.1)
     with backends(pb, pb_grpc, 2) as servers:
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(
-                owner, "primary", SERVICE, retry_policy=policy, retry_throttle=throttle
-            ) as channel,
-        ):
+        async with discovery(
+            *(s.instance() for s in servers), retry_policy=policy, retry_throttle=throttle
+        ) as (_owner, channel, _memory):
             call = channel.unary_unary(
                 "/grpc.testing.TestService/UnaryCall",
                 request_serializer=pb.SimpleRequest.SerializeToString,
@@ -190,16 +164,13 @@ async def test_the_retry_policy_covers_idempotent_calls_under_throttling(
 
 
 async def test_the_retry_policy_retries_up_to_max_attempts(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     policy = RetryPolicy(max_attempts=3, initial_backoff=0.001, max_backoff=0.002)
     with backends(pb, pb_grpc, 2) as servers:
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(
-                owner, "primary", SERVICE, retry_policy=policy, retry_throttle=RetryThrottle(100)
-            ) as channel,
-        ):
+        async with discovery(
+            *(s.instance() for s in servers), retry_policy=policy, retry_throttle=RetryThrottle(100)
+        ) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             with pytest.raises(RpcError) as info:
                 await stub.UnaryCall(
@@ -219,16 +190,13 @@ async def test_the_retry_policy_retries_up_to_max_attempts(
 
 
 async def test_the_probe_finds_the_one_serving_candidate_of_16(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     with backends(pb, pb_grpc, 16, workers=2) as servers:
         for i, server in enumerate(servers):
             server.health = "not_serving" if i % 2 else "hang"
         servers[11].health = "serving"
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             for _ in range(3):
                 response = await stub.UnaryCall(pb.SimpleRequest(), timeout=20, first_serving=True)
@@ -241,15 +209,12 @@ async def test_the_probe_finds_the_one_serving_candidate_of_16(
 
 
 async def test_all_hung_is_refused_at_the_75_percent_mark_with_nothing_sent(
-    pb: ModuleType, pb_grpc: ModuleType, autojump_clock: object
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType, autojump_clock: object
 ) -> None:
     with backends(pb, pb_grpc, 16, workers=2) as servers:
         for server in servers:
             server.health = "hang"
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             start = anyio.current_time()
             with pytest.raises(NoServingInstance) as info:
@@ -262,15 +227,12 @@ async def test_all_hung_is_refused_at_the_75_percent_mark_with_nothing_sent(
 
 
 async def test_all_not_serving_is_refused_with_nothing_sent(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     with backends(pb, pb_grpc, 3, workers=2) as servers:
         for server in servers:
             server.health = "not_serving"
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             with pytest.raises(NoServingInstance):
                 await pb_grpc.TestServiceStub(channel).UnaryCall(
                     pb.SimpleRequest(), timeout=20, first_serving=True
@@ -298,14 +260,11 @@ def open_guards(channel: DiscoveryChannel) -> dict[str, int]:
 
 
 async def test_a_first_serving_call_holds_a_guard_on_the_instance_it_picked(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     with backends(pb, pb_grpc, 3, workers=4) as servers:
         servers[0].health = servers[2].health = "not_serving"
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             request = pb.SimpleRequest(response_size=HOLD)
 
@@ -323,16 +282,13 @@ async def test_a_first_serving_call_holds_a_guard_on_the_instance_it_picked(
 
 
 async def test_random_cancellations_leave_no_guard_behind(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     rng = random.Random(29)
     outcomes = {"cancelled": 0, "completed": 0, "error": 0}
     with backends(pb, pb_grpc, 3, workers=8) as servers:
         servers[2].health = "hang"  # its probes are always cancelled
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             limiter = anyio.CapacityLimiter(16)
 
