@@ -939,6 +939,20 @@ class Balance(Generic[Req, Resp]):
             raise
         return Held(self, guard, response, ep._key, index)
 
+    def pick_held(self, request: Req) -> Held[Endpoint[Req, Resp]]:
+        """Pick an endpoint and open its load guard without calling its service.
+
+        For a caller that sends the request itself: ``held.response`` is the
+        picked endpoint. Needs a reservation like :meth:`call_held` (raises
+        :class:`~poise.SelectionError` otherwise); synchronous, no
+        checkpoint. The caller ends the guard once with :meth:`Held.complete`
+        (``failed=True`` when the call failed: that is the outlier evidence)
+        or :meth:`Held.cancel` (nothing was sent, or it was abandoned).
+        """
+        ep, guard = self._select(request, self._clock())
+        self._in_flight += 1
+        return Held(self, guard, ep, ep._key, ep._index)
+
     def hold(self, index_or_key: Hashable) -> Held[None]:
         """Open a load guard on one named endpoint, outside the policy's pick.
 

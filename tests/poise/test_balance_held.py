@@ -130,6 +130,20 @@ async def test_held_ends_with_the_balance_clock() -> None:
     assert tracker.times == [("start", 10.0), ("complete", 12.5)]
 
 
+async def test_pick_held_picks_and_guards_without_calling_the_service() -> None:
+    balance, (a, b) = recorded("a", "b", policy=Fixed(1))
+    with pytest.raises(SelectionError):
+        balance.pick_held("x")  # no reservation yet
+    assert balance.ready_nowait()
+    held = balance.pick_held("x")
+    assert held.response is b and held.key == "b" and held.index == 1
+    assert ctl(b).calls == [] and ctl(a).calls == []  # no service was called
+    assert events(b) == [("start",)] and balance.statistics().in_flight == 1
+    held.complete(failed=True)
+    assert events(b) == [("start",), ("complete", "failed")]
+    assert balance.statistics().in_flight == 0
+
+
 async def test_hold_guards_a_named_endpoint_outside_the_pick() -> None:
     # Fixed(0) would pick "a"; hold names "b" and never consults the policy.
     balance, (a, b) = recorded("a", "b", policy=Fixed(0))
