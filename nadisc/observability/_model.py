@@ -142,7 +142,8 @@ def overview_part(snap: ObserverSnapshot) -> dict[str, Any]:
             {
                 "connection": g.connection,
                 "calls": g.calls,
-                "codes": {code: count for code, count in g.codes if count},
+                # In code order (a JSON object's keys would be sorted).
+                "codes": [[code, count] for code, count in g.codes if count],
                 "p99": _num(g.quantile(0.99)),
             }
             for g in snap.grpc_calls

@@ -9,6 +9,7 @@ status code names: no service name, no address.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import ModuleType
 
 import grpc
@@ -20,9 +21,11 @@ from nadisc import GrpcCallMetrics
 from nadisc.grpc import RpcError, discovery_channel
 from nadisc.observability import console_app
 from nadisc.testing import MemoryProvider
+from tests.grpc.conftest import Opener
 from tests.grpc.discovery_support import backends
 from tests.nadisc.owner_support import memory_owner
-from tests.observability.support import promtool_check
+from tests.observability.chromium import open_chromium, require_chromium
+from tests.observability.support import promtool_check, served
 
 CALLS = "nadisc_discovery_grpc_calls"
 DURATION = "nadisc_discovery_grpc_call_duration_seconds"
@@ -91,7 +94,7 @@ async def test_calls_stay_counted_after_the_channel_closes(
             (grpc_row,) = state["overview"]["grpc"]
             assert grpc_row["connection"] == "primary"
             assert grpc_row["calls"] == 6
-            assert grpc_row["codes"] == {"OK": 5, "NOT_FOUND": 1}
+            assert grpc_row["codes"] == [["OK", 5], ["NOT_FOUND", 1]]  # code order, non-zero
             assert grpc_row["p99"] is not None and grpc_row["p99"] > 0
             assert "127.0.0.1" not in json.dumps(state["overview"])
 
@@ -102,3 +105,29 @@ async def test_calls_stay_counted_after_the_channel_closes(
             assert later["OK"] == 6.0 and later["NOT_FOUND"] == 1.0
             assert all(later[code] >= value for code, value in codes.items())
             assert count == 7.0
+
+
+@pytest.mark.trio_only
+@pytest.mark.real_server
+async def test_the_console_page_shows_the_grpc_row(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType, tmp_path: Path
+) -> None:
+    require_chromium()
+    with backends(pb, pb_grpc, 2) as servers:
+        async with discovery(*(s.instance() for s in servers)) as (owner, channel, _memory):
+            stub = pb_grpc.TestServiceStub(channel)
+            for _ in range(2):
+                await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+            bad = pb.SimpleRequest(response_status=pb.EchoStatus(code=5, message="gone"))
+            with pytest.raises(RpcError):
+                await stub.UnaryCall(bad, timeout=10)
+            app = console_app(owner, interval=0.05)
+            async with served(app) as base, open_chromium(tmp_path / "profile") as browser:
+                page = await browser.open_page(base + "/", width=1280, height=800)
+                await page.wait_for(f"{GRPC_ROW} !== null")
+                cells = await page.evaluate(f"Array.from({GRPC_ROW}.cells).map(c => c.textContent)")
+                assert cells[:3] == ["primary", "3", "OK 2, NOT_FOUND 1"]
+                assert cells[3].startswith("≤ ")
+
+
+GRPC_ROW = "document.querySelector('#grpc [data-grpc=\"primary\"]')"

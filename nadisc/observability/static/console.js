@@ -122,7 +122,7 @@
       return;
     }
     body.replaceChildren(...list.map((g) => {
-      const codes = Object.entries(g.codes).map(([k, v]) => k + " " + v).join(", ") || "0";
+      const codes = g.codes.map(([k, v]) => k + " " + v).join(", ") || "0";
       return el("tr", { "data-grpc": g.connection },
         el("td", {}, el("b", {}, g.connection)), el("td", { class: "num" }, g.calls),
         el("td", {}, codes),
