@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import grpc
 import httpx
@@ -34,6 +35,16 @@ DURATION = "nadisc_discovery_grpc_call_duration_seconds"
 def row_of(rows: tuple[GrpcCallMetrics, ...]) -> GrpcCallMetrics:
     (row,) = rows
     return row
+
+
+async def ok_and_not_found(pb: ModuleType, stub: Any, *, ok: int) -> None:
+    """``ok`` calls that end OK, then one that ends NOT_FOUND."""
+    for _ in range(ok):
+        await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+    bad = pb.SimpleRequest(response_status=pb.EchoStatus(code=5, message="gone"))
+    with pytest.raises(RpcError) as info:
+        await stub.UnaryCall(bad, timeout=10)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def scrape(client: httpx.AsyncClient) -> tuple[str, dict[str, float], float]:
@@ -68,12 +79,7 @@ async def test_calls_stay_counted_after_the_channel_closes(
             async with discovery_channel(owner, "primary", "orders") as channel:
                 row = row_of(observer.snapshot().grpc_calls)
                 assert row.calls == 0 and row.quantile(0.99) is None
-                stub = pb_grpc.TestServiceStub(channel)
-                for _ in range(5):
-                    await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
-                bad = pb.SimpleRequest(response_status=pb.EchoStatus(code=5, message="gone"))
-                with pytest.raises(RpcError):
-                    await stub.UnaryCall(bad, timeout=10)
+                await ok_and_not_found(pb, pb_grpc.TestServiceStub(channel), ok=5)
                 open_row = row_of(observer.snapshot().grpc_calls)
             # Closed: the same counts, in the observer and in the exposition.
             row = row_of(observer.snapshot().grpc_calls)
@@ -115,12 +121,7 @@ async def test_the_console_page_shows_the_grpc_row(
     require_chromium()
     with backends(pb, pb_grpc, 2) as servers:
         async with discovery(*(s.instance() for s in servers)) as (owner, channel, _memory):
-            stub = pb_grpc.TestServiceStub(channel)
-            for _ in range(2):
-                await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
-            bad = pb.SimpleRequest(response_status=pb.EchoStatus(code=5, message="gone"))
-            with pytest.raises(RpcError):
-                await stub.UnaryCall(bad, timeout=10)
+            await ok_and_not_found(pb, pb_grpc.TestServiceStub(channel), ok=2)
             app = console_app(owner, interval=0.05)
             async with served(app) as base, open_chromium(tmp_path / "profile") as browser:
                 page = await browser.open_page(base + "/", width=1280, height=800)
