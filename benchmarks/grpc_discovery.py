@@ -18,11 +18,13 @@ process, interleaved round by round:
 
 Rows: unary at concurrency 1 and 16 (that many tasks calling in turn). Each
 cell is the best round's rate and the least client-process CPU time per
-call (``time.process_time``; the servers are other processes); the ratio
-is discovery over plain (target >= 0.9). On a 2-core machine three busy
-server processes compete with the client for the cores, which one server
-does not: the CPU column shows what the client itself pays. The load
-average is printed with the table.
+call (``time.process_time``; the servers are other processes). The ratios
+are discovery over plain (target >= 0.9): best round over best round, and
+the median over rounds of the ratio within a round (steadier while other
+work on the machine comes and goes). Each round starts with another
+client. On a 2-core machine three busy server processes compete with the
+client for the cores, which one server does not: the CPU column shows
+what the client itself pays. The load average is printed with the table.
 
 Run: ``python -m benchmarks.grpc_discovery [--smoke] [--calls N] [--rounds R]``
 """
@@ -33,17 +35,17 @@ import argparse
 import functools
 import math
 import os
-import subprocess
+import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
 
-from benchmarks.grpc_throughput import REQUEST, UNARY
+from benchmarks._grpc_server import serving
+from benchmarks.grpc_throughput import REQUEST, UNARY, _fan
 
 CLIENTS = (
     "plain Channel, 1 instance",
@@ -62,48 +64,24 @@ class Result:
     rate: dict[tuple[str, str], float] = field(default_factory=dict)
     #: (row, client) -> least client-process CPU microseconds per call
     cpu_us: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (row, client) -> the rate of every round, in order
+    rounds_rate: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
     def ratio(self, row: str, client: str) -> float:
+        """Best round over best round."""
         return self.rate[(row, client)] / self.rate[(row, CLIENTS[0])]
+
+    def round_ratio(self, row: str, client: str) -> float:
+        """The median over rounds of the client's rate over the plain channel's, same round."""
+        mine, plain = self.rounds_rate[(row, client)], self.rounds_rate[(row, CLIENTS[0])]
+        return statistics.median(a / b for a, b in zip(mine, plain, strict=True))
 
 
 def _server(stack: ExitStack) -> int:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+    (port,) = stack.enter_context(
+        serving([sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"])
     )
-    assert process.stdin is not None and process.stdout is not None
-    stdin, stdout = process.stdin, process.stdout
-
-    def stop() -> None:
-        stdin.close()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-        stdout.close()
-
-    stack.callback(stop)
-    line = stdout.readline()
-    if not line.startswith("PORT"):
-        raise RuntimeError("the benchmark's grpcio server did not start")
-    return int(line.split()[1])
-
-
-async def _fan(concurrency: int, calls: int, one: Callable[[], Awaitable[Any]]) -> int:
-    per_task = max(1, calls // concurrency)
-
-    async def worker() -> None:
-        for _ in range(per_task):
-            await one()
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(concurrency):
-            tg.start_soon(worker)
-    return per_task * concurrency
+    return port
 
 
 async def _rounds(ports: list[int], calls: int, rounds: int, result: Result) -> None:
@@ -144,17 +122,22 @@ async def _rounds(ports: list[int], calls: int, rounds: int, result: Result) -> 
             for unary in unaries.values():  # connect outside the timing
                 for _ in range(6):
                     await unary(REQUEST)
-            for _ in range(rounds):
+            order = list(unaries)
+            for n in range(rounds):
                 for row in ROWS:
                     concurrency = int(row.rsplit("c=", 1)[1])
-                    for client, unary in unaries.items():
+                    count = max(1, calls // concurrency) * concurrency
+                    # Each round starts with another client: no column always runs first.
+                    for client in order[n % len(order) :] + order[: n % len(order)]:
+                        call = functools.partial(unaries[client], REQUEST)
                         start, cpu = time.perf_counter(), time.process_time()
-                        count = await _fan(concurrency, calls, functools.partial(unary, REQUEST))
+                        await _fan(concurrency, calls, call)
                         rate = count / (time.perf_counter() - start)
                         cpu_us = (time.process_time() - cpu) / count * 1e6
                         key = (row, client)
                         result.rate[key] = max(rate, result.rate.get(key, 0.0))
                         result.cpu_us[key] = min(cpu_us, result.cpu_us.get(key, math.inf))
+                        result.rounds_rate.setdefault(key, []).append(rate)
 
 
 def main(argv: list[str] | None = None) -> Result:
@@ -188,7 +171,15 @@ def _print(result: Result) -> None:
         print(f"{row:<12}{cells}")
     print(f"{'row':<12}" + "".join(f"{c + ' / plain':>36}" for c in CLIENTS[1:]))
     for row in ROWS:
-        print(f"{row:<12}" + "".join(f"{result.ratio(row, c):>36.2f}" for c in CLIENTS[1:]))
+        cells = "".join(
+            f"{f'{result.ratio(row, c):.2f} best, {result.round_ratio(row, c):.2f} median':>36}"
+            for c in CLIENTS[1:]
+        )
+        print(f"{row:<12}{cells}")
+    print(
+        "(best: best round over best round; median: the median over rounds of the ratio "
+        "within one round)"
+    )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -41,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+
+from benchmarks._grpc_server import serving
 
 UNARY = "/bench.Bench/Unary"
 STREAM = "/bench.Bench/Stream"
@@ -212,18 +213,7 @@ def main(argv: list[str] | None = None) -> Result:
     calls, rounds = (32, 1) if args.smoke else (args.calls, args.rounds)
     rows = ["unary c=1", "unary c=16", "unary c=64", f"stream {STREAM_MESSAGES} msgs"]
     result = Result(calls, rounds, rows=rows)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert server.stdin is not None and server.stdout is not None
-    try:
-        line = server.stdout.readline()
-        if not line.startswith("PORT"):
-            raise RuntimeError("the benchmark's grpcio server did not start")
-        port = int(line.split()[1])
+    with serving([sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"]) as (port,):
         if not args.smoke:
             for client in CLIENTS:  # imports and first connections, outside the timing
                 _measure(client, port, rows[0], 8)
@@ -235,14 +225,6 @@ def main(argv: list[str] | None = None) -> Result:
                     if rate > result.rate.get(key, 0.0):
                         result.rate[key] = rate
                         result.cpu_us[key] = cpu
-    finally:
-        server.stdin.close()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
-        server.stdout.close()
     _print(result)
     return result
 

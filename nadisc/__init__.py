@@ -78,6 +78,7 @@ from ._observation import ObservationChanges as ObservationChanges
 from ._observation import ObservationSnapshot as ObservationSnapshot
 from ._observer import ConnectionMetrics as ConnectionMetrics
 from ._observer import EndpointMetrics as EndpointMetrics
+from ._observer import GrpcCallMetrics as GrpcCallMetrics
 from ._observer import InstanceView as InstanceView
 from ._observer import ObserverSnapshot as ObserverSnapshot
 from ._observer import RegistrationMetrics as RegistrationMetrics
@@ -189,6 +190,7 @@ __all__ = [
     "EvidenceUnavailable",
     "FirstServing",
     "FrozenRegistration",
+    "GrpcCallMetrics",
     "HealthCheck",
     "HealthEvidence",
     "HealthStatus",

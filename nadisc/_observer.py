@@ -23,6 +23,10 @@ and shows its outlier ejections (``RouteMetrics.ejections``, ``ejected_endpoints
 ``EndpointMetrics.ejected``, ``ejected_for``).
 A connection that failed to prepare says why (``ConnectionMetrics.prepare_error``,
 redacted, and ``prepare_error_kind``).
+The snapshot's ``grpc_calls`` give, per connection that a gRPC discovery
+channel was opened on, the calls by final status code and their latency
+histogram (:class:`GrpcCallMetrics`); the owner keeps these counts, so a
+closed channel's calls stay counted.
 
 Costs: ``snapshot()`` is O(connections + services + registrations + route
 endpoints); ``listings()`` is O(services) while nothing changed (the
@@ -35,6 +39,7 @@ A :class:`RuntimeObserver` holds no close rights: it only reads.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -45,8 +50,10 @@ from ._balancing import BalancingStatistics
 from ._capacity import CapacityUse
 from ._connection import LATENCY_BUCKETS
 from ._evidence import Refusal
+from ._grpc_calls import GRPC_STATUS_NAMES
 from ._journal import RegistrationJournal
 from ._registration_state import HealthEvidence, RegistrationState, WriteOutcome
+from ._route import CALL_LATENCY_BUCKETS
 
 if TYPE_CHECKING:
     from ._observation import Slot
@@ -57,6 +64,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ConnectionMetrics",
     "EndpointMetrics",
+    "GrpcCallMetrics",
     "InstanceView",
     "ObserverSnapshot",
     "RegistrationMetrics",
@@ -207,6 +215,37 @@ class RouteMetrics:
 
 
 @dataclass(frozen=True, slots=True)
+class GrpcCallMetrics:
+    """The gRPC discovery-channel calls of one connection (all its channels, open or closed)."""
+
+    connection: str
+    #: (status code name, calls that ended with it) for every gRPC status code, in code order.
+    codes: tuple[tuple[str, int], ...]
+    #: Calls per ``CALL_LATENCY_BUCKETS`` bound, plus one over the last (whole calls).
+    latency: tuple[int, ...]
+    latency_sum: float
+
+    @property
+    def calls(self) -> int:
+        """Calls finished, whatever their status."""
+        return sum(count for _code, count in self.codes)
+
+    def quantile(self, q: float) -> float | None:
+        """The bucket bound below which a share ``q`` of the calls finished (None: no calls;
+        ``inf``: beyond the last bound)."""
+        total = sum(self.latency)
+        if not total:
+            return None
+        wanted = q * total
+        seen = 0
+        for bound, count in zip((*CALL_LATENCY_BUCKETS, math.inf), self.latency, strict=True):
+            seen += count
+            if seen >= wanted:
+                return bound
+        return math.inf
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceView:
     """What the console shows of a served instance: never metadata or tags."""
 
@@ -259,6 +298,8 @@ class ObserverSnapshot:
     registration_states: tuple[RegistrationMetrics, ...] = ()
     #: The balancer view of every route of the owner's REST callers.
     routes: tuple[RouteMetrics, ...] = ()
+    #: gRPC discovery-channel calls per connection (sorted by connection).
+    grpc_calls: tuple[GrpcCallMetrics, ...] = ()
 
     def connection(self, name: str) -> ConnectionMetrics:
         for item in self.connections:
@@ -408,6 +449,15 @@ def _reader(owner: DiscoveryOwner) -> Callable[[float], ObserverSnapshot]:
                 for client in tuple(owner._rest.values())
                 if client.transport is not None
                 for route in transport_routes(client.transport)
+            ),
+            grpc_calls=tuple(
+                GrpcCallMetrics(
+                    connection=name,
+                    codes=tuple(zip(GRPC_STATUS_NAMES, counts.codes, strict=True)),
+                    latency=tuple(counts.latency),
+                    latency_sum=counts.latency_sum,
+                )
+                for name, counts in sorted(owner._grpc_calls.items())
             ),
         )
 

@@ -91,6 +91,7 @@ from ._registration import (
 from ._registry import load_factory
 
 if TYPE_CHECKING:
+    from ._grpc_calls import GrpcCallCounts
     from ._observer import RuntimeObserver
     from ._rest import RestDiscoveryClient
 
@@ -350,6 +351,9 @@ class DiscoveryOwner:
         self._children: dict[tuple[str, Hashable], _Child] = {}
         #: REST callers handed out by rest(), closed by the owner's close.
         self._rest: dict[str | None, RestDiscoveryClient] = {}
+        #: connection name -> its gRPC discovery channels' call counts (kept
+        #: after the channels close, so exported counters never go backwards).
+        self._grpc_calls: dict[str, GrpcCallCounts] = {}
 
     # ------------------------------------------------------------------ no copies
 
@@ -507,6 +511,20 @@ class DiscoveryOwner:
         timeouts). Raises ``QualifierError`` like :meth:`client`.
         """
         return self._resolve(qualifier).policy
+
+    def grpc_call_counts(self, qualifier: str | None = None) -> GrpcCallCounts:
+        """The call counts the gRPC discovery channels of connection ``qualifier`` add to.
+
+        Created on first use and kept for the owner's life (the observer
+        reads them). Raises ``QualifierError`` like :meth:`client`.
+        """
+        name = self._resolve(qualifier).name
+        counts = self._grpc_calls.get(name)
+        if counts is None:
+            from ._grpc_calls import GrpcCallCounts
+
+            counts = self._grpc_calls[name] = GrpcCallCounts()
+        return counts
 
     def rest(self, qualifier: str | None = None) -> RestDiscoveryClient:
         """The owner's REST caller of connection ``qualifier`` (``None``: ``primary``).

@@ -416,17 +416,11 @@ class InstanceService:
     def poll_ready(self, wake: Callable[[], None]) -> bool:
         return True
 
-    async def call(self, attempt: Attempt) -> httpx.Response:
-        """Send ``attempt`` to this instance, or decline it without sending anything.
-
-        Raises :class:`~poise.CallDeclined` when the attempt skips an instance
-        it already tried, when the instance left the current evidence since
-        it was selected, and when the evidence is no longer usable (then
-        chained from the :class:`~nadisc.EvidenceUnavailable`), and when the
-        instance declares a scheme other than the connection's (then chained
-        from the :class:`InstanceSchemeMismatch`). The balance cancels the
-        load guard of a declined call: nothing reached the wire.
-        """
+    def admit(self, attempt: Attempt) -> Instance:
+        """The checks of :meth:`call` before anything is sent, synchronous: the
+        instance ``attempt`` may go to now (counted as sent to it), or
+        :class:`~poise.CallDeclined` as :meth:`call` raises it. For a caller
+        that sends the attempt itself (the gRPC discovery channel)."""
         key = self.key
         if attempt.skips > 0 and key in attempt.avoid:
             attempt.skips -= 1
@@ -457,6 +451,20 @@ class InstanceService:
         sent = attempt.sent
         if sent is not None:
             sent.add(key)
+        return instance
+
+    async def call(self, attempt: Attempt) -> httpx.Response:
+        """Send ``attempt`` to this instance, or decline it without sending anything.
+
+        Raises :class:`~poise.CallDeclined` when the attempt skips an instance
+        it already tried, when the instance left the current evidence since
+        it was selected, and when the evidence is no longer usable (then
+        chained from the :class:`~nadisc.EvidenceUnavailable`), and when the
+        instance declares a scheme other than the connection's (then chained
+        from the :class:`InstanceSchemeMismatch`). The balance cancels the
+        load guard of a declined call: nothing reached the wire.
+        """
+        instance = self.admit(attempt)
         build = attempt.build
         if build is not None:
             pool = attempt.pool

@@ -972,6 +972,35 @@ class Balance(Generic[Req, Resp]):
             raise
         return Held(self, guard, response, ep._key, index)
 
+    def pick_held(self, request: Req) -> Held[Endpoint[Req, Resp]]:
+        """Pick an endpoint and open its load guard without calling its service.
+
+        For a caller that sends the request itself: ``held.response`` is the
+        picked endpoint. Needs a reservation like :meth:`call_held` (raises
+        :class:`~poise.SelectionError` otherwise); synchronous, no
+        checkpoint. The caller ends the guard once with :meth:`Held.complete`
+        (``failed=True`` when the call failed: that is the outlier evidence)
+        or :meth:`Held.cancel` (nothing was sent, or it was abandoned).
+        """
+        ep, guard = self._select(request, self._clock())
+        self._in_flight += 1
+        return Held(self, guard, ep, ep._key, ep._index)
+
+    def hold(self, index_or_key: Hashable) -> Held[None]:
+        """Open a load guard on one named endpoint, outside the policy's pick.
+
+        For a caller that chose the endpoint itself (a health probe's winner,
+        say) and sends to it directly: the call counts in the endpoint's
+        load, latency and outcomes exactly as a picked one does. No
+        reservation is taken or needed, and nothing awaits. End it once with
+        :meth:`Held.complete` or :meth:`Held.cancel`. Raises
+        :class:`~poise.InvalidInput` when there is no such endpoint.
+        """
+        ep = self._lookup(index_or_key)
+        guard = ep._tracker.start(self._clock())
+        self._in_flight += 1
+        return Held(self, guard, None, ep._key, ep._index)
+
     @asynccontextmanager
     async def open(self, request: Req) -> AsyncIterator[Resp]:
         """Dispatch and hold the load guard until the block exits (streamed bodies).

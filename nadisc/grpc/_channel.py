@@ -23,7 +23,8 @@ are accepted and ignored).
   ``call.cancel()``, until it is garbage collected, or until the channel
   closes.
 - Unary-request calls the server never processed (GOAWAY above their stream
-  id, REFUSED_STREAM) are retried on a new connection, up to two times.
+  id, REFUSED_STREAM) are retried on a new connection, up to
+  ``transparent_retries`` (2) times; a discovery channel's subchannels use 0.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class Channel:
         keepalive_time: float | None = None,
         keepalive_timeout: float = 20.0,
         keepalive_without_calls: bool = False,
+        transparent_retries: int = _RETRIES,
     ) -> None:
         self._host, self._port = _split_target(target)
         self.target = target
@@ -123,6 +125,10 @@ class Channel:
             raise ValueError(f"Channel({target!r}): windows must be in [65535, 2**31)")
         if keepalive_time is not None and keepalive_time <= 0:
             raise ValueError(f"Channel({target!r}): keepalive_time must be positive")
+        if type(transparent_retries) is not int or transparent_retries < 0:
+            raise ValueError(f"Channel({target!r}): transparent_retries must be an int >= 0")
+        #: Same-host re-sends of a unary call the server never processed (0 under discovery).
+        self.transparent_retries = transparent_retries
         self._ssl = ssl_context
         if ssl_context is not None:
             ssl_context.set_alpn_protocols(["h2"])
@@ -432,7 +438,7 @@ class _Call(Generic[Req, Resp]):
                 await stream.wait_headers()
                 return stream
             except RpcError as exc:
-                if stream.unprocessed and attempt < _RETRIES:
+                if stream.unprocessed and attempt < self._channel.transparent_retries:
                     attempt += 1
                     stream.release()
                     self.stream = None

@@ -32,30 +32,32 @@ or an explicit :class:`DiscoveryProtocol` for registries without metadata
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import ssl
-from bisect import bisect_left
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Generator, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import anyio
 import anyio.abc
 import grpc
 import grpc.aio
 
-from poise import CallDeclined, EndpointError, SelectionError
+from poise import CallDeclined, Held, InvalidInput, PoiseError, SelectionError
 
 from .._balancing import RouteBalancing
 from .._errors import DiscoveryError, EvidenceUnavailable, LifecycleError
 from .._grpc_protocol import GRPC_AUTHORITY_KEY, GRPC_TLS_KEY, GRPC_TLS_MODES
 from .._observation import loop_clock
-from .._route import CALL_FAILURE_KINDS, CALL_LATENCY_BUCKETS, Attempt, RestOptions, Route
+from .._retry import Failure, RetryRules, Step, retry_step
+from .._route import CALL_FAILURE_KINDS, Attempt, InstanceService, RestOptions, Route
 from .._tls import default_tls_context
 from ._channel import Channel
 from ._errors import RpcError
+from ._first_serving import first_serving_pick
 from ._retry import RetryPolicy, RetryThrottle, retry_delay, should_retry
 from ._wire import MetadataLike
 
@@ -185,6 +187,7 @@ class _Subchannel:
         self.idle = anyio.Event()
         self.opened = anyio.Event()
         self.stop = anyio.Event()
+        #: (kind, method) -> the channel's multicallable (one per method, made once).
         self.callables: dict[tuple[str, str], Any] = {}
 
     def enter(self) -> None:
@@ -195,19 +198,13 @@ class _Subchannel:
         if self.active == 0 and self.stop.is_set():
             self.idle.set()
 
-    def multicallable(
-        self,
-        kind: str,
-        method: str,
-        serializer: Callable[[Any], bytes] | None,
-        deserializer: Callable[[bytes], Any] | None,
-    ) -> Any:
-        key = (kind, method)
-        found = self.callables.get(key)
+    def multicallable(self, mc: _DiscoveryMultiCallable) -> Any:
+        found = self.callables.get(mc._key)
         if found is None:
             channel = self.channel
             assert channel is not None
-            found = self.callables[key] = getattr(channel, kind)(method, serializer, deserializer)
+            factory = getattr(channel, mc._kind)
+            found = self.callables[mc._key] = factory(mc._method, mc._serializer, mc._deserializer)
         return found
 
 
@@ -258,6 +255,10 @@ class DiscoveryChannel:
         #: The service name the first-serving probe asks ``grpc.health.v1`` about.
         self.health_service = health_service
         self._channel_options = dict(channel_options or {})
+        if "transparent_retries" in self._channel_options:
+            raise TypeError(
+                "transparent_retries is the discovery channel's decision, not a subchannel option"
+            )
         self._route: Route | None = None
         self._subs: dict[str, _Subchannel] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -267,7 +268,8 @@ class DiscoveryChannel:
         self._where = f"connection {self.qualifier!r} service {service!r}"
         #: The rotating start of the first-serving probe.
         self.probe_start = 0
-        self.stats = GrpcCallStatistics(self.qualifier, service)
+        #: The owner's call counts of this connection (they outlive the channel).
+        self.stats = owner.grpc_call_counts(self.qualifier)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("open" if self._tg is not None else "new")
@@ -305,7 +307,6 @@ class DiscoveryChannel:
         # from a caller waiting on ``route.observation``.
         follow = await self._handle.observe(self.service)
         tg.start_soon(self._follow, route, follow)
-        _register(self)
         return self
 
     async def __aexit__(
@@ -328,7 +329,6 @@ class DiscoveryChannel:
         if self._closed:
             return
         self._closed = True
-        _unregister(self)
         route = self._route
         if route is not None:
             route.close()
@@ -337,6 +337,7 @@ class DiscoveryChannel:
         for sub in subs:
             sub.stop.set()
             sub.idle.set()
+            sub.opened.set()  # a call waiting for one still opening: closed
         tg = self._tg
         if tg is not None:
             with (
@@ -382,17 +383,10 @@ class DiscoveryChannel:
             if sub.active == 0:
                 sub.idle.set()
 
-    async def _run_sub(self, sub: _Subchannel, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        dial = sub.dial
-        async with Channel(
-            dial.target,
-            ssl_context=dial.ssl_context,
-            authority=dial.authority,
-            **self._channel_options,
-        ) as channel:
+    async def _run_sub(self, sub: _Subchannel, channel: Channel) -> None:
+        async with channel:
             sub.channel = channel
             sub.opened.set()
-            task_status.started()
             await sub.stop.wait()
             # No new call reaches it; the calls in flight get the drain budget.
             with anyio.move_on_after(self._drain):
@@ -401,12 +395,21 @@ class DiscoveryChannel:
             await channel.close(min(self._drain, 1.0))
 
     async def subchannel(self, instance: Instance) -> _Subchannel:
-        """The live subchannel of ``instance`` (opened on its first call)."""
+        """The live subchannel of ``instance`` (opened on its first call).
+
+        The subchannel runs in a task of the discovery channel, not of the
+        caller: a caller cancelled while it opens leaves it opening for the
+        next call, never half-open in the table.
+        """
         identity = instance.identity
         sub = self._subs.get(identity)
         if sub is not None and (sub.instance is instance or sub.instance == instance):
             if sub.channel is None:
                 await sub.opened.wait()  # another call is opening it right now
+                if sub.channel is None:
+                    raise RpcError(
+                        grpc.StatusCode.UNAVAILABLE, f"{self._where}: the channel is closed"
+                    )
             return sub
         if sub is not None:
             self._retire(identity, sub)
@@ -416,40 +419,89 @@ class DiscoveryChannel:
         if self._tls_context is None:
             self._tls_context = default_tls_context()
         dial = dial_for(instance, self._protocol, self._where, self._tls_context)
+        channel = Channel(
+            dial.target,
+            ssl_context=dial.ssl_context,
+            authority=dial.authority,
+            # Never the same host again on its own: the discovery channel
+            # moves an unprocessed call to another instance first.
+            transparent_retries=0,
+            **self._channel_options,
+        )
         sub = self._subs[identity] = _Subchannel(instance, dial)
-        await tg.start(self._run_sub, sub)
-        return sub
+        tg.start_soon(self._run_sub, sub, channel)
+        return await self.subchannel(instance)
 
     # -- the pick --------------------------------------------------------------------
 
-    async def pick(
-        self,
-        send: Callable[[Instance], Any],
-        deadline: float,
-        avoid: frozenset[str],
-    ) -> Any:
-        """Hand ``send`` to the instance poise picks; returns the ``Held`` of the call.
+    async def apply_listing(self, deadline: float) -> None:
+        """Let the balance apply the mirrored listing (before a call that does not pick)."""
+        route = self.route
+        if not route.reconciled:
+            # An empty or ended listing: the probe finds no candidate and says so.
+            with anyio.move_on_at(deadline), contextlib.suppress(SelectionError):
+                await route.streaming.ready()
 
-        Raises ``RpcError(UNAVAILABLE)`` when the evidence is unusable or no
-        instance becomes ready before ``deadline``.
+    def hold(self, instance: Instance) -> Held[None]:
+        """A load guard on ``instance``'s endpoint for a call sent to it directly.
+
+        Synchronous. Raises ``RpcError(UNAVAILABLE)``, marked unprocessed,
+        when the instance is no longer the current one of its identity.
+        """
+        route = self.route
+        identity = instance.identity
+        if route.current(identity) is instance:
+            try:
+                held = route.streaming.balance.hold(identity)
+            except InvalidInput:
+                pass
+            else:
+                route.count_sent(identity)
+                return held
+        error = RpcError(
+            grpc.StatusCode.UNAVAILABLE,
+            f"{self._where}: instance {identity!r} left the listing after the probe",
+            where="discovery",
+        )
+        error.unprocessed = True
+        raise error
+
+    def pick_now(self, attempt: Attempt) -> Held[Any] | None:
+        """The fast path of :meth:`pick`, synchronous: the held endpoint ``attempt``
+        was admitted to (``attempt.instance`` set), or None for the full path.
+
+        Taken when the balance already applied the mirrored listing and an
+        endpoint is ready; the instance's currency check still guards the
+        hand-over, with no await between it and the send.
+        """
+        route = self._route
+        if route is None or self._closed or not route.reconciled:
+            return None
+        balance = route.streaming.balance
+        try:
+            if not balance.ready_nowait():
+                return None
+            held = balance.pick_held(attempt)
+        except PoiseError:
+            return None
+        try:
+            cast("InstanceService", held.response.service).admit(attempt)
+        except CallDeclined:
+            held.cancel()  # nothing was sent
+            return None
+        return held
+
+    async def pick(self, attempt: Attempt, deadline: float) -> Held[Any]:
+        """The endpoint poise picks, admitted under the currency check, with its
+        load guard open (``attempt.instance`` is the instance to send to).
+
+        Raises ``RpcError(UNAVAILABLE)`` when the evidence is unusable and
+        ``RpcError(DEADLINE_EXCEEDED)`` when no instance becomes ready before
+        ``deadline``.
         """
         route = self.route
         streaming = route.streaming
         balance = streaming.balance
-        skips = len(avoid)
-        if not self._closed and route.reconciled and balance.ready_nowait():
-            # Fast path: the balance already applied the mirrored listing and
-            # an endpoint is ready; the currency check in the instance's
-            # service still guards the hand-over. Anything else: full path.
-            try:
-                return await balance.call_held(Attempt(send=send, avoid=avoid, skips=skips))
-            except (CallDeclined, SelectionError):
-                pass
-            except EndpointError as exc:
-                cause = exc.__cause__
-                if isinstance(cause, BaseException):
-                    raise cause from None
-                raise
         while True:
             if self._closed:
                 raise RpcError(grpc.StatusCode.UNAVAILABLE, f"{self._where}: the channel is closed")
@@ -464,29 +516,34 @@ class DiscoveryChannel:
                 raise RpcError(
                     grpc.StatusCode.UNAVAILABLE, f"{self._where}: {exc}", where="discovery"
                 ) from exc
-            attempt = Attempt(send=send, avoid=avoid, skips=skips)
             try:
                 if not (route.reconciled and balance.ready_nowait()):
                     with anyio.move_on_at(deadline):
                         await streaming.ready()
                     if self._clock() >= deadline:
                         continue
-                return await balance.call_held(attempt)
+                held = balance.pick_held(attempt)
+            except SelectionError:
+                continue
+            try:
+                cast("InstanceService", held.response.service).admit(attempt)
             except CallDeclined as exc:
+                held.cancel()  # nothing was sent
                 cause = exc.__cause__
                 if isinstance(cause, EvidenceUnavailable):
                     raise RpcError(
                         grpc.StatusCode.UNAVAILABLE, f"{self._where}: {cause}", where="discovery"
                     ) from cause
-                skips = attempt.skips
                 continue
-            except SelectionError:
-                continue
-            except EndpointError as exc:
-                cause = exc.__cause__
-                if isinstance(cause, BaseException):
-                    raise cause from None
-                raise
+            return held
+
+    def live_subchannel(self, instance: Instance) -> _Subchannel | None:
+        """The open subchannel of exactly ``instance``, synchronously (None: see
+        :meth:`subchannel`)."""
+        sub = self._subs.get(instance.identity)
+        if sub is None or sub.instance is not instance or sub.channel is None:
+            return None
+        return sub
 
     # -- multicallables (grpc.aio.Channel's shape) ------------------------------------
 
@@ -551,6 +608,7 @@ class _DiscoveryMultiCallable:
         self._method = method
         self._serializer = serializer
         self._deserializer = deserializer
+        self._key = (kind, method)
 
     def _deadline(self, timeout: float | None) -> float:
         if timeout is not None and not timeout >= 0:
@@ -558,10 +616,6 @@ class _DiscoveryMultiCallable:
         # The call's own deadline; the caller's cancel scope bounds it anyway
         # (and each subchannel call sends the earlier of the two as grpc-timeout).
         return math.inf if timeout is None else anyio.current_time() + timeout
-
-
-def _timeout_left(deadline: float, now: float) -> float | None:
-    return None if deadline == math.inf else max(deadline - now, 0.0)
 
 
 class DiscoveryUnaryUnary(_DiscoveryMultiCallable):
@@ -636,108 +690,129 @@ async def unary_call(
     idempotent: bool,
     first_serving: bool,
 ) -> Any:
-    """Pick, send, and on a failure the server never saw, pick another instance."""
+    """Pick, send, and on a failure the server never saw, pick another instance.
+
+    One coroutine from the caller to the subchannel's call: every resumption
+    of the call passes through as few frames as a plain channel's does.
+    """
     channel = mc._channel
     clock = channel._clock
     start = clock()
-    stats = channel.stats
-    code = grpc.StatusCode.OK
+    code = 0  # OK
     try:
-        result = await _attempts(
-            mc, deadline, args, metadata, compression, idempotent, first_serving
-        )
-    except RpcError as exc:
-        code = exc.code()
-        raise
-    except BaseException:
-        code = grpc.StatusCode.CANCELLED
-        raise
-    finally:
-        stats.observe(code, clock() - start)
-    return result
-
-
-async def _attempts(
-    mc: _DiscoveryMultiCallable,
-    deadline: float,
-    args: tuple[Any, ...],
-    metadata: MetadataLike | None,
-    compression: grpc.Compression | None,
-    idempotent: bool,
-    first_serving: bool,
-) -> Any:
-    channel = mc._channel
-    clock = channel._clock
-    kind, method = mc._kind, mc._method
-    serializer, deserializer = mc._serializer, mc._deserializer
-    tried: set[str] = set()
-    transparent = 0
-    attempts = 0
-    policy = channel.retry_policy if idempotent else None
-    throttle = channel.retry_throttle
-    while True:
-        held = None
-        if first_serving:
-            from ._first_serving import first_serving_pick
-
-            instance = await first_serving_pick(channel, deadline)
-            sub = await channel.subchannel(instance)
-            held = None
-            sub.enter()
+        tried: set[str] = set()
+        transparent = 0
+        attempts = 0
+        policy = channel.retry_policy if idempotent else None
+        throttle = channel.retry_throttle
+        while True:
+            if first_serving:
+                await channel.apply_listing(deadline)
+                instance = await first_serving_pick(channel, deadline)
+                # The probe's winner is sent to directly, under a load guard
+                # of its own endpoint (as a picked call is).
+                held: Held[Any] = channel.hold(instance)
+            else:
+                attempt = Attempt(avoid=frozenset(tried), skips=len(tried)) if tried else Attempt()
+                found = channel.pick_now(attempt)
+                held = found if found is not None else await channel.pick(attempt, deadline)
+                instance = attempt.instance  # type: ignore[assignment]
             try:
-                call = sub.multicallable(kind, method, serializer, deserializer)
-                outcome: Any = await _send(call, args, deadline, clock, metadata, compression)
-            finally:
-                sub.leave()
-        else:
-
-            async def send(instance: Instance) -> Any:
-                sub = await channel.subchannel(instance)
-                sub.enter()
+                sub = channel.live_subchannel(instance)
+                if sub is None:
+                    sub = await channel.subchannel(instance)
+                call = sub.callables.get(mc._key) or sub.multicallable(mc)
+                sub.active += 1
                 try:
-                    call = sub.multicallable(kind, method, serializer, deserializer)
-                    return await _send(call, args, deadline, clock, metadata, compression)
+                    outcome: Any = await call(
+                        *args,
+                        timeout=None if deadline == math.inf else max(deadline - clock(), 0.0),
+                        metadata=metadata,
+                        compression=compression,
+                    )
+                except RpcError as exc:
+                    outcome = exc
                 finally:
                     sub.leave()
-
-            held = await channel.pick(send, deadline, frozenset(tried) if tried else _NONE)
-            outcome = held.response
-        attempts += 1
-        if not isinstance(outcome, RpcError):
-            if held is not None:
+            except Exception:
+                held.complete(failed=True)
+                raise
+            except BaseException:
+                held.cancel()
+                raise
+            attempts += 1
+            if not isinstance(outcome, RpcError):
                 held.complete()
-            if throttle is not None:
-                throttle.success()
-            return outcome
-        error = outcome
-        if held is not None:
+                if throttle is not None:
+                    throttle.success()
+                return outcome
+            error = outcome
             held.complete(failed=error.code() in _INSTANCE_FAILURES)
             channel.route.count_failure(_FAILURE_STATUS, held.key)
             tried.add(str(held.key))
-        now = clock()
-        if getattr(error, "unprocessed", False) and now < deadline:
-            # The server never saw it: safe to send elsewhere, not an attempt
-            # of the retry policy; at most once per listed instance.
-            transparent += 1
-            if transparent <= max(len(channel.route.identities()), 1):
-                attempts -= 1
-                continue
-        if policy is not None:
-            pushback = _pushback(error)
-            if throttle is not None and (
-                error.code() in policy.retryable_status_codes or pushback is not None
-            ):
-                throttle.failure()
-            if should_retry(policy, throttle, attempts, error.code(), pushback):
-                delay = retry_delay(policy, attempts, random.random(), pushback)
-                if now + delay < deadline:
-                    await anyio.sleep(delay)
+            now = clock()
+            if getattr(error, "unprocessed", False) and now < deadline:
+                # The server never saw it: the transport's rule decides (any
+                # method, not an attempt of the retry policy, at most one per
+                # listed instance), to an instance this round has not tried.
+                listed = channel.route.identities()
+                untried = any(identity not in tried for identity in listed)
+                if not untried and listed:
+                    tried.clear()  # every one was tried: a new round, anywhere
+                    untried = True
+                step = retry_step(
+                    _TRANSPARENT_ONLY,
+                    Failure.NOTHING_SENT,
+                    retryable=False,
+                    attempts=attempts,
+                    transparent=transparent,
+                    listed=len(listed),
+                    untried=untried,
+                    timed_out=False,
+                    now=now,
+                    cutoff=deadline,
+                    deadline=deadline,
+                    withdraw=_no_budget,
+                )
+                if step is Step.TRANSPARENT:
+                    transparent += 1
+                    attempts -= 1
                     continue
-        raise error
+            if policy is not None:
+                pushback = _pushback(error)
+                if throttle is not None and (
+                    error.code() in policy.retryable_status_codes or pushback is not None
+                ):
+                    throttle.failure()
+                if should_retry(policy, throttle, attempts, error.code(), pushback):
+                    delay = retry_delay(policy, attempts, random.random(), pushback)
+                    if now + delay < deadline:
+                        await anyio.sleep(delay)
+                        continue
+            raise error
+    except RpcError as exc:
+        code = exc.code().value[0]
+        raise
+    except BaseException:
+        code = _CANCELLED
+        raise
+    finally:
+        channel.stats.observe(code, clock() - start)
 
 
 _FAILURE_STATUS = CALL_FAILURE_KINDS.index("status")
-_NONE: frozenset[str] = frozenset()
+#: The transparent half of :func:`nadisc._retry.retry_step`: gRPC's own retry
+#: policy (above) takes the place of the transport's attempts and statuses.
+_TRANSPARENT_ONLY = RetryRules(
+    max_attempts=1, on_connect_failure=True, on_transport_error=False, on_retryable_status=False
+)
+
+
+def _no_budget(now: float) -> bool:
+    return False
+
+
+_CANCELLED: int = grpc.StatusCode.CANCELLED.value[0]
 
 
 def _pushback(error: RpcError) -> int | None:
@@ -749,26 +824,6 @@ def _pushback(error: RpcError) -> int | None:
             except (TypeError, ValueError):
                 return -1
     return None
-
-
-async def _send(
-    call: Any,
-    args: tuple[Any, ...],
-    deadline: float,
-    clock: Callable[[], float],
-    metadata: MetadataLike | None,
-    compression: grpc.Compression | None,
-) -> Any:
-    """One attempt on one subchannel: the response, or the RpcError it ended with."""
-    try:
-        return await call(
-            *args,
-            timeout=_timeout_left(deadline, clock()),
-            metadata=metadata,
-            compression=compression,
-        )
-    except RpcError as exc:
-        return exc
 
 
 class DiscoveryUnaryStream(_DiscoveryMultiCallable):
@@ -843,26 +898,30 @@ class DiscoveryStreamCall:
             return self._call
         mc = self._mc
         channel = mc._channel
-        self._start = channel._clock()
-
-        async def send(instance: Instance) -> Any:
-            sub = await channel.subchannel(instance)
+        clock = channel._clock
+        self._start = clock()
+        try:
+            attempt = Attempt()
+            held = channel.pick_now(attempt)
+            if held is None:
+                held = await channel.pick(attempt, self._deadline)
+            self._held = held
+            instance: Instance = attempt.instance  # type: ignore[assignment]
+            sub = channel.live_subchannel(instance)
+            if sub is None:
+                sub = await channel.subchannel(instance)
             sub.enter()
             self._sub = sub
-            call = sub.multicallable(mc._kind, mc._method, mc._serializer, mc._deserializer)
-            return call(
+            deadline = self._deadline
+            self._call = sub.multicallable(mc)(
                 *self._args,
-                timeout=_timeout_left(self._deadline, channel._clock()),
+                timeout=None if deadline == math.inf else max(deadline - clock(), 0.0),
                 metadata=self._metadata,
                 compression=self._compression,
             )
-
-        try:
-            self._held = await channel.pick(send, self._deadline, frozenset())
         except BaseException as exc:
             self._end(exc)
             raise
-        self._call = self._held.response
         return self._call
 
     def _end(self, error: BaseException | None) -> None:
@@ -871,11 +930,11 @@ class DiscoveryStreamCall:
         self._ended = True
         channel = self._mc._channel
         if isinstance(error, RpcError):
-            code = error.code()
+            code = error.code().value[0]
         elif error is None:
-            code = grpc.StatusCode.OK
+            code = 0  # OK
         else:
-            code = grpc.StatusCode.CANCELLED
+            code = _CANCELLED
         channel.stats.observe(code, channel._clock() - self._start)
         held = self._held
         if held is not None:
@@ -937,40 +996,6 @@ class DiscoveryStreamCall:
     def __del__(self) -> None:
         if not self._ended and self._held is not None:
             self._held.cancel()
-
-
-class GrpcCallStatistics:
-    """Calls per status code and a latency histogram, for one discovery channel."""
-
-    __slots__ = ("codes", "connection", "latency", "latency_sum", "service")
-
-    def __init__(self, connection: str, service: str) -> None:
-        self.connection = connection
-        self.service = service
-        self.codes: dict[grpc.StatusCode, int] = dict.fromkeys(grpc.StatusCode, 0)
-        self.latency = [0] * (len(CALL_LATENCY_BUCKETS) + 1)
-        self.latency_sum = 0.0
-
-    def observe(self, code: grpc.StatusCode, seconds: float) -> None:
-        self.codes[code] += 1
-        self.latency[bisect_left(CALL_LATENCY_BUCKETS, seconds)] += 1
-        self.latency_sum += seconds
-
-
-#: The open discovery channels, for the observer and the exporters (weakly, by id).
-_OPEN: dict[int, DiscoveryChannel] = {}
-
-
-def _register(channel: DiscoveryChannel) -> None:
-    _OPEN[id(channel)] = channel
-
-
-def _unregister(channel: DiscoveryChannel) -> None:
-    _OPEN.pop(id(channel), None)
-
-
-def open_channels() -> tuple[DiscoveryChannel, ...]:
-    return tuple(_OPEN.values())
 
 
 def discovery_channel(

@@ -8,20 +8,12 @@ work inside the request handlers hypercorn runs).
   ``nadisc_discovery_*`` families read at scrape time.
 * :func:`console_app`: the read-only page and its WebSocket feed, mountable
   under any path prefix of a host's admin listener.
-* :func:`register_grpc_metrics` / :func:`grpc_call_metrics`: gRPC calls of
-  the discovery channels by status code, with latency.
 * :func:`serve`: hypercorn on the running loop (trio or asyncio).
 * ``nadisc console`` and ``nadisc watch`` (see :mod:`nadisc.observability._commands`).
 """
 
 from ._commands import format_table, watch_remote
 from ._console import ConsoleApp, console_app
-from ._grpc_calls import (
-    GrpcCallMetrics,
-    GrpcCallsCollector,
-    grpc_call_metrics,
-    register_grpc_metrics,
-)
 from ._metrics import DiscoveryCollector, MetricsApp, metrics_app, register_metrics
 from ._model import ConsoleModel, ConsoleSample
 from ._serve import serve
@@ -31,14 +23,10 @@ __all__ = [
     "ConsoleModel",
     "ConsoleSample",
     "DiscoveryCollector",
-    "GrpcCallMetrics",
-    "GrpcCallsCollector",
     "MetricsApp",
     "console_app",
     "format_table",
-    "grpc_call_metrics",
     "metrics_app",
-    "register_grpc_metrics",
     "register_metrics",
     "serve",
     "watch_remote",

@@ -28,6 +28,13 @@ reset. ``balancer_failures_total{kind}`` uses the closed set
 ``other`` count attempts that were sent (so they are part of
 ``balancer_calls_total``), ``no_endpoint`` counts calls that reached no
 instance (not part of it).
+
+gRPC discovery channels: ``nadisc_discovery_grpc_calls_total{connection,code}``
+(every gRPC status code name, zeros included: a closed set) and
+``nadisc_discovery_grpc_call_duration_seconds{connection}`` (whole calls:
+picks, probes and transparent retries included; the buckets of the routed
+calls). The owner keeps these counts per connection, so they never restart
+when a channel closes; a connection appears once a channel was opened on it.
 """
 
 from __future__ import annotations
@@ -115,6 +122,7 @@ class DiscoveryCollector(Collector):
             *_build_info(),
             *_families(None, balancer),
             *_extra_families(None, {}, (), latency),
+            *_grpc_families(None),
         ]
 
     def collect(self) -> Iterable[Metric]:
@@ -135,6 +143,7 @@ class DiscoveryCollector(Collector):
             *_build_info(),
             *_families(snapshot, balancer),
             *_extra_families(snapshot, self._providers, listings, latency),
+            *_grpc_families(snapshot),
         ]
 
     def __repr__(self) -> str:
@@ -199,12 +208,9 @@ def _families(snap: ObserverSnapshot | None, balancer: Sequence[Metric]) -> Iter
             kinds = dict(m.failure_kinds)
             for kind in FailureKind:
                 errors.add_metric([m.name, kind.value], float(kinds.get(kind.value, 0)))
-            cumulative = 0
-            buckets: list[tuple[str, float]] = []
-            for bound, count in m.latency_histogram:
-                cumulative += count
-                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-            duration.add_metric(label, buckets, m.latency_avg * m.queries)
+            bounds = tuple(bound for bound, _count in m.latency_histogram)
+            counts = [count for _bound, count in m.latency_histogram]
+            duration.add_metric(label, _buckets(bounds, counts), m.latency_avg * m.queries)
             invalid.add_metric(label, float(m.invalid_records))
             rejected.add_metric(label, float(m.capacity_rejections))
             revoked.add_metric(label, float(m.identity_revocations))
@@ -450,15 +456,42 @@ def _route_families(
         hedge_wins.add_metric([name], float(n_wins))
         mirrored.add_metric([name], float(n_mirrored))
         for outcome in CALL_OUTCOMES:
-            cumulative = 0
-            buckets: list[tuple[str, float]] = []
-            for bound, count in zip(
-                (*CALL_LATENCY_BUCKETS, math.inf), counts[outcome], strict=True
-            ):
-                cumulative += count
-                buckets.append(("+Inf" if bound == math.inf else repr(bound), cumulative))
-            latency.add_metric([name, outcome], buckets, totals[outcome])
+            latency.add_metric(
+                [name, outcome], _buckets(_CALL_BOUNDS, counts[outcome]), totals[outcome]
+            )
     return balancer, latency
+
+
+_CALL_BOUNDS = (*CALL_LATENCY_BUCKETS, math.inf)
+
+
+def _buckets(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
+    """Prometheus' cumulative ``(le, count)`` buckets from per-bucket counts."""
+    cumulative = 0
+    buckets: list[tuple[str, float]] = []
+    for bound, count in zip(bounds, counts, strict=True):
+        cumulative += count
+        buckets.append(("+Inf" if bound == math.inf else repr(bound), float(cumulative)))
+    return buckets
+
+
+def _grpc_families(snap: ObserverSnapshot | None) -> Iterator[Metric]:
+    """The gRPC discovery-channel calls per connection (kept by the owner)."""
+    calls = CounterMetricFamily(
+        _name("grpc_calls"),
+        "gRPC calls through discovery channels, by final status code.",
+        labels=["connection", "code"],
+    )
+    duration = HistogramMetricFamily(
+        _name("grpc_call_duration_seconds"),
+        "gRPC calls through discovery channels, whole calls (picks, probes, retries).",
+        labels=["connection"],
+    )
+    for row in () if snap is None else snap.grpc_calls:
+        for code, count in row.codes:
+            calls.add_metric([row.connection, code], float(count))
+        duration.add_metric([row.connection], _buckets(_CALL_BOUNDS, row.latency), row.latency_sum)
+    yield from (calls, duration)
 
 
 def register_metrics(

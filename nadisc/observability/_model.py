@@ -5,7 +5,8 @@ Contract: :class:`ConsoleModel` turns the observer's ``snapshot()`` and
 one part per observed service (``"<connection>/<service>"``: revision,
 evidence kind, confirmed-at time, ``max_age``, failure, instances) and one
 "overview" part (owner, connections, registrations with their history,
-routes). Every part has a version that moves only when its text changes.
+gRPC discovery calls per connection: counts by status code and the p99
+bucket bound). Every part has a version that moves only when its text changes.
 
 Latest-only delivery: a client remembers the versions it has seen;
 :meth:`ConsoleSample.delta` gives the message that brings *that* client from
@@ -155,6 +156,16 @@ def overview_part(snap: ObserverSnapshot) -> dict[str, Any]:
                 "unavailable": sum(1 for s in c.services if s.unavailable_reason is not None),
             }
             for c in snap.connections
+        ],
+        "grpc": [
+            {
+                "connection": g.connection,
+                "calls": g.calls,
+                # In code order (a JSON object's keys would be sorted).
+                "codes": [[code, count] for code, count in g.codes if count],
+                "p99": _num(g.quantile(0.99)),
+            }
+            for g in snap.grpc_calls
         ],
         "registrations": [
             {

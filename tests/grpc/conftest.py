@@ -1,5 +1,9 @@
 """Session fixtures of the gRPC tests: generated stubs, a TLS certificate, real servers.
 
+``discovery`` opens the owner and discovery channel of the discovery
+tests: an in-memory registry listing the given instances as service
+``orders`` on connection ``primary``.
+
 The stubs are generated from ``protos/interop.proto`` by ``grpcio-tools``
 (and grpclib's plugin) into a temporary directory once per test process, so
 the tree holds no generated code that lint and type checks would have to
@@ -15,13 +19,19 @@ import shutil
 import ssl
 import subprocess
 import sys
-import tempfile
-import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any, NamedTuple
 
 import pytest
+
+from benchmarks._grpc_server import serving
+from nadisc import DiscoveryOwner, Instance
+from nadisc.grpc import DiscoveryChannel, discovery_channel
+from nadisc.testing import MemoryProvider
+from tests.nadisc.owner_support import memory_owner
 
 HERE = Path(__file__).parent
 
@@ -100,33 +110,8 @@ class Server:
 
 
 def _start(argv: list[str], tls_files: TLSFiles) -> Iterator[Server]:
-    with tempfile.TemporaryFile() as errors:
-        process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True
-        )
-        stdin, stdout = process.stdin, process.stdout
-        assert stdin is not None and stdout is not None
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(30)
-        if not line or not line[0].startswith("PORTS"):
-            process.kill()
-            process.communicate(timeout=10)
-            errors.seek(0)
-            err = errors.read().decode(errors="replace")
-            raise RuntimeError(f"the test server did not start: {err[-2000:]}")
-        ports = line[0].split()[1:]
-        try:
-            yield Server(int(ports[0]), int(ports[1]) if len(ports) > 1 else None, tls_files)
-        finally:
-            stdin.close()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-            stdout.close()
+    with serving(argv) as ports:
+        yield Server(ports[0], ports[1] if len(ports) > 1 else None, tls_files)
 
 
 @pytest.fixture(scope="session")
@@ -160,3 +145,39 @@ def grpclib_server(grpc_gen: Path, tls_files: TLSFiles) -> Iterator[Server]:
 @pytest.fixture(params=["plain", "tls"])
 def transport(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+#: The service the ``discovery`` fixture lists its instances under.
+SERVICE = "orders"
+
+
+class Discovered(NamedTuple):
+    owner: DiscoveryOwner
+    channel: DiscoveryChannel
+    memory: MemoryProvider
+
+
+Opener = Callable[..., AbstractAsyncContextManager[Discovered]]
+
+
+@pytest.fixture
+def discovery() -> Opener:
+    """``async with discovery(*instances, watch=False, **channel_options) as (owner, channel,
+    memory):`` a prepared owner whose connection ``primary`` lists ``instances`` as
+    :data:`SERVICE` (``watch``: changes are pushed), and a discovery channel for it."""
+
+    @asynccontextmanager
+    async def open_discovery(
+        *instances: Instance, watch: bool = False, **options: Any
+    ) -> AsyncIterator[Discovered]:
+        memory = MemoryProvider(services={SERVICE: SERVICE})
+        memory.set(SERVICE, instances)
+        if watch:
+            memory.set_watch(True)
+        async with (
+            memory_owner({"primary": memory}) as owner,
+            discovery_channel(owner, "primary", SERVICE, **options) as channel,
+        ):
+            yield Discovered(owner, channel, memory)
+
+    return open_discovery

@@ -3,11 +3,13 @@
 Each :class:`Backend` is a ``grpc.server`` (grpcio's own threads, so it runs
 beside a trio or asyncio test) serving the interop ``TestService`` and the
 standard ``grpc.health.v1`` service. ``UnaryCall`` answers with the
-backend's name in ``username``; ``StreamingOutputCall`` streams one message
-per ``response_parameters`` entry, sleeping ``interval_us`` before each (real
-time: the tests that use it wait on events, not on the clock). The health
-answer is set per backend: SERVING, NOT_SERVING or ``hang`` (Check never
-answers until the backend stops).
+backend's name in ``username`` (after sleeping ``response_size`` ms, or,
+for ``response_size=HOLD``, once the backend's ``release`` is set);
+``StreamingOutputCall`` streams one message per ``response_parameters``
+entry, sleeping ``interval_us`` before each (real time: the tests that use
+it wait on events, not on the clock). The health answer is set per
+backend: SERVING, NOT_SERVING or ``hang`` (Check never answers until the
+backend stops).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nadisc import Instance
 from nadisc._grpc_protocol import GRPC_TLS_KEY
+
+#: ``UnaryCall`` with this ``response_size`` answers once ``Backend.release`` is set;
+#: another non-zero size sleeps that many milliseconds first.
+HOLD = 99_999
 
 
 class _Health(health_pb2_grpc.HealthServicer):
@@ -54,6 +60,9 @@ class Backend:
         self.health_checks = 0
         self.calls = 0
         self.stopped = threading.Event()
+        #: Set by every UnaryCall; a call with ``response_size=HOLD`` waits for ``release``.
+        self.arrived = threading.Event()
+        self.release = threading.Event()
         #: Set while a streaming call is running on this backend.
         self.streaming = threading.Event()
         self._lock = threading.Lock()
@@ -64,6 +73,11 @@ class Backend:
             def UnaryCall(self, request: Any, context: Any) -> Any:
                 with backend._lock:
                     backend.calls += 1
+                backend.arrived.set()
+                if request.response_size == HOLD:
+                    backend.release.wait(30)
+                elif request.response_size:
+                    time.sleep(request.response_size / 1000)
                 status = request.response_status
                 if status.code:
                     code = next(c for c in grpc.StatusCode if c.value[0] == status.code)
@@ -94,6 +108,7 @@ class Backend:
 
     def stop(self) -> None:
         self.stopped.set()
+        self.release.set()
         self._server.stop(None).wait(10)
 
 

@@ -10,6 +10,7 @@ server (SERVING, NOT_SERVING, or a Check that never answers).
 
 from __future__ import annotations
 
+import random
 import socket
 from types import ModuleType
 
@@ -21,28 +22,21 @@ import pytest
 
 from nadisc import Instance
 from nadisc._grpc_protocol import GRPC_TLS_KEY
+from nadisc._observer import route_metrics
 from nadisc.grpc import (
     PROBE_SHARE,
+    DiscoveryChannel,
     NoServingInstance,
     RetryPolicy,
     RetryThrottle,
     RpcError,
-    discovery_channel,
 )
 from nadisc.grpc._first_serving import candidates
-from nadisc.testing import MemoryProvider
-from tests.grpc.discovery_support import backends
+from tests.grpc.conftest import Opener
+from tests.grpc.discovery_support import HOLD, backends
 from tests.grpc.support import Conn, h2_server
-from tests.nadisc.owner_support import memory_owner
 
-SERVICE = "orders"
 PLAIN = {GRPC_TLS_KEY: "plaintext"}
-
-
-def provider(*instances: Instance) -> MemoryProvider:
-    memory = MemoryProvider(services={SERVICE: SERVICE})
-    memory.set(SERVICE, instances)
-    return memory
 
 
 def closed_port() -> int:
@@ -64,40 +58,59 @@ async def goaway_below(conn: Conn, event: h2.events.Event) -> None:
 
 @pytest.mark.parametrize("scenario", [refuse, goaway_below], ids=["refused", "goaway"])
 async def test_a_call_the_server_never_saw_goes_to_another_instance(
-    pb: ModuleType, pb_grpc: ModuleType, scenario: object
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType, scenario: object
 ) -> None:
     with backends(pb, pb_grpc, 1) as servers:
         async with h2_server(scenario) as bad:  # type: ignore[arg-type]
-            memory = provider(
-                Instance("bad", "127.0.0.1", bad.port, metadata=PLAIN), servers[0].instance()
-            )
-            async with (
-                memory_owner({"primary": memory}) as owner,
-                discovery_channel(owner, "primary", SERVICE) as channel,
-            ):
+            bad_one = Instance("bad", "127.0.0.1", bad.port, metadata=PLAIN)
+            async with discovery(bad_one, servers[0].instance()) as (_owner, channel, _memory):
                 stub = pb_grpc.TestServiceStub(channel)
                 for _ in range(6):
                     response = await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
                     assert response.username == "b0"
-            assert bad.record.requests  # the bad instance was picked and refused
+                picked = channel.route.statistics().sent["bad"]
+            assert picked >= 1  # the bad instance was picked and refused
+            # The subchannel's own same-host retries are off under discovery:
+            # each pick of the refusing instance is one request there.
+            assert len(bad.record.requests) == picked
             assert servers[0].calls == 6
 
 
+@pytest.mark.parametrize("scenario", [refuse, goaway_below], ids=["refused", "goaway"])
+async def test_with_every_instance_tried_one_more_round_then_unavailable(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType, scenario: object
+) -> None:
+    # One listed instance: the first attempt, then one transparent retry (at
+    # most one per listed instance), then the caller gets the unprocessed error.
+    async with h2_server(scenario) as bad:  # type: ignore[arg-type]
+        bad_one = Instance("bad", "127.0.0.1", bad.port, metadata=PLAIN)
+        async with discovery(bad_one) as (_owner, channel, _memory):
+            with pytest.raises(RpcError) as info:
+                await pb_grpc.TestServiceStub(channel).UnaryCall(pb.SimpleRequest(), timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert info.value.unprocessed
+            assert channel.route.statistics().sent == {"bad": 2}
+        assert len(bad.record.requests) == 2
+
+
+async def test_the_subchannel_retry_is_not_an_option_under_discovery(discovery: Opener) -> None:
+    with pytest.raises(TypeError, match="transparent_retries"):
+        async with discovery(transparent_retries=2):
+            pass
+
+
 async def test_a_refused_connection_goes_to_another_instance(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     with backends(pb, pb_grpc, 1) as servers:
         dead = Instance("dead", "127.0.0.1", closed_port(), metadata=PLAIN)
-        async with (
-            memory_owner({"primary": provider(dead, servers[0].instance())}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(dead, servers[0].instance()) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             for _ in range(6):
                 response = await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
                 assert response.username == "b0"
             assert channel.route.statistics().failed.get("dead", 0) >= 1
-            assert channel.stats.codes[grpc.StatusCode.OK] == 6
+            assert channel.stats.codes[grpc.StatusCode.OK.value[0]] == 6
 
 
 def failing(pb: ModuleType, code: grpc.StatusCode) -> object:
@@ -105,33 +118,27 @@ def failing(pb: ModuleType, code: grpc.StatusCode) -> object:
 
 
 async def test_a_processed_call_is_never_re_sent_without_a_policy(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     with backends(pb, pb_grpc, 2) as servers:
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             with pytest.raises(RpcError) as info:
                 await stub.UnaryCall(failing(pb, grpc.StatusCode.UNAVAILABLE), timeout=10)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
             assert sum(s.calls for s in servers) == 1
-            assert channel.stats.codes[grpc.StatusCode.UNAVAILABLE] == 1
+            assert channel.stats.codes[grpc.StatusCode.UNAVAILABLE.value[0]] == 1
 
 
 async def test_the_retry_policy_covers_idempotent_calls_under_throttling(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     policy = RetryPolicy(max_attempts=3, initial_backoff=0.001, max_backoff=0.002)
     throttle = RetryThrottle(max_tokens=4, token_ratio=0.1)
     with backends(pb, pb_grpc, 2) as servers:
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(
-                owner, "primary", SERVICE, retry_policy=policy, retry_throttle=throttle
-            ) as channel,
-        ):
+        async with discovery(
+            *(s.instance() for s in servers), retry_policy=policy, retry_throttle=throttle
+        ) as (_owner, channel, _memory):
             call = channel.unary_unary(
                 "/grpc.testing.TestService/UnaryCall",
                 request_serializer=pb.SimpleRequest.SerializeToString,
@@ -157,16 +164,13 @@ async def test_the_retry_policy_covers_idempotent_calls_under_throttling(
 
 
 async def test_the_retry_policy_retries_up_to_max_attempts(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     policy = RetryPolicy(max_attempts=3, initial_backoff=0.001, max_backoff=0.002)
     with backends(pb, pb_grpc, 2) as servers:
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(
-                owner, "primary", SERVICE, retry_policy=policy, retry_throttle=RetryThrottle(100)
-            ) as channel,
-        ):
+        async with discovery(
+            *(s.instance() for s in servers), retry_policy=policy, retry_throttle=RetryThrottle(100)
+        ) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             with pytest.raises(RpcError) as info:
                 await stub.UnaryCall(
@@ -186,16 +190,13 @@ async def test_the_retry_policy_retries_up_to_max_attempts(
 
 
 async def test_the_probe_finds_the_one_serving_candidate_of_16(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     with backends(pb, pb_grpc, 16, workers=2) as servers:
         for i, server in enumerate(servers):
             server.health = "not_serving" if i % 2 else "hang"
         servers[11].health = "serving"
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             for _ in range(3):
                 response = await stub.UnaryCall(pb.SimpleRequest(), timeout=20, first_serving=True)
@@ -208,15 +209,12 @@ async def test_the_probe_finds_the_one_serving_candidate_of_16(
 
 
 async def test_all_hung_is_refused_at_the_75_percent_mark_with_nothing_sent(
-    pb: ModuleType, pb_grpc: ModuleType, autojump_clock: object
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType, autojump_clock: object
 ) -> None:
     with backends(pb, pb_grpc, 16, workers=2) as servers:
         for server in servers:
             server.health = "hang"
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             start = anyio.current_time()
             with pytest.raises(NoServingInstance) as info:
@@ -225,19 +223,16 @@ async def test_all_hung_is_refused_at_the_75_percent_mark_with_nothing_sent(
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "none of 16 candidate(s)" in str(info.value.details())
             assert sum(s.calls for s in servers) == 0
-            assert channel.stats.codes[grpc.StatusCode.UNAVAILABLE] == 1
+            assert channel.stats.codes[grpc.StatusCode.UNAVAILABLE.value[0]] == 1
 
 
 async def test_all_not_serving_is_refused_with_nothing_sent(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     with backends(pb, pb_grpc, 3, workers=2) as servers:
         for server in servers:
             server.health = "not_serving"
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             with pytest.raises(NoServingInstance):
                 await pb_grpc.TestServiceStub(channel).UnaryCall(
                     pb.SimpleRequest(), timeout=20, first_serving=True
@@ -252,3 +247,75 @@ def test_candidates_rotate_and_stop_at_16() -> None:
     assert candidates(names, 18) == [*names[18:], *names[:14]]
     assert candidates(names[:3], 4) == ["i1", "i2", "i0"]
     assert candidates([], 3) == []
+
+
+# -- load guards of first-serving calls ---------------------------------------------
+
+
+def open_guards(channel: DiscoveryChannel) -> dict[str, int]:
+    """Identity -> load guards open on its endpoint (all generations of the route)."""
+    view = route_metrics(channel.route)
+    assert view.in_flight == sum(e.in_flight for e in view.endpoints)
+    return {e.identity: e.in_flight for e in view.endpoints}
+
+
+async def test_a_first_serving_call_holds_a_guard_on_the_instance_it_picked(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 3, workers=4) as servers:
+        servers[0].health = servers[2].health = "not_serving"
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
+            stub = pb_grpc.TestServiceStub(channel)
+            request = pb.SimpleRequest(response_size=HOLD)
+
+            async def call() -> None:
+                await stub.UnaryCall(request, timeout=20, first_serving=True)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                assert await anyio.to_thread.run_sync(servers[1].arrived.wait, 20)
+                # In flight on b1: its guard is open, nothing elsewhere.
+                assert open_guards(channel) == {"b0": 0, "b1": 1, "b2": 0}
+                servers[1].release.set()
+            assert open_guards(channel) == {"b0": 0, "b1": 0, "b2": 0}
+            assert channel.route.statistics().sent == {"b1": 1}
+
+
+async def test_random_cancellations_leave_no_guard_behind(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    rng = random.Random(29)
+    outcomes = {"cancelled": 0, "completed": 0, "error": 0}
+    with backends(pb, pb_grpc, 3, workers=8) as servers:
+        servers[2].health = "hang"  # its probes are always cancelled
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
+            stub = pb_grpc.TestServiceStub(channel)
+            limiter = anyio.CapacityLimiter(16)
+
+            async def run(index: int) -> None:
+                request = pb.SimpleRequest(response_size=rng.choice((0, 2, 10)))
+                delay = rng.uniform(0, 0.05)
+                async with limiter:
+                    with anyio.move_on_after(delay) as scope:
+                        try:
+                            await stub.UnaryCall(request, timeout=20, first_serving=index % 2 == 0)
+                        except RpcError as exc:
+                            # Only what a short budget explains: the probe's refusal
+                            # at 75% of it, or the server's deadline (never a
+                            # subchannel left broken by an earlier cancellation).
+                            assert isinstance(exc, NoServingInstance) or (
+                                exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                            ), exc
+                            outcomes["error"] += 1
+                            return
+                    outcomes["cancelled" if scope.cancelled_caught else "completed"] += 1
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    for index in range(300):
+                        tg.start_soon(run, index)
+            assert sum(outcomes.values()) == 300
+            assert outcomes["cancelled"] > 30 and outcomes["completed"] > 15
+            assert set(open_guards(channel).values()) == {0}
+            assert channel.route.streaming.balance.statistics().in_flight == 0
+            assert all(sub.active == 0 for sub in channel._subs.values())

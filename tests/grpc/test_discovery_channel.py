@@ -24,28 +24,16 @@ from nadisc.grpc import (
     GrpcProtocolConflict,
     GrpcProtocolMissing,
     RpcError,
-    discovery_channel,
 )
-from nadisc.testing import MemoryProvider
+from tests.grpc.conftest import SERVICE, Opener
 from tests.grpc.discovery_support import Backend, backends
-from tests.nadisc.owner_support import memory_owner
-
-SERVICE = "orders"
 
 
-def provider(*instances: Instance) -> MemoryProvider:
-    memory = MemoryProvider(services={SERVICE: SERVICE})
-    memory.set(SERVICE, instances)
-    return memory
-
-
-async def test_calls_spread_over_the_listed_instances(pb: ModuleType, pb_grpc: ModuleType) -> None:
+async def test_calls_spread_over_the_listed_instances(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
+) -> None:
     with backends(pb, pb_grpc, 3) as servers:
-        memory = provider(*(s.instance() for s in servers))
-        async with (
-            memory_owner({"primary": memory}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             names = set()
             for _ in range(30):
@@ -53,18 +41,16 @@ async def test_calls_spread_over_the_listed_instances(pb: ModuleType, pb_grpc: M
                 names.add(response.username)
             assert names == {"b0", "b1", "b2"}
             assert channel.subchannel_count() == 3
-            assert channel.stats.codes[grpc.StatusCode.OK] == 30
+            assert channel.stats.codes[grpc.StatusCode.OK.value[0]] == 30
             assert sum(s.calls for s in servers) == 30
 
 
-async def test_a_departed_instance_gets_no_new_call(pb: ModuleType, pb_grpc: ModuleType) -> None:
+async def test_a_departed_instance_gets_no_new_call(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
+) -> None:
     with backends(pb, pb_grpc, 2) as servers:
-        memory = provider(*(s.instance() for s in servers))
-        memory.set_watch(True)
-        async with (
-            memory_owner({"primary": memory}) as owner,
-            discovery_channel(owner, "primary", SERVICE, drain=0.5) as channel,
-        ):
+        instances = [s.instance() for s in servers]
+        async with discovery(*instances, watch=True, drain=0.5) as (_owner, channel, memory):
             stub = pb_grpc.TestServiceStub(channel)
             for _ in range(4):
                 await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
@@ -83,15 +69,20 @@ async def test_a_departed_instance_gets_no_new_call(pb: ModuleType, pb_grpc: Mod
 
 @asynccontextmanager
 async def departed_stream(
-    pb: ModuleType, pb_grpc: ModuleType, *, drain: float, interval_us: int, messages: int
+    discovery: Opener,
+    pb: ModuleType,
+    pb_grpc: ModuleType,
+    *,
+    drain: float,
+    interval_us: int,
+    messages: int,
 ) -> AsyncIterator[tuple[Backend, DiscoveryChannel, Any]]:
     """A server stream whose one instance leaves the listing after its first message."""
     with backends(pb, pb_grpc, 1) as servers:
-        memory = provider(servers[0].instance())
-        memory.set_watch(True)
-        async with (
-            memory_owner({"primary": memory}) as owner,
-            discovery_channel(owner, "primary", SERVICE, drain=drain) as channel,
+        async with discovery(servers[0].instance(), watch=True, drain=drain) as (
+            _owner,
+            channel,
+            memory,
         ):
             stub = pb_grpc.TestServiceStub(channel)
             request = pb.StreamingOutputCallRequest(
@@ -104,9 +95,11 @@ async def departed_stream(
 
 
 async def test_a_stream_of_a_departed_instance_ends_unavailable_after_the_drain(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
-    async with departed_stream(pb, pb_grpc, drain=0.2, interval_us=200_000, messages=100) as (
+    async with departed_stream(
+        discovery, pb, pb_grpc, drain=0.2, interval_us=200_000, messages=100
+    ) as (
         server,
         channel,
         call,
@@ -125,9 +118,11 @@ async def test_a_stream_of_a_departed_instance_ends_unavailable_after_the_drain(
 
 
 async def test_a_stream_of_a_departed_instance_finishes_within_the_drain(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
-    async with departed_stream(pb, pb_grpc, drain=30, interval_us=50_000, messages=6) as (
+    async with departed_stream(
+        discovery, pb, pb_grpc, drain=30, interval_us=50_000, messages=6
+    ) as (
         _server,
         channel,
         call,
@@ -139,19 +134,18 @@ async def test_a_stream_of_a_departed_instance_finishes_within_the_drain(
         rest = [m async for m in call]
         assert len(rest) == 5
         assert channel.subchannel_count() == 0  # retired while its stream went on
-        assert channel.stats.codes[grpc.StatusCode.OK] == 1
+        assert channel.stats.codes[grpc.StatusCode.OK.value[0]] == 1
 
 
 async def test_discovery_protocol_dials_instances_without_metadata(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     with backends(pb, pb_grpc, 1) as servers:
         bare = Instance("b0", "127.0.0.1", servers[0].port)
-        async with (
-            memory_owner({"primary": provider(bare)}) as owner,
-            discovery_channel(
-                owner, "primary", SERVICE, protocol=DiscoveryProtocol(authority="orders.local")
-            ) as channel,
+        async with discovery(bare, protocol=DiscoveryProtocol(authority="orders.local")) as (
+            _owner,
+            channel,
+            _memory,
         ):
             response = await pb_grpc.TestServiceStub(channel).UnaryCall(
                 pb.SimpleRequest(), timeout=10
@@ -159,24 +153,26 @@ async def test_discovery_protocol_dials_instances_without_metadata(
             assert response.username == "b0"
 
 
-async def test_no_protocol_source_is_a_typed_error(pb: ModuleType, pb_grpc: ModuleType) -> None:
+async def test_no_protocol_source_is_a_typed_error(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
+) -> None:
     with backends(pb, pb_grpc, 1) as servers:
         bare = Instance("b0", "127.0.0.1", servers[0].port)
-        async with (
-            memory_owner({"primary": provider(bare)}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(bare) as (_owner, channel, _memory):
             with pytest.raises(GrpcProtocolMissing, match="DiscoveryProtocol") as info:
                 await pb_grpc.TestServiceStub(channel).UnaryCall(pb.SimpleRequest(), timeout=5)
             assert "'orders'" in str(info.value)
             assert servers[0].calls == 0
 
 
-async def test_both_protocol_sources_are_a_typed_error(pb: ModuleType, pb_grpc: ModuleType) -> None:
+async def test_both_protocol_sources_are_a_typed_error(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
+) -> None:
     with backends(pb, pb_grpc, 1) as servers:
-        async with (
-            memory_owner({"primary": provider(servers[0].instance())}) as owner,
-            discovery_channel(owner, "primary", SERVICE, protocol=DiscoveryProtocol()) as channel,
+        async with discovery(servers[0].instance(), protocol=DiscoveryProtocol()) as (
+            _owner,
+            channel,
+            _memory,
         ):
             with pytest.raises(GrpcProtocolConflict) as info:
                 await pb_grpc.TestServiceStub(channel).UnaryCall(pb.SimpleRequest(), timeout=5)
@@ -185,30 +181,26 @@ async def test_both_protocol_sources_are_a_typed_error(pb: ModuleType, pb_grpc: 
 
 
 async def test_an_owner_closing_under_the_channel_refuses_new_calls(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     with backends(pb, pb_grpc, 1) as servers:
-        async with memory_owner({"primary": provider(servers[0].instance())}) as owner:
-            async with discovery_channel(owner, "primary", SERVICE, drain=0.2) as channel:
-                stub = pb_grpc.TestServiceStub(channel)
-                await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
-                report = await owner.begin_close(anyio.current_time() + 5).wait()
-                assert report is not None
-                with pytest.raises(RpcError) as info:
-                    await stub.UnaryCall(pb.SimpleRequest(), timeout=5)
-                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert channel.subchannel_count() == 0
+        async with discovery(servers[0].instance(), drain=0.2) as (owner, channel, _memory):
+            stub = pb_grpc.TestServiceStub(channel)
+            await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+            report = await owner.begin_close(anyio.current_time() + 5).wait()
+            assert report is not None
+            with pytest.raises(RpcError) as info:
+                await stub.UnaryCall(pb.SimpleRequest(), timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert channel.subchannel_count() == 0
         assert servers[0].calls == 1
 
 
 async def test_a_server_stream_runs_to_its_end_on_one_instance(
-    pb: ModuleType, pb_grpc: ModuleType
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
     with backends(pb, pb_grpc, 2) as servers:
-        async with (
-            memory_owner({"primary": provider(*(s.instance() for s in servers))}) as owner,
-            discovery_channel(owner, "primary", SERVICE) as channel,
-        ):
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             request = pb.StreamingOutputCallRequest(
                 response_parameters=[pb.ResponseParameters()] * 3
@@ -218,7 +210,7 @@ async def test_a_server_stream_runs_to_its_end_on_one_instance(
                     m.payload.body async for m in stub.StreamingOutputCall(request, timeout=10)
                 ]
                 assert len(bodies) == 3 and len(set(bodies)) == 1
-            assert channel.stats.codes[grpc.StatusCode.OK] == 2
+            assert channel.stats.codes[grpc.StatusCode.OK.value[0]] == 2
             assert all(count == 0 for count in channel.route.statistics().in_flight.values())
 
 

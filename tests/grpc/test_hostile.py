@@ -474,6 +474,12 @@ def test_bad_targets_are_refused(target: str) -> None:
         Channel(target)
 
 
+@pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
+def test_bad_transparent_retries_are_refused(value: object) -> None:
+    with pytest.raises(ValueError, match="transparent_retries"):
+        Channel("127.0.0.1:80", transparent_retries=value)  # type: ignore[arg-type]
+
+
 async def test_unanswered_keepalive_fails_the_calls() -> None:
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(anyio.abc.SocketAttribute.local_port)

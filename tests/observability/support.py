@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
+import pytest
 import trio
 
 from nadisc import DiscoveryConfig, DiscoveryOwner, open_discovery
@@ -15,6 +19,20 @@ from nadisc.observability import ConsoleApp, console_app, serve
 from nadisc.observability._commands import _merge
 
 CONSUL_TOKEN = "s3cret-consul-token-7f1d"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+async def promtool_check(text: str) -> None:
+    """``promtool check metrics`` passes on ``text`` (skipped without promtool, never in CI)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if IN_CI:
+            pytest.fail("promtool is not installed (make servers installs prometheus)")
+        return
+    checked = await anyio.run_process(
+        [promtool, "check", "metrics"], input=text.encode(), check=False
+    )
+    assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
 
 
 def orders_instance(n: int, **extra: Any) -> dict[str, Any]:

@@ -14,7 +14,6 @@ is installed (``make servers``), the exposition is also checked by
 from __future__ import annotations
 
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -32,11 +31,11 @@ from nadisc._route import CALL_LATENCY_BUCKETS
 from nadisc.observability import metrics_app
 from nadisc.testing import MemoryProvider
 from tests.nadisc.owner_support import inst
+from tests.observability.support import IN_CI, promtool_check
 
 pytestmark = pytest.mark.trio_only
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "observability.md"
-IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -126,16 +125,7 @@ async def test_call_latency_histogram_answers_a_p99_query(
     (ratio,) = families["nadisc_discovery_evidence_age_ratio"].samples
     assert 0.0 <= ratio.value < 1.0
 
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if IN_CI:
-            pytest.fail("promtool is not installed (make servers installs prometheus)")
-        return
-    checked = await trio.run_process(
-        [promtool, "check", "metrics"], stdin=text.encode(), capture_stdout=True,
-        capture_stderr=True, check=False,
-    )  # fmt: skip
-    assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
+    await promtool_check(text)
 
 
 def documented_rules() -> str:

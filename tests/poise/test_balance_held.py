@@ -14,6 +14,7 @@ from poise import (
     Endpoint,
     EndpointError,
     Held,
+    InvalidInput,
     LoadGuard,
     PeakEwma,
     ReadinessState,
@@ -127,6 +128,39 @@ async def test_held_ends_with_the_balance_clock() -> None:
     now[0] = 20.0
     held.cancel()  # a no-op: no third entry
     assert tracker.times == [("start", 10.0), ("complete", 12.5)]
+
+
+async def test_pick_held_picks_and_guards_without_calling_the_service() -> None:
+    balance, (a, b) = recorded("a", "b", policy=Fixed(1))
+    with pytest.raises(SelectionError):
+        balance.pick_held("x")  # no reservation yet
+    assert balance.ready_nowait()
+    held = balance.pick_held("x")
+    assert held.response is b and held.key == "b" and held.index == 1
+    assert ctl(b).calls == [] and ctl(a).calls == []  # no service was called
+    assert events(b) == [("start",)] and balance.statistics().in_flight == 1
+    held.complete(failed=True)
+    assert events(b) == [("start",), ("complete", "failed")]
+    assert balance.statistics().in_flight == 0
+
+
+async def test_hold_guards_a_named_endpoint_outside_the_pick() -> None:
+    # Fixed(0) would pick "a"; hold names "b" and never consults the policy.
+    balance, (a, b) = recorded("a", "b", policy=Fixed(0))
+    held = balance.hold("b")
+    assert held.key == "b" and held.index == 1 and held.response is None
+    assert events(b) == [("start",)] and events(a) == []
+    assert b.load(0.0) == 1 and balance.statistics().in_flight == 1
+    held.complete(failed=True)
+    held.cancel()  # the first end counts
+    assert events(b) == [("start",), ("complete", "failed")]
+    assert balance.statistics().in_flight == 0
+    cancelled = balance.hold(0)  # by index too
+    cancelled.cancel()
+    assert events(a) == [("start",), ("cancel",)]
+    assert balance.statistics().in_flight == 0
+    with pytest.raises(InvalidInput, match="'c'"):
+        balance.hold("c")
 
 
 async def test_dispatch_held_waits_for_readiness_then_calls() -> None:

@@ -116,6 +116,21 @@
         el("span", { class: "pill " + (STATE_KIND[s] || ""), title: "at " + seconds(t) }, s)))))));
   }
 
+  function renderGrpc(list) {
+    const body = document.querySelector("#grpc tbody");
+    if (!list || !list.length) {
+      body.replaceChildren(el("tr", {}, el("td", { class: "dim" }, "no gRPC discovery calls")));
+      return;
+    }
+    body.replaceChildren(...list.map((g) => {
+      const codes = g.codes.map(([k, v]) => k + " " + v).join(", ") || "0";
+      return el("tr", { "data-grpc": g.connection },
+        el("td", {}, el("b", {}, g.connection)), el("td", { class: "num" }, g.calls),
+        el("td", {}, codes),
+        el("td", { class: "num" }, g.p99 === null ? (g.calls ? "> 30 s" : "–") : "≤ " + seconds(g.p99)));
+    }));
+  }
+
   // ------------------------------------------------------------------ services
 
   function marks(endpoint) {
@@ -463,6 +478,7 @@
       renderOwner(state.overview);
       renderConnections(state.overview.connections);
       renderRegistrations(state.overview.registrations);
+      renderGrpc(state.overview.grpc);
     }
     const keys = [...dirty.services].sort();
     if (!cards.size && keys.length) {
