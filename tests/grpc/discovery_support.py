@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import ExitStack, contextmanager
 from types import ModuleType
@@ -40,6 +40,13 @@ class _Health(health_pb2_grpc.HealthServicer):
     def Check(self, request: Any, context: Any) -> Any:
         backend = self.backend
         backend.health_checks += 1
+        gate = backend.serve_after
+        if gate is not None:
+            # Hold this answer until the gate opens (bounded), so that a test
+            # can see every other probe arrive before the winner cancels them.
+            until = time.monotonic() + 10.0
+            while not gate() and time.monotonic() < until:
+                time.sleep(0.002)
         if backend.health == "hang":
             backend.stopped.wait()
             context.abort(grpc.StatusCode.UNAVAILABLE, "stopped")
@@ -58,6 +65,8 @@ class Backend:
         self.name = name
         self.health = "serving"
         self.health_checks = 0
+        #: When set, a health check answers only once this returns True (at most 10 s).
+        self.serve_after: Callable[[], bool] | None = None
         self.calls = 0
         self.stopped = threading.Event()
         #: Set by every UnaryCall; a call with ``response_size=HOLD`` waits for ``release``.

@@ -196,6 +196,10 @@ async def test_the_probe_finds_the_one_serving_candidate_of_16(
         for i, server in enumerate(servers):
             server.health = "not_serving" if i % 2 else "hang"
         servers[11].health = "serving"
+        others = [s for s in servers if s is not servers[11]]
+        # b11 answers once all 15 others got a probe: the probes run at once,
+        # and none is cancelled before it reached its server.
+        servers[11].serve_after = lambda: all(s.health_checks >= 1 for s in others)
         async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
             for _ in range(3):
