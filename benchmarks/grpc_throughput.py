@@ -22,8 +22,11 @@ per second). Clients, interleaved round by round in this one process:
 Each cell is the best round's wall-clock rate and, beside it, the client
 process's CPU time per call (``time.process_time`` over the round; for the
 stream row, per message). The server's CPU is in another process and in no
-number. Ratios: ours over grpclib and over grpcio.aio for each loop, and
-trio over asyncio.
+number. Ratios: ours over grpclib and over grpcio.aio for each loop, trio
+over asyncio, and CPU per call over grpclib's, each taken within a round
+(the clients of a round run back to back) and summed up as the median over
+the rounds with the lowest and highest round beside it: on a shared machine
+the best round of each client may come from different moments.
 
 Run: ``python -m benchmarks.grpc_throughput [--smoke] [--calls N] [--rounds R]``
 """
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -59,6 +63,16 @@ class Result:
     #: (row, client) -> client CPU microseconds per call (or message), of that best round
     cpu_us: dict[tuple[str, str], float] = field(default_factory=dict)
     rows: list[str] = field(default_factory=list)
+    #: (row, client) -> every round's (rate, CPU us); the ratios are taken round by round
+    per_round: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
+
+    def ratios(self, row: str, top: str, bottom: str, *, cpu: bool = False) -> list[float]:
+        """``top`` over ``bottom`` in each round (both ran in it, one after the other)."""
+        index = 1 if cpu else 0
+        return [
+            a[index] / b[index]
+            for a, b in zip(self.per_round[(row, top)], self.per_round[(row, bottom)], strict=True)
+        ]
 
 
 # -- the server (a subprocess) --------------------------------------------------
@@ -203,7 +217,7 @@ def main(argv: list[str] | None = None) -> Result:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a few calls per row, one round")
     parser.add_argument("--calls", type=int, default=2048, help="unary calls per row and round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -232,6 +246,7 @@ def main(argv: list[str] | None = None) -> Result:
                 for client in CLIENTS:
                     rate, cpu = _measure(client, port, row, calls)
                     key = (row, client)
+                    result.per_round.setdefault(key, []).append((rate, cpu))
                     if rate > result.rate.get(key, 0.0):
                         result.rate[key] = rate
                         result.cpu_us[key] = cpu
@@ -265,21 +280,25 @@ def _print(result: Result) -> None:
         print(f"{row:<18}" + "".join(f"{c:>26}" for c in cells))
     print()
     print(
-        f"{'row':<18}{'trio/grpclib':>14}{'asyncio/grpclib':>17}{'trio/grpcio':>13}"
-        f"{'asyncio/grpcio':>16}{'trio/asyncio':>14}{'cpu asyncio/grpclib':>21}"
+        "ratios: the median over rounds of each round's ratio (lowest-highest round); "
+        "cpu is client CPU per call, lower is better"
     )
+    pairs = (
+        ("trio/grpclib", CLIENTS[0], "grpclib", False),
+        ("asyncio/grpclib", CLIENTS[1], "grpclib", False),
+        ("trio/grpcio", CLIENTS[0], "grpcio.aio", False),
+        ("asyncio/grpcio", CLIENTS[1], "grpcio.aio", False),
+        ("trio/asyncio", CLIENTS[0], CLIENTS[1], False),
+        ("cpu trio/grpclib", CLIENTS[0], "grpclib", True),
+        ("cpu asyncio/grpclib", CLIENTS[1], "grpclib", True),
+    )
+    print(f"{'row':<18}" + "".join(f"{name:>21}" for name, *_ in pairs))
     for row in result.rows:
-        r = {c: result.rate[(row, c)] for c in CLIENTS}
-        cpu = {c: result.cpu_us[(row, c)] for c in CLIENTS}
-        print(
-            f"{row:<18}"
-            f"{r[CLIENTS[0]] / r['grpclib']:>14.2f}"
-            f"{r[CLIENTS[1]] / r['grpclib']:>17.2f}"
-            f"{r[CLIENTS[0]] / r['grpcio.aio']:>13.2f}"
-            f"{r[CLIENTS[1]] / r['grpcio.aio']:>16.2f}"
-            f"{r[CLIENTS[0]] / r[CLIENTS[1]]:>14.2f}"
-            f"{cpu[CLIENTS[1]] / cpu['grpclib']:>21.2f}"
-        )
+        cells = []
+        for _, top, bottom, cpu in pairs:
+            ratios = result.ratios(row, top, bottom, cpu=cpu)
+            cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+        print(f"{row:<18}" + "".join(f"{c:>21}" for c in cells))
 
 
 if __name__ == "__main__":

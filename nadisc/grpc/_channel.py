@@ -39,6 +39,7 @@ import anyio
 import anyio.abc
 import grpc
 import grpc.aio
+import hpack
 from anyio.streams.tls import TLSAttribute
 
 from ._connection import Connection, Stream, Unprocessed
@@ -69,10 +70,27 @@ Resp = TypeVar("Resp")
 
 _USER_AGENT = b"nadisc-grpc/0.1"
 _RETRIES = 2
+#: No message is waiting (a deserializer may return ``None`` itself).
+_NOTHING = object()
 
 
 def _identity(value: Any) -> Any:
     return value
+
+
+#: ``grpc-timeout`` as an HPACK literal without indexing (a new name, no Huffman);
+#: the value's length byte and the value follow (at most 9 bytes, under 127).
+_TIMEOUT_LITERAL = b"\x00\x0cgrpc-timeout"
+
+
+def _fixed_block(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """``headers`` HPACK-encoded as never-indexed fields: static-table references only.
+
+    The block adds nothing to the server's dynamic table and refers to no
+    entry of it, so it is valid at any point of any connection and can be
+    reused for every call.
+    """
+    return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(k, v) for k, v in headers])
 
 
 def _split_target(target: str) -> tuple[str, int]:
@@ -255,6 +273,7 @@ class Channel:
         return Connection(
             stream,
             name=self.target,
+            authority=self.authority.encode("ascii"),
             max_receive=self.max_receive,
             max_metadata_size=self.max_metadata,
             stream_window=self._stream_window,
@@ -322,7 +341,7 @@ class _MultiCallable(Generic[Req, Resp]):
         self._method = method
         self._serializer: Callable[[Req], bytes] = serializer or _identity
         self._deserializer: Callable[[bytes], Resp] = deserializer or _identity
-        self._base = [
+        base = [
             (b":method", b"POST"),
             (b":scheme", channel._scheme),
             (b":path", method.encode("ascii")),
@@ -332,6 +351,8 @@ class _MultiCallable(Generic[Req, Resp]):
             (b"user-agent", _USER_AGENT),
             (b"grpc-accept-encoding", b"identity,gzip"),
         ]
+        #: The fixed request headers, HPACK-encoded once (plain, gzip).
+        self._fixed = (_fixed_block(base), _fixed_block([*base, (b"grpc-encoding", b"gzip")]))
 
     def _call_args(
         self,
@@ -380,16 +401,13 @@ class _Call(Generic[Req, Resp]):
         #: How many responses arrived compressed (the interop cases check it).
         self.compressed_received = 0
 
-    def _headers(self) -> list[tuple[bytes, bytes]]:
-        headers = list(self._owner._base)
+    def _fixed_headers(self) -> bytes:
+        """The HPACK block of every header but the metadata (no dynamic-table use)."""
+        block = self._owner._fixed[self._gzip]
         if self._header_deadline != math.inf:
-            headers.append(
-                (b"grpc-timeout", encode_timeout(self._header_deadline - anyio.current_time()))
-            )
-        if self._gzip:
-            headers.append((b"grpc-encoding", b"gzip"))
-        headers.extend(self._metadata)
-        return headers
+            timeout = encode_timeout(self._header_deadline - anyio.current_time())
+            block += _TIMEOUT_LITERAL + bytes((len(timeout),)) + timeout
+        return block
 
     def frame(self, request: Req) -> bytes:
         try:
@@ -421,14 +439,15 @@ class _Call(Generic[Req, Resp]):
         while True:
             conn = await self._channel.connection()
             try:
-                stream = await conn.open_stream(self._headers(), end=False)
+                stream = await conn.open_stream(self._fixed_headers(), self._metadata, body=first)
             except Unprocessed:
                 continue
             self.stream = stream
             if first is None:
                 return stream
             try:
-                await stream.send(first, end=True)
+                if not stream.local_ended:
+                    await stream.send(first, end=True)
                 await stream.wait_headers()
                 return stream
             except RpcError as exc:
@@ -448,8 +467,8 @@ class _Call(Generic[Req, Resp]):
             self._code = stream.error.code()
             self._details = stream.error.details() or ""
 
-    async def read(self) -> Resp | None:
-        """The next response, or ``None`` after the status arrived (raised unless OK)."""
+    async def read(self) -> Resp | Any:
+        """The next response, or ``grpc.aio.EOF`` after the status arrived (raised unless OK)."""
         stream = self.stream
         assert stream is not None
         try:
@@ -462,7 +481,22 @@ class _Call(Generic[Req, Resp]):
             raise self._error(exc) from None
         if item is None:
             self._finish()
-            return None
+            return grpc.aio.EOF
+        return self._decode(item)
+
+    def buffered(self) -> Resp | object:
+        """The next response when it has already arrived, else ``_NOTHING`` (synchronous).
+
+        A streaming reader takes what the reader task queued without a
+        cancel scope or a task switch per message; the deadline still holds.
+        """
+        stream = self.stream
+        if stream is None or self._initial is None or self.deadline <= anyio.current_time():
+            return _NOTHING
+        item = stream.take()
+        return _NOTHING if item is None else self._decode(item)
+
+    def _decode(self, item: tuple[bool, bytes]) -> Resp:
         compressed, payload = item
         if compressed:
             self.compressed_received += 1
@@ -739,8 +773,15 @@ class _StreamResponseCall(Generic[Req, Resp]):
             return grpc.aio.EOF
         if self._call.done:
             raise self._call._error()
-        message = await self._guard(self._call.read)
-        return grpc.aio.EOF if message is None else message
+        if self._started:
+            try:
+                message = self._call.buffered()
+            except RpcError:
+                self._call.release()
+                raise
+            if message is not _NOTHING:
+                return message
+        return await self._guard(self._call.read)
 
     async def write(self, request: Req) -> None:
         """Send one request (stream-request calls made without an iterator)."""
@@ -841,11 +882,11 @@ class UnaryUnaryMultiCallable(_MultiCallable[Req, Resp]):
         async def body() -> Resp:
             await call.open(frame)
             response = await call.read()
-            if response is None:
+            if response is grpc.aio.EOF:
                 call._code = grpc.StatusCode.INTERNAL
                 call._details = "the server sent no response message"
                 raise call._error()
-            if await call.read() is not None:
+            if await call.read() is not grpc.aio.EOF:
                 call.abort(grpc.StatusCode.INTERNAL, "the server sent more than one response")
                 raise call._error()
             return response
@@ -878,11 +919,11 @@ class StreamUnaryMultiCallable(_MultiCallable[Req, Resp]):
                 tg.start_soon(call.send_all, request_iterator, scope)
                 try:
                     response = await call.read()
-                    if response is None:
+                    if response is grpc.aio.EOF:
                         call._code = grpc.StatusCode.INTERNAL
                         call._details = "the server sent no response message"
                         raise call._error()
-                    if await call.read() is not None:
+                    if await call.read() is not grpc.aio.EOF:
                         call.abort(
                             grpc.StatusCode.INTERNAL, "the server sent more than one response"
                         )

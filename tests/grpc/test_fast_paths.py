@@ -1,0 +1,106 @@
+"""The channel's per-call shortcuts keep the wire what it was (tests/grpc/support.py server).
+
+- The fixed request headers are HPACK-encoded once per multicallable with no
+  dynamic-table use, so the block means the same on any connection, at any
+  point of its compression state.
+- Frames are sent from the calling task on plaintext connections (asyncio's
+  transport, trio's non-blocking socket); closed streams do not pile up in
+  ``h2``; a server's change of SETTINGS_HEADER_TABLE_SIZE is honoured.
+- A streaming reader takes messages already received without waiting, and a
+  deserializer's own ``None`` is a message like any other.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import anyio
+import h2.events
+import h2.settings
+import hpack
+
+from nadisc.grpc import Channel
+from nadisc.grpc._channel import _TIMEOUT_LITERAL, _fixed_block
+
+from .support import Conn, h2_server
+
+METHOD = "/fast.Service/Call"
+HEADERS = [
+    (b":method", b"POST"),
+    (b":scheme", b"http"),
+    (b":path", METHOD.encode()),
+    (b":authority", b"127.0.0.1:1"),
+    (b"te", b"trailers"),
+    (b"content-type", b"application/grpc"),
+]
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack(">BI", 0, len(payload)) + payload
+
+
+async def answer(conn: Conn, event: h2.events.Event) -> None:
+    if isinstance(event, h2.events.StreamEnded):
+        sid = event.stream_id or 0
+        await conn.respond(sid)
+        await conn.data(sid, frame(b"one") + frame(b"two") + frame(b"three"))
+        await conn.trailers(sid)
+
+
+def test_fixed_block_uses_no_dynamic_table_entry() -> None:
+    block = _fixed_block(HEADERS) + _TIMEOUT_LITERAL + b"\x03" + b"20m"
+    fresh = hpack.Decoder()
+    assert fresh.decode(block, raw=True) == [*HEADERS, (b"grpc-timeout", b"20m")]
+    assert len(fresh.header_table.dynamic_entries) == 0
+    # A decoder that already holds entries reads the same block the same way.
+    used = hpack.Decoder()
+    used.decode(hpack.Encoder().encode([(b"x-a", b"1"), (b":path", b"/other")]), raw=True)
+    entries = list(used.header_table.dynamic_entries)
+    assert used.decode(block, raw=True) == [*HEADERS, (b"grpc-timeout", b"20m")]
+    assert list(used.header_table.dynamic_entries) == entries
+
+
+async def test_plaintext_frames_go_out_from_the_calling_task() -> None:
+    async with h2_server(answer) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        method = channel.unary_stream(METHOD)
+        with anyio.fail_after(10):
+            assert [m async for m in method(b"go", timeout=5)] == [b"one", b"two", b"three"]
+        conn = await channel.connection()
+        assert conn._send_now is not None
+        assert conn._pending == b""
+        (_, request) = server.record.requests[0]
+        assert request[b":path"] == METHOD.encode() and request[b"te"] == b"trailers"
+        assert bytes(server.record.data[1]) == frame(b"go")
+
+
+async def test_closed_streams_are_dropped_from_h2() -> None:
+    async with h2_server(answer) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        method = channel.unary_stream(METHOD)
+        with anyio.fail_after(60):
+            for _ in range(300):
+                assert len([m async for m in method(b"go", timeout=5)]) == 3
+        conn = await channel.connection()
+        assert conn.streams == {}
+        assert len(conn.h2.streams) < 200
+
+
+async def test_metadata_after_the_server_shrinks_its_header_table() -> None:
+    settings: dict[int, int] = {h2.settings.SettingCodes.HEADER_TABLE_SIZE: 0}
+    async with (
+        h2_server(answer, settings=settings) as server,
+        Channel(f"127.0.0.1:{server.port}") as channel,
+    ):
+        method = channel.unary_stream(METHOD)
+        with anyio.fail_after(10):
+            for value in ("a", "b", "a"):
+                call = method(b"go", timeout=5, metadata=(("x-key", value),))
+                assert len([m async for m in call]) == 3
+        assert [r[b"x-key"] for _, r in server.record.requests] == [b"a", b"b", b"a"]
+        assert all(b"grpc-timeout" in r for _, r in server.record.requests)
+
+
+async def test_a_deserializer_returning_none_is_a_message() -> None:
+    async with h2_server(answer) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        method = channel.unary_stream(METHOD, response_deserializer=lambda b: None)
+        with anyio.fail_after(10):
+            assert [m async for m in method(b"go", timeout=5)] == [None, None, None]
