@@ -58,6 +58,9 @@ __all__ = ["Connection", "Stream", "Unprocessed"]
 #: Bytes queued for the writer past which a sender waits for it to drain.
 _HIGH_WATER = 256 * 1024
 _READ_SIZE = 256 * 1024
+#: Credit for messages taken is given back in steps of this much while more
+#: messages are queued (one WINDOW_UPDATE check per step, not per message).
+_CREDIT_BATCH = 16 * 1024
 _PING_DATA = b"nadiscKA"
 #: Up to this many streams open, a flush sends from the calling task. With more,
 #: the writer task sends for all of them at once: the calls a batch of responses
@@ -161,6 +164,7 @@ class Stream:
     """The client side of one HTTP/2 stream; only its call uses it."""
 
     __slots__ = (
+        "_owed",
         "_read_wake",
         "_send_wake",
         "closed",
@@ -187,6 +191,8 @@ class Stream:
         self.error: RpcError | None = None
         self.unprocessed = False
         self.closed = False
+        #: Credit for messages taken and not yet given back (see _give_back).
+        self._owed = 0
         # Made when the call waits (most calls never wait to send).
         self._read_wake: anyio.Event | None = None
         self._send_wake: anyio.Event | None = None
@@ -237,9 +243,18 @@ class Stream:
         if not messages or self.error is not None:
             return None
         compressed, payload, owed = messages.popleft()
-        if owed:
-            self.conn.credit(self.id, owed)
+        self._give_back(owed, more=bool(messages))
         return compressed, payload
+
+    def _give_back(self, owed: int, *, more: bool) -> None:
+        """Credit for a message taken: gathered while more are queued, up to
+        ``_CREDIT_BATCH``; all of it once the queue is empty (before any wait)."""
+        owed += self._owed
+        if owed and (not more or owed >= _CREDIT_BATCH):
+            self._owed = 0
+            self.conn.credit(self.id, owed)
+        else:
+            self._owed = owed
 
     async def next_message(self) -> tuple[bool, bytes] | None:
         """The next (compressed, payload), or ``None`` once the server ended the stream."""
@@ -247,8 +262,7 @@ class Stream:
         while True:
             if messages:
                 compressed, payload, owed = messages.popleft()
-                if owed:
-                    self.conn.credit(self.id, owed)
+                self._give_back(owed, more=bool(messages))
                 return compressed, payload
             if self.error is not None:
                 raise self.error
@@ -310,7 +324,8 @@ class Stream:
         self.closed = True
         if not (self.remote_ended and self.local_ended):
             self._reset(ErrorCodes.NO_ERROR if self.remote_ended else ErrorCodes.CANCEL)
-        owed = sum(owed for _, _, owed in self.deframer.messages)
+        owed = self._owed + sum(owed for _, _, owed in self.deframer.messages)
+        self._owed = 0
         self.deframer.messages.clear()
         if owed:
             self.conn.credit(self.id, owed)

@@ -104,3 +104,32 @@ async def test_a_deserializer_returning_none_is_a_message() -> None:
         method = channel.unary_stream(METHOD, response_deserializer=lambda b: None)
         with anyio.fail_after(10):
             assert [m async for m in method(b"go", timeout=5)] == [None, None, None]
+
+
+async def test_credit_comes_back_while_messages_are_read() -> None:
+    """300 KB through a 64 KiB stream window: the server can only go on with credit."""
+    total = 300
+    message = frame(b"m" * 1000)
+
+    async def scenario(conn: Conn, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.StreamEnded):
+            conn.state.update(sid=event.stream_id or 0, sent=0)
+            await conn.respond(conn.state["sid"])
+        elif not isinstance(event, h2.events.WindowUpdated) or "sid" not in conn.state:
+            return
+        sid = conn.state["sid"]
+        while conn.state["sent"] < total and conn.h2.local_flow_control_window(sid) >= len(message):
+            conn.h2.send_data(sid, message)
+            conn.state["sent"] += 1
+        if conn.state["sent"] == total and not conn.state.get("ended"):
+            conn.state["ended"] = True
+            await conn.trailers(sid)
+        await conn.flush()
+
+    async with (
+        h2_server(scenario) as server,
+        Channel(f"127.0.0.1:{server.port}", stream_window=65535) as channel,
+    ):
+        with anyio.fail_after(20):
+            got = [m async for m in channel.unary_stream(METHOD)(b"go", timeout=10)]
+        assert len(got) == total and got[0] == b"m" * 1000
