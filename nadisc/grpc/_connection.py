@@ -363,11 +363,16 @@ class Connection:
     ) -> None:
         self.name = name
         self._byte_stream = byte_stream
+        # Inbound headers are not checked or normalized by h2 (a walk over every
+        # header of every response): the channel reads only the few it knows
+        # by their lowercase names, so a malformed block is a typed error of its
+        # call (no grpc-status: UNKNOWN or INTERNAL), not of the connection.
         config = h2.config.H2Configuration(
             client_side=True,
             header_encoding=None,
             validate_outbound_headers=False,
             validate_inbound_headers=False,
+            normalize_inbound_headers=False,
             normalize_outbound_headers=False,
         )
         self.h2 = _ClientH2(config=config)
