@@ -28,6 +28,10 @@ over asyncio, and CPU per call over grpclib's, each taken within a round
 the rounds with the lowest and highest round beside it: on a shared machine
 the best round of each client may come from different moments.
 
+Last, ``h2`` alone: the client CPU per unary call (and per stream message)
+that the channel's ``h2`` work costs by itself, in memory (:func:`h2_floor_us`),
+the floor under the channel's own per-call cost.
+
 Run: ``python -m benchmarks.grpc_throughput [--smoke] [--calls N] [--rounds R]``
 """
 
@@ -65,6 +69,8 @@ class Result:
     rows: list[str] = field(default_factory=list)
     #: (row, client) -> every round's (rate, CPU us); the ratios are taken round by round
     per_round: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
+    #: h2's own CPU per unary call and per stream message, microseconds (see h2_floor_us)
+    h2_floor_us: tuple[float, float] = (0.0, 0.0)
 
     def ratios(self, row: str, top: str, bottom: str, *, cpu: bool = False) -> list[float]:
         """``top`` over ``bottom`` in each round (both ran in it, one after the other)."""
@@ -106,6 +112,100 @@ async def _serve() -> None:
     print(f"PORT {port}", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await server.stop(0)
+
+
+# -- the floor: h2's own work per call, alone ------------------------------------------
+
+
+def h2_floor_us(calls: int) -> tuple[float, float]:
+    """Client CPU microseconds per unary call spent in ``h2`` alone, and per stream message.
+
+    The channel's own ``h2`` connection class and settings, with an in-memory
+    ``h2`` server answering as grpcio does (headers, one message, trailers;
+    for the stream, 1,000 messages of 100 bytes in DATA frames). Only the
+    client side's calls are timed: opening the stream with the pre-encoded
+    header block, the request DATA, ``data_to_send``, ``receive_data`` of the
+    answer and the flow-control credit. No sockets, no event loop, no task.
+    """
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+
+    from nadisc.grpc._channel import _fixed_block
+    from nadisc.grpc._connection import _ClientH2
+
+    def client() -> _ClientH2:
+        config = h2.config.H2Configuration(
+            client_side=True,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            validate_inbound_headers=False,
+            normalize_inbound_headers=False,
+            normalize_outbound_headers=False,
+        )
+        conn = _ClientH2(config=config)
+        conn.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={
+                h2.settings.SettingCodes.ENABLE_PUSH: 0,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1024 * 1024,
+            },
+        )
+        conn.initiate_connection()
+        conn.increment_flow_control_window(8 * 1024 * 1024 - 65535)
+        return conn
+
+    server = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    server.initiate_connection()
+    ours = client()
+    ours.receive_data(server.data_to_send())
+    server.receive_data(ours.data_to_send())
+    ours.receive_data(server.data_to_send())
+    block = _fixed_block(
+        [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", UNARY.encode()),
+            (b":authority", b"127.0.0.1:1"),
+            (b"te", b"trailers"),
+            (b"content-type", b"application/grpc"),
+        ]
+    )
+    request = b"\0\0\0\0\x0a" + REQUEST
+    head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+
+    def answer(sent: bytes, sid: int, messages: int, size: int) -> bytes:
+        server.receive_data(sent)
+        server.send_headers(sid, head)
+        for _ in range(messages):
+            server.send_data(sid, b"\0\0\0\0" + bytes((size,)) + b"y" * size)
+        server.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+        return server.data_to_send()
+
+    def one(messages: int, size: int) -> float:
+        t0 = time.process_time()
+        sid = ours.get_next_available_stream_id()
+        ours.send_header_block(sid, block, authority=b"127.0.0.1:1", end_stream=False)
+        ours.send_data(sid, request, end_stream=True)
+        sent = ours.data_to_send()
+        spent = time.process_time() - t0
+        data = answer(sent, sid, messages, size)
+        t0 = time.process_time()
+        for event in ours.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                ours.acknowledge_received_data(event.flow_controlled_length or 0, sid)
+        credit = ours.data_to_send()
+        spent += time.process_time() - t0
+        server.receive_data(credit)
+        return spent
+
+    unary = sum(one(1, 10) for _ in range(calls)) / calls * 1e6
+    streams = max(1, calls // 200)
+    stream = sum(one(STREAM_MESSAGES, 100) for _ in range(streams)) / streams / STREAM_MESSAGES
+    return unary, stream * 1e6
 
 
 # -- clients ------------------------------------------------------------------------
@@ -259,6 +359,12 @@ def main(argv: list[str] | None = None) -> Result:
             server.wait(10)
         server.stdout.close()
     _print(result)
+    unary_floor, stream_floor = h2_floor_us(calls)
+    result.h2_floor_us = (unary_floor, stream_floor)
+    print(
+        f"h2 alone (the channel's h2 work, in memory, no I/O): {unary_floor:.0f} us of client "
+        f"CPU per unary call, {stream_floor:.1f} us per stream message"
+    )
     return result
 
 
