@@ -149,11 +149,15 @@ def _direct_sender(byte_stream: anyio.abc.ByteStream) -> Callable[[bytes], int] 
         if isinstance(raw, socket.socket) and not raw.getblocking():
 
             def socket_send(data: bytes) -> int:
-                view = memoryview(data)
                 sent = 0
-                with contextlib.suppress(BlockingIOError, InterruptedError):
-                    while sent < len(view):
-                        sent += raw.send(view[sent:])
+                try:
+                    sent = raw.send(data)  # almost always all of it at once
+                    if sent < len(data):
+                        view = memoryview(data)
+                        while sent < len(view):
+                            sent += raw.send(view[sent:])
+                except (BlockingIOError, InterruptedError):
+                    pass  # the socket is full: the writer task sends the rest
                 return sent
 
             return socket_send
