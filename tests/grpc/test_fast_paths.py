@@ -15,11 +15,13 @@ from __future__ import annotations
 import struct
 
 import anyio
+import grpc
 import h2.events
 import h2.settings
 import hpack
+import pytest
 
-from nadisc.grpc import Channel
+from nadisc.grpc import Channel, RpcError
 from nadisc.grpc._channel import _TIMEOUT_LITERAL, _fixed_block
 
 from .support import Conn, h2_server
@@ -133,3 +135,38 @@ async def test_credit_comes_back_while_messages_are_read() -> None:
         with anyio.fail_after(20):
             got = [m async for m in channel.unary_stream(METHOD)(b"go", timeout=10)]
         assert len(got) == total and got[0] == b"m" * 1000
+
+
+async def test_a_written_stream_unary_call_keeps_its_response_for_every_await() -> None:
+    async with h2_server(answer) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        method = channel.stream_unary(METHOD)
+        with anyio.fail_after(10):
+            call = method(timeout=5)
+            await call.write(b"a")
+            await call.done_writing()
+            # The server answers three messages: more than one is INTERNAL, every time.
+            code = await call.code()
+            assert code == grpc.StatusCode.INTERNAL
+            for _ in range(2):
+                with pytest.raises(RpcError) as caught:
+                    await call
+                assert caught.value.code() == code
+        assert bytes(server.record.data[1]) == frame(b"a")
+
+
+async def test_code_before_the_await_of_a_written_call_keeps_the_response() -> None:
+    async def one(conn: Conn, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.StreamEnded):
+            sid = event.stream_id or 0
+            await conn.respond(sid)
+            await conn.data(sid, frame(b"only"))
+            await conn.trailers(sid)
+
+    async with h2_server(one) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        with anyio.fail_after(10):
+            call = channel.stream_unary(METHOD)(timeout=5)
+            await call.write(b"a")
+            await call.done_writing()
+            assert await call.code() == grpc.StatusCode.OK
+            assert await call == b"only"
+            assert await call == b"only"
