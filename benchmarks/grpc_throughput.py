@@ -22,8 +22,15 @@ per second). Clients, interleaved round by round in this one process:
 Each cell is the best round's wall-clock rate and, beside it, the client
 process's CPU time per call (``time.process_time`` over the round; for the
 stream row, per message). The server's CPU is in another process and in no
-number. Ratios: ours over grpclib and over grpcio.aio for each loop, and
-trio over asyncio.
+number. Ratios: ours over grpclib and over grpcio.aio for each loop, trio
+over asyncio, and CPU per call over grpclib's, each taken within a round
+(the clients of a round run back to back) and summed up as the median over
+the rounds with the lowest and highest round beside it: on a shared machine
+the best round of each client may come from different moments.
+
+Last, ``h2`` alone: the client CPU per unary call (and per stream message)
+that the channel's ``h2`` work costs by itself, in memory (:func:`h2_floor_us`),
+the floor under the channel's own per-call cost.
 
 Run: ``python -m benchmarks.grpc_throughput [--smoke] [--calls N] [--rounds R]``
 """
@@ -33,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -60,6 +68,18 @@ class Result:
     #: (row, client) -> client CPU microseconds per call (or message), of that best round
     cpu_us: dict[tuple[str, str], float] = field(default_factory=dict)
     rows: list[str] = field(default_factory=list)
+    #: (row, client) -> every round's (rate, CPU us); the ratios are taken round by round
+    per_round: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
+    #: h2's own CPU per unary call and per stream message, microseconds (see h2_floor_us)
+    h2_floor_us: tuple[float, float] = (0.0, 0.0)
+
+    def ratios(self, row: str, top: str, bottom: str, *, cpu: bool = False) -> list[float]:
+        """``top`` over ``bottom`` in each round (both ran in it, one after the other)."""
+        index = 1 if cpu else 0
+        return [
+            a[index] / b[index]
+            for a, b in zip(self.per_round[(row, top)], self.per_round[(row, bottom)], strict=True)
+        ]
 
 
 # -- the server (a subprocess) --------------------------------------------------
@@ -93,6 +113,100 @@ async def _serve() -> None:
     print(f"PORT {port}", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await server.stop(0)
+
+
+# -- the floor: h2's own work per call, alone ------------------------------------------
+
+
+def h2_floor_us(calls: int) -> tuple[float, float]:
+    """Client CPU microseconds per unary call spent in ``h2`` alone, and per stream message.
+
+    The channel's own ``h2`` connection class and settings, with an in-memory
+    ``h2`` server answering as grpcio does (headers, one message, trailers;
+    for the stream, 1,000 messages of 100 bytes in DATA frames). Only the
+    client side's calls are timed: opening the stream with the pre-encoded
+    header block, the request DATA, ``data_to_send``, ``receive_data`` of the
+    answer and the flow-control credit. No sockets, no event loop, no task.
+    """
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+
+    from nadisc.grpc._channel import _fixed_block
+    from nadisc.grpc._connection import _ClientH2
+
+    def client() -> _ClientH2:
+        config = h2.config.H2Configuration(
+            client_side=True,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            validate_inbound_headers=False,
+            normalize_inbound_headers=False,
+            normalize_outbound_headers=False,
+        )
+        conn = _ClientH2(config=config)
+        conn.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={
+                h2.settings.SettingCodes.ENABLE_PUSH: 0,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1024 * 1024,
+            },
+        )
+        conn.initiate_connection()
+        conn.increment_flow_control_window(8 * 1024 * 1024 - 65535)
+        return conn
+
+    server = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    server.initiate_connection()
+    ours = client()
+    ours.receive_data(server.data_to_send())
+    server.receive_data(ours.data_to_send())
+    ours.receive_data(server.data_to_send())
+    block = _fixed_block(
+        [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", UNARY.encode()),
+            (b":authority", b"127.0.0.1:1"),
+            (b"te", b"trailers"),
+            (b"content-type", b"application/grpc"),
+        ]
+    )
+    request = b"\0\0\0\0\x0a" + REQUEST
+    head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+
+    def answer(sent: bytes, sid: int, messages: int, size: int) -> bytes:
+        server.receive_data(sent)
+        server.send_headers(sid, head)
+        for _ in range(messages):
+            server.send_data(sid, b"\0\0\0\0" + bytes((size,)) + b"y" * size)
+        server.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+        return server.data_to_send()
+
+    def one(messages: int, size: int) -> float:
+        t0 = time.process_time()
+        sid = ours.get_next_available_stream_id()
+        ours.send_header_block(sid, block, authority=b"127.0.0.1:1", end_stream=False)
+        ours.send_data(sid, request, end_stream=True)
+        sent = ours.data_to_send()
+        spent = time.process_time() - t0
+        data = answer(sent, sid, messages, size)
+        t0 = time.process_time()
+        for event in ours.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                ours.acknowledge_received_data(event.flow_controlled_length or 0, sid)
+        credit = ours.data_to_send()
+        spent += time.process_time() - t0
+        server.receive_data(credit)
+        return spent
+
+    unary = sum(one(1, 10) for _ in range(calls)) / calls * 1e6
+    streams = max(1, calls // 200)
+    stream = sum(one(STREAM_MESSAGES, 100) for _ in range(streams)) / streams / STREAM_MESSAGES
+    return unary, stream * 1e6
 
 
 # -- clients ------------------------------------------------------------------------
@@ -204,7 +318,7 @@ def main(argv: list[str] | None = None) -> Result:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a few calls per row, one round")
     parser.add_argument("--calls", type=int, default=2048, help="unary calls per row and round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -222,10 +336,17 @@ def main(argv: list[str] | None = None) -> Result:
                 for client in CLIENTS:
                     rate, cpu = _measure(client, port, row, calls)
                     key = (row, client)
+                    result.per_round.setdefault(key, []).append((rate, cpu))
                     if rate > result.rate.get(key, 0.0):
                         result.rate[key] = rate
                         result.cpu_us[key] = cpu
     _print(result)
+    unary_floor, stream_floor = h2_floor_us(calls)
+    result.h2_floor_us = (unary_floor, stream_floor)
+    print(
+        f"h2 alone (the channel's h2 work, in memory, no I/O): {unary_floor:.0f} us of client "
+        f"CPU per unary call, {stream_floor:.1f} us per stream message"
+    )
     return result
 
 
@@ -247,21 +368,25 @@ def _print(result: Result) -> None:
         print(f"{row:<18}" + "".join(f"{c:>26}" for c in cells))
     print()
     print(
-        f"{'row':<18}{'trio/grpclib':>14}{'asyncio/grpclib':>17}{'trio/grpcio':>13}"
-        f"{'asyncio/grpcio':>16}{'trio/asyncio':>14}{'cpu asyncio/grpclib':>21}"
+        "ratios: the median over rounds of each round's ratio (lowest-highest round); "
+        "cpu is client CPU per call, lower is better"
     )
+    pairs = (
+        ("trio/grpclib", CLIENTS[0], "grpclib", False),
+        ("asyncio/grpclib", CLIENTS[1], "grpclib", False),
+        ("trio/grpcio", CLIENTS[0], "grpcio.aio", False),
+        ("asyncio/grpcio", CLIENTS[1], "grpcio.aio", False),
+        ("trio/asyncio", CLIENTS[0], CLIENTS[1], False),
+        ("cpu trio/grpclib", CLIENTS[0], "grpclib", True),
+        ("cpu asyncio/grpclib", CLIENTS[1], "grpclib", True),
+    )
+    print(f"{'row':<18}" + "".join(f"{name:>21}" for name, *_ in pairs))
     for row in result.rows:
-        r = {c: result.rate[(row, c)] for c in CLIENTS}
-        cpu = {c: result.cpu_us[(row, c)] for c in CLIENTS}
-        print(
-            f"{row:<18}"
-            f"{r[CLIENTS[0]] / r['grpclib']:>14.2f}"
-            f"{r[CLIENTS[1]] / r['grpclib']:>17.2f}"
-            f"{r[CLIENTS[0]] / r['grpcio.aio']:>13.2f}"
-            f"{r[CLIENTS[1]] / r['grpcio.aio']:>16.2f}"
-            f"{r[CLIENTS[0]] / r[CLIENTS[1]]:>14.2f}"
-            f"{cpu[CLIENTS[1]] / cpu['grpclib']:>21.2f}"
-        )
+        cells = []
+        for _, top, bottom, cpu in pairs:
+            ratios = result.ratios(row, top, bottom, cpu=cpu)
+            cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+        print(f"{row:<18}" + "".join(f"{c:>21}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import anyio
 import anyio.abc
 import grpc
 import grpc.aio
+import hpack
 from anyio.streams.tls import TLSAttribute
 
 from ._connection import Connection, Stream, Unprocessed
@@ -67,13 +68,31 @@ __all__ = [
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
+_Handle = TypeVar("_Handle", bound="_CallHandle[Any, Any]")
 
 _USER_AGENT = b"nadisc-grpc/0.1"
 _RETRIES = 2
+#: No message is waiting (a deserializer may return ``None`` itself).
+_NOTHING = object()
 
 
 def _identity(value: Any) -> Any:
     return value
+
+
+#: ``grpc-timeout`` as an HPACK literal without indexing (a new name, no Huffman);
+#: the value's length byte and the value follow (at most 9 bytes, under 127).
+_TIMEOUT_LITERAL = b"\x00\x0cgrpc-timeout"
+
+
+def _fixed_block(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """``headers`` HPACK-encoded as never-indexed fields: static-table references only.
+
+    The block adds nothing to the server's dynamic table and refers to no
+    entry of it, so it is valid at any point of any connection and can be
+    reused for every call.
+    """
+    return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(k, v) for k, v in headers])
 
 
 def _split_target(target: str) -> tuple[str, int]:
@@ -261,6 +280,7 @@ class Channel:
         return Connection(
             stream,
             name=self.target,
+            authority=self.authority.encode("ascii"),
             max_receive=self.max_receive,
             max_metadata_size=self.max_metadata,
             stream_window=self._stream_window,
@@ -328,7 +348,7 @@ class _MultiCallable(Generic[Req, Resp]):
         self._method = method
         self._serializer: Callable[[Req], bytes] = serializer or _identity
         self._deserializer: Callable[[bytes], Resp] = deserializer or _identity
-        self._base = [
+        base = [
             (b":method", b"POST"),
             (b":scheme", channel._scheme),
             (b":path", method.encode("ascii")),
@@ -338,14 +358,24 @@ class _MultiCallable(Generic[Req, Resp]):
             (b"user-agent", _USER_AGENT),
             (b"grpc-accept-encoding", b"identity,gzip"),
         ]
+        #: The fixed request headers, HPACK-encoded once (plain, gzip).
+        self._fixed = (_fixed_block(base), _fixed_block([*base, (b"grpc-encoding", b"gzip")]))
 
-    def _call_args(
+    def _start(
         self,
+        kind: type[_Handle],
         timeout: float | None,
         metadata: MetadataLike | None,
         credentials: Any,
         compression: grpc.Compression | None,
-    ) -> _Call[Req, Resp]:
+        *,
+        request: Any = _NOTHING,
+        requests: Iterable[Req] | AsyncIterable[Req] | None = None,
+    ) -> _Handle:
+        """Set up a call of any kind: check the arguments, encode the metadata, frame a
+        unary ``request`` now (a bad or oversized one raises here, nothing sent); the
+        stream opens when the caller first awaits the call or reads from it.
+        """
         if credentials is not None:
             raise ValueError(
                 f"{self._method}: per-call credentials are not supported "
@@ -356,7 +386,10 @@ class _MultiCallable(Generic[Req, Resp]):
         extra = encode_metadata(metadata, self._channel.max_metadata)
         if compression is None:
             compression = self._channel.compression
-        return _Call(self, timeout, extra, compression == grpc.Compression.Gzip)
+        call: _Call[Req, Resp] = _Call(self, timeout, extra, compression == grpc.Compression.Gzip)
+        if request is not _NOTHING:
+            return kind(call, call.frame(request), None, writable=False)
+        return kind(call, None, requests, writable=requests is None)
 
 
 class _Call(Generic[Req, Resp]):
@@ -383,19 +416,17 @@ class _Call(Generic[Req, Resp]):
         self._details: str = ""
         self._encoding: bytes | None = None
         self._sender_scope: anyio.CancelScope | None = None
+        self.started = False
         #: How many responses arrived compressed (the interop cases check it).
         self.compressed_received = 0
 
-    def _headers(self) -> list[tuple[bytes, bytes]]:
-        headers = list(self._owner._base)
+    def _fixed_headers(self) -> bytes:
+        """The HPACK block of every header but the metadata (no dynamic-table use)."""
+        block = self._owner._fixed[self._gzip]
         if self._header_deadline != math.inf:
-            headers.append(
-                (b"grpc-timeout", encode_timeout(self._header_deadline - anyio.current_time()))
-            )
-        if self._gzip:
-            headers.append((b"grpc-encoding", b"gzip"))
-        headers.extend(self._metadata)
-        return headers
+            timeout = encode_timeout(self._header_deadline - anyio.current_time())
+            block += _TIMEOUT_LITERAL + bytes((len(timeout),)) + timeout
+        return block
 
     def frame(self, request: Req) -> bytes:
         try:
@@ -427,14 +458,15 @@ class _Call(Generic[Req, Resp]):
         while True:
             conn = await self._channel.connection()
             try:
-                stream = await conn.open_stream(self._headers(), end=False)
+                stream = await conn.open_stream(self._fixed_headers(), self._metadata, body=first)
             except Unprocessed:
                 continue
             self.stream = stream
             if first is None:
                 return stream
             try:
-                await stream.send(first, end=True)
+                if not stream.local_ended:
+                    await stream.send(first, end=True)
                 await stream.wait_headers()
                 return stream
             except RpcError as exc:
@@ -448,14 +480,45 @@ class _Call(Generic[Req, Resp]):
                 self._finish_from_error()
                 raise
 
+    async def start(
+        self, first: bytes | None, requests: Iterable[Req] | AsyncIterable[Req] | None
+    ) -> None:
+        """Open the stream with the unary request ``first``, or start sending ``requests``
+        from a task of the channel (cancelled when the call ends).
+        """
+        self.started = True
+        try:
+            await self.open(first)
+        except RpcError as exc:
+            if self._code is None:
+                self._code = exc.code()
+                self._details = exc.details() or ""
+            raise
+        if requests is not None:
+            scope = anyio.CancelScope(deadline=self.deadline)
+            self._sender_scope = scope
+            self._channel.start_soon(self.send_all, requests, scope)
+
+    async def single(self) -> Resp:
+        """The one response of a unary-response call (INTERNAL for none or for more)."""
+        response = await self.read()
+        if response is grpc.aio.EOF:
+            self._code = grpc.StatusCode.INTERNAL
+            self._details = "the server sent no response message"
+            raise self._error()
+        if await self.read() is not grpc.aio.EOF:
+            self.abort(grpc.StatusCode.INTERNAL, "the server sent more than one response")
+            raise self._error()
+        return response
+
     def _finish_from_error(self) -> None:
         stream = self.stream
         if stream is not None and stream.error is not None and self._code is None:
             self._code = stream.error.code()
             self._details = stream.error.details() or ""
 
-    async def read(self) -> Resp | None:
-        """The next response, or ``None`` after the status arrived (raised unless OK)."""
+    async def read(self) -> Resp | Any:
+        """The next response, or ``grpc.aio.EOF`` after the status arrived (raised unless OK)."""
         stream = self.stream
         assert stream is not None
         try:
@@ -468,7 +531,22 @@ class _Call(Generic[Req, Resp]):
             raise self._error(exc) from None
         if item is None:
             self._finish()
-            return None
+            return grpc.aio.EOF
+        return self._decode(item)
+
+    def buffered(self) -> Resp | object:
+        """The next response when it has already arrived, else ``_NOTHING`` (synchronous).
+
+        A streaming reader takes what the reader task queued without a
+        cancel scope or a task switch per message; the deadline still holds.
+        """
+        stream = self.stream
+        if stream is None or self._initial is None or self.deadline <= anyio.current_time():
+            return _NOTHING
+        item = stream.take()
+        return _NOTHING if item is None else self._decode(item)
+
+    def _decode(self, item: tuple[bool, bytes]) -> Resp:
         compressed, payload = item
         if compressed:
             self.compressed_received += 1
@@ -611,89 +689,21 @@ def _deadline_error(call: _Call[Any, Any]) -> RpcError:
     return call._error()
 
 
-class _UnaryResponseCall(Generic[Req, Resp]):
-    """An awaitable unary-response call (``UnaryUnaryCall`` / ``StreamUnaryCall``)."""
-
-    def __init__(self, call: _Call[Req, Resp], body: Callable[[], Any]) -> None:
-        self._call = call
-        self._body = body
-        self._result: Resp | None = None
-        self._ran = False
-        self._error: RpcError | None = None
-
-    def __await__(self) -> Generator[Any, None, Resp]:
-        return self._run().__await__()
-
-    async def _run(self) -> Resp:
-        if self._ran:
-            if self._error is not None:
-                raise self._error
-            return self._result  # type: ignore[return-value]
-        self._ran = True
-        call = self._call
-        try:
-            with anyio.CancelScope(deadline=call.deadline):
-                result: Resp = await self._body()
-                self._result = result
-                return result
-            self._error = _deadline_error(call)
-            raise self._error
-        except RpcError as exc:
-            self._error = exc
-            raise
-        except BaseException:
-            call.abort(grpc.StatusCode.CANCELLED, "the caller was cancelled")
-            raise
-        finally:
-            call.release()
-
-    async def initial_metadata(self) -> grpc.aio.Metadata:
-        await self._settle()
-        return self._call._initial or grpc.aio.Metadata()
-
-    async def trailing_metadata(self) -> grpc.aio.Metadata:
-        await self._settle()
-        return self._call._trailing or grpc.aio.Metadata()
-
-    async def code(self) -> grpc.StatusCode:
-        await self._settle()
-        return self._call._code or grpc.StatusCode.UNKNOWN
-
-    async def details(self) -> str:
-        await self._settle()
-        return self._call._details
-
-    async def _settle(self) -> None:
-        with contextlib.suppress(RpcError):
-            await self._run()
-
-    def cancel(self) -> bool:
-        if self._call.done:
-            return False
-        self._call.abort(grpc.StatusCode.CANCELLED, "cancelled by the caller")
-        self._ran = True
-        self._error = self._call._error()
-        return True
-
-    def done(self) -> bool:
-        return self._call.done
-
-
-class _StreamResponseCall(Generic[Req, Resp]):
-    """A streaming-response call (``UnaryStreamCall`` / ``StreamStreamCall``)."""
+class _CallHandle(Generic[Req, Resp]):
+    """What the caller holds: one :class:`_Call`, started on first use, under its deadline."""
 
     def __init__(
         self,
         call: _Call[Req, Resp],
-        request: Req | None,
+        first: bytes | None,
         requests: Iterable[Req] | AsyncIterable[Req] | None,
-        streaming_request: bool,
+        writable: bool,
     ) -> None:
         self._call = call
-        self._request = request
+        self._first = first
         self._requests = requests
-        self._streaming_request = streaming_request
-        self._started = False
+        #: A stream-request call made without an iterator: write() and done_writing().
+        self._writable = writable
 
     def __del__(self) -> None:
         call = self.__dict__.get("_call")
@@ -702,13 +712,19 @@ class _StreamResponseCall(Generic[Req, Resp]):
                 call.release()
 
     async def _guard(self, fn: Callable[[], Any]) -> Any:
+        """Start the call if need be, then ``fn()``, both within the call's deadline.
+
+        The deadline is DEADLINE_EXCEEDED; any other cancellation of the
+        caller aborts the call (CANCELLED) and goes on; an ``RpcError``
+        releases the stream.
+        """
         call = self._call
         try:
             if call.deadline <= anyio.current_time():
                 raise _deadline_error(call)
             with anyio.CancelScope(deadline=call.deadline):
-                if not self._started:
-                    await self._start()
+                if not call.started:
+                    await call.start(self._first, self._requests)
                 return await fn()
             raise _deadline_error(call)
         except RpcError:
@@ -718,39 +734,9 @@ class _StreamResponseCall(Generic[Req, Resp]):
             call.abort(grpc.StatusCode.CANCELLED, "the caller was cancelled")
             raise
 
-    async def _start(self) -> None:
-        self._started = True
-        call = self._call
-        if not self._streaming_request:
-            await call.open(call.frame(self._request))  # type: ignore[arg-type]
-            return
-        await call.open()
-        if self._requests is not None:
-            scope = anyio.CancelScope(deadline=call.deadline)
-            call._sender_scope = scope
-            call._channel.start_soon(call.send_all, self._requests, scope)
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Resp:
-        message = await self.read()
-        if message is grpc.aio.EOF:
-            raise StopAsyncIteration
-        return message
-
-    async def read(self) -> Resp | Any:
-        """The next response, or ``grpc.aio.EOF``; raises ``RpcError`` unless the status is OK."""
-        if self._call.done and self._call._code == grpc.StatusCode.OK:
-            return grpc.aio.EOF
-        if self._call.done:
-            raise self._call._error()
-        message = await self._guard(self._call.read)
-        return grpc.aio.EOF if message is None else message
-
     async def write(self, request: Req) -> None:
-        """Send one request (stream-request calls made without an iterator)."""
-        if not self._streaming_request or self._requests is not None:
+        """Send one request (stream-request calls made without a request iterator)."""
+        if not self._writable:
             raise RuntimeError(
                 "write() is for stream-request calls made without a request iterator"
             )
@@ -769,6 +755,101 @@ class _StreamResponseCall(Generic[Req, Resp]):
 
         await self._guard(end)
 
+    async def _settle(self) -> None:
+        """Until the call has its status (a response read, or every response)."""
+        raise NotImplementedError
+
+    async def trailing_metadata(self) -> grpc.aio.Metadata:
+        await self._settle()
+        return self._call._trailing or grpc.aio.Metadata()
+
+    async def code(self) -> grpc.StatusCode:
+        await self._settle()
+        return self._call._code or grpc.StatusCode.UNKNOWN
+
+    async def details(self) -> str:
+        await self._settle()
+        return self._call._details
+
+    def cancel(self) -> bool:
+        if self._call.done:
+            return False
+        self._call.abort(grpc.StatusCode.CANCELLED, "cancelled by the caller")
+        return True
+
+    def done(self) -> bool:
+        return self._call.done
+
+
+class _UnaryResponseCall(_CallHandle[Req, Resp]):
+    """An awaitable unary-response call (``UnaryUnaryCall`` / ``StreamUnaryCall``).
+
+    Awaiting it again gives the same response (or raises the same error);
+    the metadata and status accessors wait for it.
+    """
+
+    #: The response (in a 1-tuple) or the error, once the call ended.
+    _outcome: tuple[Resp] | RpcError | None = None
+
+    def __await__(self) -> Generator[Any, None, Resp]:
+        return self._result().__await__()
+
+    async def _result(self) -> Resp:
+        outcome = self._outcome
+        if outcome is None:
+            try:
+                outcome = (await self._guard(self._call.single),)
+            except RpcError as exc:
+                outcome = exc
+            self._outcome = outcome
+        if isinstance(outcome, RpcError):
+            raise outcome
+        return outcome[0]
+
+    async def _settle(self) -> None:
+        with contextlib.suppress(RpcError):
+            await self._result()
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        await self._settle()
+        return self._call._initial or grpc.aio.Metadata()
+
+    def cancel(self) -> bool:
+        if not super().cancel():
+            return False
+        self._outcome = self._call._error()
+        return True
+
+
+class _StreamResponseCall(_CallHandle[Req, Resp]):
+    """A streaming-response call (``UnaryStreamCall`` / ``StreamStreamCall``)."""
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Resp:
+        message = await self.read()
+        if message is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return message
+
+    async def read(self) -> Resp | Any:
+        """The next response, or ``grpc.aio.EOF``; raises ``RpcError`` unless the status is OK."""
+        call = self._call
+        if call.done and call._code == grpc.StatusCode.OK:
+            return grpc.aio.EOF
+        if call.done:
+            raise call._error()
+        if call.started:
+            try:
+                message = call.buffered()
+            except RpcError:
+                call.release()
+                raise
+            if message is not _NOTHING:
+                return message
+        return await self._guard(call.read)
+
     async def initial_metadata(self) -> grpc.aio.Metadata:
         call = self._call
 
@@ -783,51 +864,12 @@ class _StreamResponseCall(Generic[Req, Resp]):
     async def wait_for_connection(self) -> None:
         await self.initial_metadata()
 
-    async def _drain(self) -> None:
+    async def _settle(self) -> None:
         try:
             while await self.read() is not grpc.aio.EOF:
                 pass
         except RpcError:
             pass
-
-    async def trailing_metadata(self) -> grpc.aio.Metadata:
-        await self._drain()
-        return self._call._trailing or grpc.aio.Metadata()
-
-    async def code(self) -> grpc.StatusCode:
-        await self._drain()
-        return self._call._code or grpc.StatusCode.UNKNOWN
-
-    async def details(self) -> str:
-        await self._drain()
-        return self._call._details
-
-    def cancel(self) -> bool:
-        if self._call.done:
-            return False
-        self._call.abort(grpc.StatusCode.CANCELLED, "cancelled by the caller")
-        return True
-
-    def done(self) -> bool:
-        return self._call.done
-
-
-class _WritableUnaryCall(_StreamResponseCall[Req, Resp]):
-    """A stream-unary call made without an iterator: ``write()``, ``done_writing()``, await."""
-
-    def __await__(self) -> Generator[Any, None, Resp]:
-        return self._single().__await__()
-
-    async def _single(self) -> Resp:
-        first = await self.read()
-        if first is grpc.aio.EOF:
-            self._call._code = grpc.StatusCode.INTERNAL
-            self._call._details = "the server sent no response message"
-            raise self._call._error()
-        if await self.read() is not grpc.aio.EOF:
-            self._call.abort(grpc.StatusCode.INTERNAL, "the server sent more than one response")
-            raise self._call._error()
-        return first
 
 
 class UnaryUnaryMultiCallable(_MultiCallable[Req, Resp]):
@@ -841,22 +883,9 @@ class UnaryUnaryMultiCallable(_MultiCallable[Req, Resp]):
         wait_for_ready: bool | None = None,
         compression: grpc.Compression | None = None,
     ) -> _UnaryResponseCall[Req, Resp]:
-        call = self._call_args(timeout, metadata, credentials, compression)
-        frame = call.frame(request)
-
-        async def body() -> Resp:
-            await call.open(frame)
-            response = await call.read()
-            if response is None:
-                call._code = grpc.StatusCode.INTERNAL
-                call._details = "the server sent no response message"
-                raise call._error()
-            if await call.read() is not None:
-                call.abort(grpc.StatusCode.INTERNAL, "the server sent more than one response")
-                raise call._error()
-            return response
-
-        return _UnaryResponseCall(call, body)
+        return self._start(
+            _UnaryResponseCall, timeout, metadata, credentials, compression, request=request
+        )
 
 
 class StreamUnaryMultiCallable(_MultiCallable[Req, Resp]):
@@ -869,39 +898,15 @@ class StreamUnaryMultiCallable(_MultiCallable[Req, Resp]):
         credentials: Any = None,
         wait_for_ready: bool | None = None,
         compression: grpc.Compression | None = None,
-    ) -> _UnaryResponseCall[Req, Resp] | _WritableUnaryCall[Req, Resp]:
-        call = self._call_args(timeout, metadata, credentials, compression)
-        if request_iterator is None:
-            return _WritableUnaryCall(call, None, None, streaming_request=True)
-
-        async def body() -> Resp:
-            await call.open()
-            scope = anyio.CancelScope(deadline=call.deadline)
-            call._sender_scope = scope
-            result: list[Resp] = []
-            failure: list[RpcError] = []
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(call.send_all, request_iterator, scope)
-                try:
-                    response = await call.read()
-                    if response is None:
-                        call._code = grpc.StatusCode.INTERNAL
-                        call._details = "the server sent no response message"
-                        raise call._error()
-                    if await call.read() is not None:
-                        call.abort(
-                            grpc.StatusCode.INTERNAL, "the server sent more than one response"
-                        )
-                        raise call._error()
-                    result.append(response)
-                except RpcError as exc:
-                    failure.append(exc)
-                scope.cancel()
-            if failure:
-                raise failure[0]
-            return result[0]
-
-        return _UnaryResponseCall(call, body)
+    ) -> _UnaryResponseCall[Req, Resp]:
+        return self._start(
+            _UnaryResponseCall,
+            timeout,
+            metadata,
+            credentials,
+            compression,
+            requests=request_iterator,
+        )
 
 
 class UnaryStreamMultiCallable(_MultiCallable[Req, Resp]):
@@ -915,8 +920,9 @@ class UnaryStreamMultiCallable(_MultiCallable[Req, Resp]):
         wait_for_ready: bool | None = None,
         compression: grpc.Compression | None = None,
     ) -> _StreamResponseCall[Req, Resp]:
-        call = self._call_args(timeout, metadata, credentials, compression)
-        return _StreamResponseCall(call, request, None, streaming_request=False)
+        return self._start(
+            _StreamResponseCall, timeout, metadata, credentials, compression, request=request
+        )
 
 
 class StreamStreamMultiCallable(_MultiCallable[Req, Resp]):
@@ -930,5 +936,11 @@ class StreamStreamMultiCallable(_MultiCallable[Req, Resp]):
         wait_for_ready: bool | None = None,
         compression: grpc.Compression | None = None,
     ) -> _StreamResponseCall[Req, Resp]:
-        call = self._call_args(timeout, metadata, credentials, compression)
-        return _StreamResponseCall(call, None, request_iterator, streaming_request=True)
+        return self._start(
+            _StreamResponseCall,
+            timeout,
+            metadata,
+            credentials,
+            compression,
+            requests=request_iterator,
+        )

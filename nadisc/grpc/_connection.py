@@ -4,9 +4,11 @@ Contract: a :class:`Connection` is run by its channel's task group
 (:meth:`Connection.run`: a reader, a writer and, when asked, a keepalive
 task; nothing else). Callers open :class:`Stream` objects on it from their
 own tasks, and every wire action a caller takes is a synchronous change to
-the ``h2`` state followed by :meth:`Connection.kick`, which wakes the writer.
-So a cancelled caller never leaves half a frame on the wire, and releasing a
-stream (RST_STREAM(CANCEL) when it is still open) needs no ``await``.
+the ``h2`` state followed by :meth:`Connection.flush`, which sends the frames
+from the caller's task when the socket takes them at once (no task switch)
+and leaves the rest to the writer. So a cancelled caller never leaves half a
+frame on the wire, and releasing a stream (RST_STREAM(CANCEL) when it is
+still open) needs no ``await``.
 
 Flow control: each stream advertises ``stream_window`` bytes and the
 connection ``connection_window``. Credit goes back as the caller takes
@@ -28,9 +30,11 @@ GOAWAY (so the frames of the streams that may still finish would be refused);
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
-from collections.abc import Iterable
+import socket
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
@@ -41,7 +45,10 @@ import h2.connection
 import h2.events
 import h2.exceptions
 import h2.settings
+import h2.stream
+from anyio.abc import SocketAttribute
 from h2.errors import ErrorCodes
+from hyperframe.frame import ContinuationFrame, Frame, HeadersFrame
 
 from ._errors import RpcError, code_from_reset
 from ._wire import Deframer
@@ -51,7 +58,15 @@ __all__ = ["Connection", "Stream", "Unprocessed"]
 #: Bytes queued for the writer past which a sender waits for it to drain.
 _HIGH_WATER = 256 * 1024
 _READ_SIZE = 256 * 1024
+#: Credit for messages taken is given back in steps of this much while more
+#: messages are queued (one WINDOW_UPDATE check per step, not per message).
+_CREDIT_BATCH = 16 * 1024
 _PING_DATA = b"nadiscKA"
+#: Up to this many streams open, a flush sends from the calling task. With more,
+#: the writer task sends for all of them at once: the calls a batch of responses
+#: woke queue their frames in the same turn of the loop, and one send carries
+#: them all (a send per call costs more than the one task switch).
+_DIRECT_STREAMS = 2
 
 
 class Unprocessed(Exception):
@@ -59,18 +74,101 @@ class Unprocessed(Exception):
 
 
 class _ClientH2(h2.connection.H2Connection):
-    """``h2`` that lets streams below a received GOAWAY's last id finish."""
+    """``h2`` that lets streams below a received GOAWAY's last id finish, and that
+    opens a stream from a header block its caller encoded (:meth:`send_header_block`).
+    """
+
+    _forget_at = 64
 
     def _receive_goaway_frame(self, frame: Any) -> Any:
         result = super()._receive_goaway_frame(frame)
         self.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
         return result
 
+    def send_header_block(
+        self, stream_id: int, block: bytes, *, authority: bytes, end_stream: bool
+    ) -> None:
+        """Open ``stream_id`` with a request's HPACK ``block``, as ``send_headers`` would.
+
+        ``send_headers`` normalizes, checks and HPACK-encodes every header of
+        every request; a channel's request headers are the same on every call
+        but for the deadline and the metadata, so the channel encodes the fixed
+        part once (with no dynamic-table entries, which keeps it valid on every
+        connection) and the rest with :attr:`encoder`, then hands the block
+        here. The caller keeps to the peer's stream limit itself (``h2``'s own
+        check walks every stream); closed streams are dropped here now and
+        then, as that check would.
+        """
+        self.state_machine.process_input(h2.connection.ConnectionInputs.SEND_HEADERS)
+        stream = self._get_or_create_stream(stream_id, h2.connection.AllowedStreamIDs.ODD)
+        stream.state_machine.process_input(h2.stream.StreamInputs.SEND_HEADERS)
+        stream.request_method = b"POST"
+        stream._authority = authority
+        size = self.max_outbound_frame_size
+        first = HeadersFrame(stream_id)
+        first.data = block[:size]
+        frames: list[Frame] = [first]
+        for start in range(size, len(block), size):
+            more = ContinuationFrame(stream_id)
+            more.data = block[start : start + size]
+            frames.append(more)
+        frames[-1].flags.add("END_HEADERS")
+        if end_stream:
+            stream.state_machine.process_input(h2.stream.StreamInputs.SEND_END_STREAM)
+            first.flags.add("END_STREAM")
+        self._prepare_for_sending(frames)
+        if len(self.streams) > self._forget_at:
+            self._open_streams(stream_id % 2)  # drops closed streams
+            self._forget_at = 2 * len(self.streams) + 64
+
+
+def _direct_sender(byte_stream: anyio.abc.ByteStream) -> Callable[[bytes], int] | None:
+    """A synchronous send of what the socket takes now (bytes taken), or ``None``.
+
+    A caller that hands its frames to a writer task pays a task switch per
+    flush; writing them from the caller's own task, without an ``await``,
+    cannot leave half a frame behind when the caller is cancelled. That needs
+    a send that never blocks: asyncio's transport (anyio's plain TCP stream
+    writes to it too, and it buffers what the socket does not take) while it
+    is not paused, or the non-blocking socket under trio. TLS streams (and
+    anything else) return ``None``: their frames go through the writer task.
+    """
+    transport = getattr(byte_stream, "_transport", None)
+    protocol: Any = getattr(byte_stream, "_protocol", None)
+    if isinstance(transport, asyncio.WriteTransport) and hasattr(protocol, "write_event"):
+
+        def transport_send(data: bytes) -> int:
+            if not protocol.write_event.is_set():
+                return 0  # paused: the writer task waits for the transport
+            transport.write(data)
+            return len(data)
+
+        return transport_send
+    if type(byte_stream).__module__.endswith("._trio"):
+        raw = byte_stream.extra(SocketAttribute.raw_socket, None)
+        if isinstance(raw, socket.socket) and not raw.getblocking():
+
+            def socket_send(data: bytes) -> int:
+                sent = 0
+                try:
+                    sent = raw.send(data)  # almost always all of it at once
+                    if sent < len(data):
+                        view = memoryview(data)
+                        while sent < len(view):
+                            sent += raw.send(view[sent:])
+                except (BlockingIOError, InterruptedError):
+                    pass  # the socket is full: the writer task sends the rest
+                return sent
+
+            return socket_send
+    return None
+
 
 class Stream:
     """The client side of one HTTP/2 stream; only its call uses it."""
 
     __slots__ = (
+        "_owed",
         "_read_wake",
         "_send_wake",
         "closed",
@@ -97,17 +195,27 @@ class Stream:
         self.error: RpcError | None = None
         self.unprocessed = False
         self.closed = False
-        self._read_wake = anyio.Event()
-        self._send_wake = anyio.Event()
+        #: Credit for messages taken and not yet given back (see _give_back).
+        self._owed = 0
+        # Made when the call waits (most calls never wait to send).
+        self._read_wake: anyio.Event | None = None
+        self._send_wake: anyio.Event | None = None
 
     # -- reader side (called by the connection) ------------------------------
 
     def wake(self) -> None:
-        self._read_wake.set()
-        self._send_wake.set()
+        if self._read_wake is not None:
+            self._read_wake.set()
+        if self._send_wake is not None:
+            self._send_wake.set()
+
+    def wake_reader(self) -> None:
+        if self._read_wake is not None:
+            self._read_wake.set()
 
     def wake_sender(self) -> None:
-        self._send_wake.set()
+        if self._send_wake is not None:
+            self._send_wake.set()
 
     def fail(self, error: RpcError, *, reset: bool) -> None:
         """End the stream with ``error``; with ``reset``, RST_STREAM(CANCEL) it on the wire."""
@@ -129,9 +237,28 @@ class Stream:
                     "the server ended the stream without response headers",
                     where=self.conn.name,
                 )
-            self._read_wake = anyio.Event()
-            await self._read_wake.wait()
+            self._read_wake = wake = anyio.Event()
+            await wake.wait()
         return self.headers
+
+    def take(self) -> tuple[bool, bytes] | None:
+        """A message already received, if there is one (synchronous; its credit goes back)."""
+        messages = self.deframer.messages
+        if not messages or self.error is not None:
+            return None
+        compressed, payload, owed = messages.popleft()
+        self._give_back(owed, more=bool(messages))
+        return compressed, payload
+
+    def _give_back(self, owed: int, *, more: bool) -> None:
+        """Credit for a message taken: gathered while more are queued, up to
+        ``_CREDIT_BATCH``; all of it once the queue is empty (before any wait)."""
+        owed += self._owed
+        if owed and (not more or owed >= _CREDIT_BATCH):
+            self._owed = 0
+            self.conn.credit(self.id, owed)
+        else:
+            self._owed = owed
 
     async def next_message(self) -> tuple[bool, bytes] | None:
         """The next (compressed, payload), or ``None`` once the server ended the stream."""
@@ -139,8 +266,7 @@ class Stream:
         while True:
             if messages:
                 compressed, payload, owed = messages.popleft()
-                if owed:
-                    self.conn.credit(self.id, owed)
+                self._give_back(owed, more=bool(messages))
                 return compressed, payload
             if self.error is not None:
                 raise self.error
@@ -152,11 +278,16 @@ class Stream:
                         where=self.conn.name,
                     )
                 return None
-            self._read_wake = anyio.Event()
-            await self._read_wake.wait()
+            self._read_wake = wake = anyio.Event()
+            await wake.wait()
 
     async def send(self, data: bytes, *, end: bool) -> None:
-        """Send DATA within the peer's windows; returns early if the server already ended."""
+        """Send DATA within the peer's windows; returns early if the server already ended.
+
+        The frames queued in one pass go out in one flush (before a wait, at
+        the end, or past ``_HIGH_WATER``, where the sender also waits for
+        the writer).
+        """
         conn = self.conn
         h2c = conn.h2
         view = memoryview(data)
@@ -169,24 +300,25 @@ class Stream:
                 if end:
                     h2c.end_stream(self.id)
                     self.local_ended = True
-                    conn.kick()
+                conn.flush()
                 return
             window = min(h2c.local_flow_control_window(self.id), h2c.max_outbound_frame_size)
             if window <= 0:
-                self._send_wake = anyio.Event()
-                await self._send_wake.wait()
+                conn.flush()
+                self._send_wake = wake = anyio.Event()
+                await wake.wait()
                 continue
             chunk = view[:window]
             view = view[window:]
             last = end and not view
             h2c.send_data(self.id, chunk.tobytes(), end_stream=last)
+            conn.queued += len(chunk)
             if last:
                 self.local_ended = True
-            conn.queued += len(chunk)
-            conn.kick()
-            if last:
+                conn.flush()
                 return
             if conn.queued > _HIGH_WATER:
+                conn.flush()
                 await conn.drained()
 
     def release(self) -> None:
@@ -196,7 +328,8 @@ class Stream:
         self.closed = True
         if not (self.remote_ended and self.local_ended):
             self._reset(ErrorCodes.NO_ERROR if self.remote_ended else ErrorCodes.CANCEL)
-        owed = sum(owed for _, _, owed in self.deframer.messages)
+        owed = self._owed + sum(owed for _, _, owed in self.deframer.messages)
+        self._owed = 0
         self.deframer.messages.clear()
         if owed:
             self.conn.credit(self.id, owed)
@@ -212,7 +345,7 @@ class Stream:
         except h2.exceptions.H2Error:
             return
         self.remote_ended = self.local_ended = True
-        conn.kick()
+        conn.flush()
 
 
 class Connection:
@@ -223,6 +356,7 @@ class Connection:
         byte_stream: anyio.abc.ByteStream,
         *,
         name: str,
+        authority: bytes,
         max_receive: int,
         max_metadata_size: int,
         stream_window: int,
@@ -233,10 +367,16 @@ class Connection:
     ) -> None:
         self.name = name
         self._byte_stream = byte_stream
+        # Inbound headers are not checked or normalized by h2 (a walk over every
+        # header of every response): the channel reads only the few it knows
+        # by their lowercase names, so a malformed block is a typed error of its
+        # call (no grpc-status: UNKNOWN or INTERNAL), not of the connection.
         config = h2.config.H2Configuration(
             client_side=True,
             header_encoding=None,
             validate_outbound_headers=False,
+            validate_inbound_headers=False,
+            normalize_inbound_headers=False,
             normalize_outbound_headers=False,
         )
         self.h2 = _ClientH2(config=config)
@@ -253,12 +393,20 @@ class Connection:
             self.h2.increment_flow_control_window(connection_window - 65535)
         self._max_receive = max_receive
         self._max_metadata = max_metadata_size
+        self._authority = authority
         self.streams: dict[int, Stream] = {}
         self.draining = False
         self.closed = False
         #: The GOAWAY said ENHANCE_YOUR_CALM / too_many_pings: the channel backs off.
         self.too_many_pings = False
+        #: Bytes of DATA handed to ``h2`` or to the writer and not yet on the socket.
         self.queued = 0
+        self._send_now = _direct_sender(byte_stream)
+        #: Bytes the socket did not take at once; the writer task sends them.
+        self._pending = b""
+        self._writing = False
+        #: The server changed SETTINGS_HEADER_TABLE_SIZE: the next block says so first.
+        self._table_update_due = False
         self._flush_wanted = anyio.Event()
         self._drained = anyio.Event()
         self._slot_freed = anyio.Event()
@@ -270,7 +418,7 @@ class Connection:
         self._failure: RpcError | None = None
         self._closing = False
         self.done = anyio.Event()
-        self.kick()
+        self._flush_wanted.set()  # the preface and SETTINGS, once the writer runs
 
     # -- used by streams -----------------------------------------------------
 
@@ -278,8 +426,38 @@ class Connection:
     def usable(self) -> bool:
         return not (self.closed or self.draining)
 
-    def kick(self) -> None:
-        self._flush_wanted.set()
+    def flush(self) -> None:
+        """Put what ``h2`` has queued on the wire (synchronous).
+
+        From the calling task when the socket takes it at once (one send for
+        all the frames a call queued); what it does not take, and everything
+        on a connection without a direct send (TLS), goes to the writer task.
+        Bytes already waiting for the writer go first, so the order holds.
+        """
+        send_now = self._send_now
+        if (
+            send_now is None
+            or self._writing
+            or self._pending
+            or self.closed
+            or len(self.streams) > _DIRECT_STREAMS
+        ):
+            self._flush_wanted.set()
+            return
+        data = self.h2.data_to_send()
+        if not data:
+            return
+        try:
+            sent = send_now(data)
+        except (OSError, RuntimeError) as exc:
+            self._lost(f"sending failed: {type(exc).__name__}")
+            return
+        if sent < len(data):
+            self._pending = data[sent:]
+            self.queued = len(self._pending)
+            self._flush_wanted.set()
+        else:
+            self.queued = 0
 
     async def drained(self) -> None:
         if self.queued > 0 and not self.closed:
@@ -290,7 +468,7 @@ class Connection:
         if self.closed:
             return
         self.h2.acknowledge_received_data(amount, stream_id)
-        self.kick()
+        self.flush()
 
     def forget(self, stream: Stream) -> None:
         if self.streams.pop(stream.id, None) is not None:
@@ -299,20 +477,47 @@ class Connection:
             if self.draining and not self.streams:
                 self.close()
 
-    async def open_stream(self, headers: list[tuple[bytes, bytes]], *, end: bool) -> Stream:
-        """A new stream with ``headers`` sent; waits for a concurrency slot first."""
+    async def open_stream(
+        self,
+        fixed: bytes,
+        metadata: list[tuple[bytes, bytes]],
+        *,
+        body: bytes | None = None,
+    ) -> Stream:
+        """A new stream with its request headers sent; waits for a concurrency slot first.
+
+        ``fixed`` is an HPACK block that uses no dynamic-table entry (the
+        multicallable's fixed headers and the call's ``grpc-timeout``);
+        ``metadata`` is encoded here, with this connection's encoder, right
+        before the block is queued (blocks must reach the server in the order
+        they were encoded). With ``body`` (a whole unary request) the request
+        is sent too and the stream ended, in the same flush, when the
+        windows take it at once; else :attr:`Stream.local_ended` stays false
+        and the caller sends ``body`` with :meth:`Stream.send`.
+        """
         while True:
             if not self.usable:
                 raise Unprocessed
             if len(self.streams) < self.h2.remote_settings.max_concurrent_streams:
                 break
             await self._slot_freed.wait()
-        stream_id = self.h2.get_next_available_stream_id()
+        h2c = self.h2
+        stream_id = h2c.get_next_available_stream_id()
         stream = Stream(self, stream_id, self._max_receive)
         self.streams[stream_id] = stream
-        self.h2.send_headers(stream_id, headers, end_stream=end)
-        stream.local_ended = end
-        self.kick()
+        block = fixed
+        if self._table_update_due:
+            self._table_update_due = False
+            block = h2c.encoder.encode([]) + block
+        if metadata:
+            block += h2c.encoder.encode(metadata)
+        h2c.send_header_block(stream_id, block, authority=self._authority, end_stream=False)
+        if body is not None and len(body) <= min(
+            h2c.local_flow_control_window(stream_id), h2c.max_outbound_frame_size
+        ):
+            h2c.send_data(stream_id, body, end_stream=True)
+            stream.local_ended = True
+        self.flush()
         return stream
 
     def close(self) -> None:
@@ -322,12 +527,13 @@ class Connection:
         self.draining = True
         with contextlib.suppress(h2.exceptions.H2Error):
             self.h2.close_connection()
-        self.kick()
         self._fail_all(
             RpcError(grpc.StatusCode.UNAVAILABLE, "the channel was closed", where=self.name)
         )
-        # The writer sends the GOAWAY, then the run ends.
+        # The GOAWAY goes out (here or by the writer), then the writer ends the run.
         self._closing = True
+        self.flush()
+        self._flush_wanted.set()
 
     # -- the tasks -----------------------------------------------------------
 
@@ -370,14 +576,18 @@ class Connection:
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted = anyio.Event()
-            data = self.h2.data_to_send()
+            data = self._pending + self.h2.data_to_send()
+            self._pending = b""
             self.queued = 0
             if data:
+                self._writing = True
                 try:
                     await send(data)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                     self._lost(f"sending failed: {type(exc).__name__}")
                     return
+                finally:
+                    self._writing = False
             self._drained.set()
             if self._closing:
                 self.closed = True
@@ -398,14 +608,14 @@ class Connection:
             try:
                 events = self.h2.receive_data(data)
             except h2.exceptions.ProtocolError as exc:
-                self.kick()
+                self.flush()  # h2's GOAWAY, if the socket takes it
                 self._lost(
                     f"the server broke the HTTP/2 protocol ({type(exc).__name__})",
                     grpc.StatusCode.INTERNAL,
                 )
                 return
             self._dispatch(events)
-            self.kick()
+            self.flush()
 
     def _dispatch(self, events: Iterable[h2.events.Event]) -> None:
         streams = self.streams
@@ -426,14 +636,14 @@ class Connection:
                     stream.fail(exc, reset=True)
                 if credit:
                     self.h2.acknowledge_received_data(credit, sid)
-                stream._read_wake.set()
+                stream.wake_reader()
             elif isinstance(event, h2.events.ResponseReceived):
                 stream = streams.get(event.stream_id or 0)
                 if stream is not None and self._headers_fit(stream, event.headers):
                     stream.headers = list(event.headers or ())
                     if event.stream_ended is not None:
                         stream.trailers = stream.headers
-                    stream._read_wake.set()
+                    stream.wake_reader()
             elif isinstance(event, h2.events.TrailersReceived):
                 stream = streams.get(event.stream_id or 0)
                 if stream is not None and self._headers_fit(stream, event.headers):
@@ -472,6 +682,8 @@ class Connection:
                     if stream is not None:
                         stream.wake_sender()
             elif isinstance(event, h2.events.RemoteSettingsChanged):
+                if h2.settings.SettingCodes.HEADER_TABLE_SIZE in event.changed_settings:
+                    self._table_update_due = True
                 for stream in streams.values():
                     stream.wake_sender()
                 self._slot_freed.set()
@@ -526,7 +738,7 @@ class Connection:
                 continue
             self._ping_acked = anyio.Event()
             self.h2.ping(_PING_DATA)
-            self.kick()
+            self.flush()
             with anyio.move_on_after(self._keepalive_timeout):
                 await self._ping_acked.wait()
                 continue

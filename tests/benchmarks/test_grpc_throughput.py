@@ -16,3 +16,7 @@ def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(result.rate) == len(result.rows) * len(grpc_throughput.CLIENTS)
     assert all(rate > 0 for rate in result.rate.values())
     assert all(cpu > 0 for cpu in result.cpu_us.values())
+    assert all(len(rounds) == result.rounds for rounds in result.per_round.values())
+    assert "median over rounds" in out
+    assert "h2 alone" in out
+    assert result.h2_floor_us[0] > 0 and result.h2_floor_us[1] > 0

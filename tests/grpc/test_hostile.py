@@ -1,15 +1,19 @@
 """Servers that misbehave (tests/grpc/support.py): each gives a typed error, in time, cleanly.
 
-For every scenario: the call raises ``RpcError`` with the code the spec (or
-common sense) says, within the call's deadline (``fail_after`` is 10x that
-deadline or more), the client resets what it abandons, and no task of the
-channel outlives the call beyond its connection's own three.
+For every scenario (:func:`hostile_call` runs it): the call raises
+``RpcError`` with the code the spec (or common sense) says, within the call's
+deadline (``fail_after`` is 10x that deadline), the client resets what it
+abandons (``reset=True``), and no task of the channel outlives the call
+beyond its connection's own three. Rows that push data also bound what the
+server could push.
 """
 
 from __future__ import annotations
 
 import gzip
 import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -22,7 +26,7 @@ from h2.errors import ErrorCodes
 
 from nadisc.grpc import Channel, RpcError
 
-from .support import Conn, grpc_tasks, h2_server
+from .support import Conn, Record, Scenario, grpc_tasks, h2_server
 
 METHOD = "/hostile.Service/Call"
 
@@ -34,30 +38,100 @@ async def wait_for(predicate: Any) -> None:
             await anyio.sleep(0.01)
 
 
-def reset_seen(server: Any) -> Any:
-    return lambda: (1, ErrorCodes.CANCEL) in server.record.resets
-
-
 def frame(payload: bytes, flag: int = 0) -> bytes:
     return struct.pack(">BI", flag, len(payload)) + payload
 
 
-async def call_unary(
-    port: int, deadline: float = 2.0, *, then: Any = None, **kwargs: Any
-) -> RpcError:
-    """The error of one unary call; ``then()`` is awaited while the channel is still open."""
-    async with Channel(f"127.0.0.1:{port}", **kwargs) as channel:
-        with anyio.fail_after(deadline * 10), pytest.raises(RpcError) as caught:
-            await channel.unary_unary(METHOD)(b"ping", timeout=deadline)
-        assert grpc_tasks() <= 3  # reader, writer, keepalive of the connection at most
-        if then is not None:
-            await then()
-    return caught.value
+#: Answers one request once the client ended it: ``answer(conn, stream_id)``.
+Answer = Callable[[Conn, int], Awaitable[None]]
+#: Makes the call of a row on the channel, with the deadline (seconds).
+CallOf = Callable[[Channel, float], Awaitable[Any]]
 
 
-async def on_request(conn: Conn, event: h2.events.Event, answer: Any) -> None:
+async def unary_ping(channel: Channel, deadline: float) -> Any:
+    return await channel.unary_unary(METHOD)(b"ping", timeout=deadline)
+
+
+async def answer_ok(conn: Conn, sid: int) -> None:
+    await conn.respond(sid)
+    await conn.data(sid, frame(b"ok"))
+    await conn.trailers(sid)
+
+
+async def on_request(conn: Conn, event: h2.events.Event, answer: Answer) -> None:
     if isinstance(event, h2.events.StreamEnded):
-        await answer(conn, event.stream_id)
+        await answer(conn, event.stream_id or 0)
+
+
+@asynccontextmanager
+async def silent_tcp() -> AsyncIterator[int]:
+    """A TCP server that accepts connections and never says a byte; yields its port."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+
+    async def accept_and_ignore(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await anyio.sleep_forever()
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, accept_and_ignore)
+        yield listener.extra(anyio.abc.SocketAttribute.local_port)
+        tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def serving(
+    answer: Answer | None = None,
+    *,
+    scenario: Scenario | None = None,
+    settings: dict[int, int] | None = None,
+    **options: Any,
+) -> AsyncIterator[tuple[Channel, Record]]:
+    """A channel to a server that answers each request with ``answer``, or runs
+    ``scenario`` on every event, or (neither) never speaks; and what it saw.
+    """
+    async with AsyncExitStack() as stack:
+        if answer is None and scenario is None:
+            port, record = await stack.enter_async_context(silent_tcp()), Record()
+        else:
+
+            async def per_request(conn: Conn, event: h2.events.Event) -> None:
+                assert answer is not None
+                await on_request(conn, event, answer)
+
+            server = await stack.enter_async_context(
+                h2_server(scenario or per_request, settings=settings)
+            )
+            port, record = server.port, server.record
+        channel = await stack.enter_async_context(Channel(f"127.0.0.1:{port}", **options))
+        yield channel, record
+
+
+async def hostile_call(
+    answer: Answer | None = None,
+    *,
+    scenario: Scenario | None = None,
+    call: CallOf = unary_ping,
+    deadline: float = 2.0,
+    reset: bool = False,
+    settings: dict[int, int] | None = None,
+    **options: Any,
+) -> tuple[RpcError, Record]:
+    """One row: ``call`` against the misbehaving server (see :func:`serving`).
+
+    It must raise ``RpcError`` within ten times ``deadline``, leave at most
+    the connection's own tasks behind and, with ``reset``, RST_STREAM(CANCEL)
+    the stream it gave up, while the channel is still open.
+    """
+    async with serving(answer, scenario=scenario, settings=settings, **options) as (
+        channel,
+        record,
+    ):
+        with anyio.fail_after(deadline * 10), pytest.raises(RpcError) as caught:
+            await call(channel, deadline)
+        assert grpc_tasks() <= 3  # reader, writer, keepalive of the connection at most
+        if reset:
+            await wait_for(lambda: (1, ErrorCodes.CANCEL) in record.resets)
+    return caught.value, record
 
 
 async def test_no_trailers() -> None:
@@ -65,8 +139,7 @@ async def test_no_trailers() -> None:
         await conn.respond(sid)
         await conn.data(sid, frame(b"pong"), end=True)
 
-    async with h2_server(lambda c, e: on_request(c, e, answer)) as server:
-        error = await call_unary(server.port)
+    error, _ = await hostile_call(answer)
     assert error.code() == grpc.StatusCode.INTERNAL
     assert "trailers" in (error.details() or "")
 
@@ -76,11 +149,7 @@ async def test_malformed_prefix() -> None:
         await conn.respond(sid)
         await conn.data(sid, b"\x07\x00\x00\x00\x01x")
 
-    async with h2_server(lambda c, e: on_request(c, e, answer)) as server:
-        error = await call_unary(
-            server.port,
-            then=lambda: wait_for(lambda: (1, ErrorCodes.CANCEL) in server.record.resets),
-        )
+    error, _ = await hostile_call(answer, reset=True)
     assert error.code() == grpc.StatusCode.INTERNAL
     assert "compressed flag 7" in (error.details() or "")
 
@@ -91,8 +160,7 @@ async def test_stream_ends_inside_a_message() -> None:
         await conn.data(sid, b"\x00\x00\x00\x00\x09abc")
         await conn.trailers(sid)
 
-    async with h2_server(lambda c, e: on_request(c, e, answer)) as server:
-        error = await call_unary(server.port)
+    error, _ = await hostile_call(answer)
     assert error.code() == grpc.StatusCode.INTERNAL
 
 
@@ -111,11 +179,7 @@ async def test_four_gib_declared_message_is_refused_at_the_prefix() -> None:
                 return
             sent.append(len(chunk))
 
-    async with h2_server(lambda c, e: on_request(c, e, answer)) as server:
-        error = await call_unary(
-            server.port,
-            then=lambda: wait_for(lambda: (1, ErrorCodes.CANCEL) in server.record.resets),
-        )
+    error, _ = await hostile_call(answer, reset=True)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "4294967295-byte" in (error.details() or "")
     # What the server could push is bounded by the windows the client gave.
@@ -137,8 +201,7 @@ async def test_gzip_bomb_is_refused_at_the_limit() -> None:
         await conn.data(sid, frame(bomb, flag=1))
         await conn.trailers(sid)
 
-    async with h2_server(lambda c, e: on_request(c, e, answer)) as server:
-        error = await call_unary(server.port)
+    error, _ = await hostile_call(answer)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "inflated" in (error.details() or "")
 
@@ -158,50 +221,37 @@ async def test_endless_stream_gets_no_credit_past_the_window() -> None:
             await conn.data(sid, message)
             pushed.append(len(message))
 
-    async with (
-        h2_server(lambda c, e: on_request(c, e, answer)) as server,
-        Channel(f"127.0.0.1:{server.port}", stream_window=256 * 1024) as channel,
-    ):
-        call = channel.unary_stream(METHOD)(b"go", timeout=0.5)
-        with anyio.fail_after(10), pytest.raises(RpcError) as caught:
-            async for _ in call:
-                await anyio.sleep(1)  # a reader that stops after one message
-        assert grpc_tasks() <= 3
-    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    async def slow_reader(channel: Channel, deadline: float) -> None:
+        async for _ in channel.unary_stream(METHOD)(b"go", timeout=deadline):
+            await anyio.sleep(1)  # a reader that stops after one message
+
+    error, _ = await hostile_call(answer, call=slow_reader, deadline=0.5, stream_window=256 * 1024)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     # The server never got past the client's 256 KiB stream window.
     assert 0 < sum(pushed) <= 256 * 1024 + 16005
 
 
+async def silent(conn: Conn, event: h2.events.Event) -> None:
+    return None
+
+
 async def test_no_flow_control_credit_for_the_request() -> None:
-    async def silent(conn: Conn, event: h2.events.Event) -> None:
-        return None
+    async def large(channel: Channel, deadline: float) -> None:
+        await channel.unary_unary(METHOD)(b"x" * 100_000, timeout=deadline)
 
     settings: dict[int, int] = {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}
-    async with h2_server(silent, settings=settings) as server:
-        async with Channel(f"127.0.0.1:{server.port}") as channel:
-            with anyio.fail_after(5), pytest.raises(RpcError) as caught:
-                await channel.unary_unary(METHOD)(b"x" * 100_000, timeout=0.3)
-            assert grpc_tasks() <= 3
-        await wait_for(lambda: (1, ErrorCodes.CANCEL) in server.record.resets)
-        # Before the server's SETTINGS arrive HTTP/2's default 65,535-byte
-        # window applies; nothing past it was sent, and the request never ended.
-        assert len(server.record.data.get(1, b"")) <= 65535
-        assert 1 not in server.record.ended
-    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    error, record = await hostile_call(
+        scenario=silent, settings=settings, call=large, deadline=0.3, reset=True
+    )
+    # Before the server's SETTINGS arrive HTTP/2's default 65,535-byte
+    # window applies; nothing past it was sent, and the request never ended.
+    assert len(record.data.get(1, b"")) <= 65535
+    assert 1 not in record.ended
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 async def test_stalled_connection() -> None:
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-
-    async def accept_and_ignore(stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            await anyio.sleep_forever()
-
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, accept_and_ignore)
-        error = await call_unary(port, 0.3)
-        tg.cancel_scope.cancel()
+    error, _ = await hostile_call(deadline=0.3)
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
@@ -218,11 +268,10 @@ async def test_goaway_before_processing_is_retried_on_a_new_connection() -> None
         await conn.data(sid, frame(b"pong"))
         await conn.trailers(sid)
 
-    async with h2_server(scenario) as server:
-        async with Channel(f"127.0.0.1:{server.port}") as channel:
-            with anyio.fail_after(10):
-                assert await channel.unary_unary(METHOD)(b"ping", timeout=1) == b"pong"
-        assert server.record.connections == 2
+    async with serving(scenario=scenario) as (channel, record):
+        with anyio.fail_after(10):
+            assert await channel.unary_unary(METHOD)(b"ping", timeout=1) == b"pong"
+    assert record.connections == 2
 
 
 async def test_goaway_mid_call_then_close_is_unavailable() -> None:
@@ -234,8 +283,7 @@ async def test_goaway_mid_call_then_close_is_unavailable() -> None:
             await conn.flush()
             await conn.stream.aclose()
 
-    async with h2_server(scenario) as server:
-        error = await call_unary(server.port)
+    error, _ = await hostile_call(scenario=scenario)
     assert error.code() == grpc.StatusCode.UNAVAILABLE
 
 
@@ -253,13 +301,12 @@ async def test_goaway_lets_processed_streams_finish() -> None:
             await conn.data(sid, frame(b"late"))
             await conn.trailers(sid)
 
-    async with h2_server(scenario) as server:
-        async with Channel(f"127.0.0.1:{server.port}") as channel:
-            with anyio.fail_after(10):
-                assert await channel.unary_unary(METHOD)(b"ping", timeout=1) == b"late"
-                # The next call goes to a new connection.
-                assert await channel.unary_unary(METHOD)(b"ping", timeout=1) == b"late"
-        assert server.record.connections == 2
+    async with serving(scenario=scenario) as (channel, record):
+        with anyio.fail_after(10):
+            assert await channel.unary_unary(METHOD)(b"ping", timeout=1) == b"late"
+            # The next call goes to a new connection.
+            assert await channel.unary_unary(METHOD)(b"ping", timeout=1) == b"late"
+    assert record.connections == 2
 
 
 async def test_streaming_request_is_not_retried_after_goaway() -> None:
@@ -268,10 +315,12 @@ async def test_streaming_request_is_not_retried_after_goaway() -> None:
             conn.h2.close_connection(last_stream_id=0)
             await conn.flush()
 
-    async with h2_server(scenario) as server, Channel(f"127.0.0.1:{server.port}") as channel:
-        with anyio.fail_after(10), pytest.raises(RpcError) as caught:
-            await channel.stream_unary(METHOD)(iter([b"a", b"b"]), timeout=1)
-    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    async def two_requests(channel: Channel, deadline: float) -> None:
+        await channel.stream_unary(METHOD)(iter([b"a", b"b"]), timeout=deadline)
+
+    error, record = await hostile_call(scenario=scenario, call=two_requests, deadline=1)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert record.connections == 1
 
 
 async def test_too_many_pings_backs_off() -> None:
@@ -289,15 +338,13 @@ async def test_too_many_pings_backs_off() -> None:
             await conn.data(sid, frame(b"pong"))
             await conn.trailers(sid)
 
-    async with (
-        h2_server(scenario) as server,
-        Channel(
-            f"127.0.0.1:{server.port}", keepalive_time=0.05, keepalive_without_calls=True
-        ) as channel,
+    async with serving(scenario=scenario, keepalive_time=0.05, keepalive_without_calls=True) as (
+        channel,
+        record,
     ):
         with anyio.fail_after(10):
             await channel.connection()
-            await wait_for(lambda: server.record.pings > 0)
+            await wait_for(lambda: record.pings > 0)
             await wait_for(lambda: channel._conn is None or not channel._conn.usable)
             assert await channel.unary_unary(METHOD)(b"ping", timeout=2) == b"pong"
         assert channel.keepalive_time == pytest.approx(0.1)
@@ -323,8 +370,7 @@ async def test_http_status_mapping(http_status: bytes, code: grpc.StatusCode) ->
             sid, [(b":status", http_status), (b"content-type", b"text/html")], end=True
         )
 
-    async with h2_server(lambda c, e: on_request(c, e, answer)) as server:
-        error = await call_unary(server.port)
+    error, _ = await hostile_call(answer)
     assert error.code() == code
 
 
@@ -342,8 +388,7 @@ async def test_trailers_only_response() -> None:
             end=True,
         )
 
-    async with h2_server(lambda c, e: on_request(c, e, answer)) as server:
-        error = await call_unary(server.port)
+    error, _ = await hostile_call(answer)
     assert error.code() == grpc.StatusCode.NOT_FOUND
     assert error.details() == "no such thing \u263a"
     assert error.trailing_metadata()["x-extra-bin"] == b"\xab\xab\xab"
@@ -356,50 +401,42 @@ async def test_oversized_server_metadata() -> None:
             [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"x-big", b"a" * 9000)],
         )
 
-    async with h2_server(lambda c, e: on_request(c, e, answer)) as server:
-        error = await call_unary(server.port)
+    error, _ = await hostile_call(answer)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 async def test_compressed_request_and_metadata_on_the_wire() -> None:
     """The interop expect_compressed check: flag 1 and grpc-encoding on a gzip call."""
 
-    async def answer(conn: Conn, sid: int) -> None:
-        await conn.respond(sid)
-        await conn.data(sid, frame(b"ok"))
-        await conn.trailers(sid)
-
-    async with h2_server(lambda c, e: on_request(c, e, answer)) as server:
-        async with Channel(f"127.0.0.1:{server.port}") as channel:
-            method = channel.unary_unary(METHOD)
-            await method(b"z" * 1000, compression=grpc.Compression.Gzip, timeout=2)
-            await method(
-                b"plain",
-                timeout=2,
-                metadata=(("x-text", "v"), ("x-raw-bin", b"\x00\xff")),
-            )
-        (_, first), (_, second) = server.record.requests
+    async with serving(answer_ok) as (channel, record):
+        method = channel.unary_unary(METHOD)
+        await method(b"z" * 1000, compression=grpc.Compression.Gzip, timeout=2)
+        await method(
+            b"plain",
+            timeout=2,
+            metadata=(("x-text", "v"), ("x-raw-bin", b"\x00\xff")),
+        )
+        (_, first), (_, second) = record.requests
         assert first[b"grpc-encoding"] == b"gzip"
         assert b"grpc-encoding" not in second
         assert second[b"x-raw-bin"] == b"AP8"
         assert second[b"x-text"] == b"v"
         assert first[b"te"] == b"trailers" and first[b"content-type"] == b"application/grpc"
         assert b"grpc-timeout" in first
-        body = bytes(server.record.data[1])
+        body = bytes(record.data[1])
         assert body[0] == 1 and gzip.decompress(body[5:]) == b"z" * 1000
-        assert bytes(server.record.data[3]) == frame(b"plain")
+        assert bytes(record.data[3]) == frame(b"plain")
 
 
 async def test_send_limit_sends_nothing() -> None:
-    async def silent(conn: Conn, event: h2.events.Event) -> None:
-        return None
+    async def oversized(channel: Channel, deadline: float) -> None:
+        await channel.unary_unary(METHOD)(b"x" * 1001)
 
-    async with h2_server(silent) as server:
-        async with Channel(f"127.0.0.1:{server.port}", max_send_message_length=1000) as channel:
-            with pytest.raises(RpcError) as caught:
-                await channel.unary_unary(METHOD)(b"x" * 1001)
-        assert server.record.requests == []
-    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    error, record = await hostile_call(
+        scenario=silent, call=oversized, max_send_message_length=1000
+    )
+    assert record.requests == []
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 @pytest.mark.parametrize(
@@ -421,17 +458,11 @@ async def test_bad_metadata_is_refused(metadata: Any) -> None:
 
 
 async def test_timeout_header_carries_the_enclosing_deadline() -> None:
-    async def answer(conn: Conn, sid: int) -> None:
-        await conn.respond(sid)
-        await conn.data(sid, frame(b"ok"))
-        await conn.trailers(sid)
-
-    async with h2_server(lambda c, e: on_request(c, e, answer)) as server:
-        async with Channel(f"127.0.0.1:{server.port}") as channel:
-            with anyio.move_on_after(30):
-                await channel.unary_unary(METHOD)(b"", timeout=60)
-            await channel.unary_unary(METHOD)(b"", timeout=5)
-        (_, first), (_, second) = server.record.requests
+    async with serving(answer_ok) as (channel, record):
+        with anyio.move_on_after(30):
+            await channel.unary_unary(METHOD)(b"", timeout=60)
+        await channel.unary_unary(METHOD)(b"", timeout=5)
+        (_, first), (_, second) = record.requests
     # Nested 30 s scope beats the 60 s timeout; the second call says 5 s.
     first_timeout = first[b"grpc-timeout"]
     second_timeout = second[b"grpc-timeout"]
@@ -481,23 +512,15 @@ def test_bad_transparent_retries_are_refused(value: object) -> None:
 
 
 async def test_unanswered_keepalive_fails_the_calls() -> None:
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async def no_deadline(channel: Channel, deadline: float) -> None:
+        await channel.unary_unary(METHOD)(b"no deadline")
 
-    async def accept_and_ignore(stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            await anyio.sleep_forever()
-
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, accept_and_ignore)
-        async with Channel(
-            f"127.0.0.1:{port}", keepalive_time=0.1, keepalive_timeout=0.2
-        ) as channel:
-            with anyio.fail_after(10), pytest.raises(RpcError) as caught:
-                await channel.unary_unary(METHOD)(b"no deadline")
-        tg.cancel_scope.cancel()
-    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert "keepalive" in (caught.value.details() or "")
+    # The keepalive (0.1 s, then 0.2 s for the answer) ends it; 10 s is the bound.
+    error, _ = await hostile_call(
+        call=no_deadline, deadline=1.0, keepalive_time=0.1, keepalive_timeout=0.2
+    )
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "keepalive" in (error.details() or "")
 
 
 async def test_max_concurrent_streams_queues_calls() -> None:
@@ -518,19 +541,18 @@ async def test_max_concurrent_streams_queues_calls() -> None:
 
     settings: dict[int, int] = {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 2}
     results: list[bytes] = []
-    async with h2_server(scenario, settings=settings) as server:
-        async with Channel(f"127.0.0.1:{server.port}") as channel:
-            method = channel.unary_unary(METHOD)
-            await method(b"first", timeout=5)  # the server's SETTINGS have arrived
+    async with serving(scenario=scenario, settings=settings) as (channel, record):
+        method = channel.unary_unary(METHOD)
+        await method(b"first", timeout=5)  # the server's SETTINGS have arrived
 
-            async def one() -> None:
-                results.append(await method(b"x", timeout=5))
+        async def one() -> None:
+            results.append(await method(b"x", timeout=5))
 
-            with anyio.fail_after(20):
-                async with anyio.create_task_group() as tg:
-                    for _ in range(8):
-                        tg.start_soon(one)
-        assert server.record.connections == 1
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(one)
+    assert record.connections == 1
     assert results == [b"done"] * 8
     assert most[0] <= 2
 
@@ -542,14 +564,11 @@ async def test_abandoned_streaming_call_is_reset_when_collected() -> None:
         await conn.respond(sid)
         await conn.data(sid, frame(b"one") + frame(b"two"))
 
-    async with (
-        h2_server(lambda c, e: on_request(c, e, answer)) as server,
-        Channel(f"127.0.0.1:{server.port}") as channel,
-    ):
+    async with serving(answer) as (channel, record):
         call = channel.unary_stream(METHOD)(b"go", timeout=10)
         assert await call.read() == b"one"
         del call  # broken out of, never cancelled
         gc.collect()
-        await wait_for(reset_seen(server))
+        await wait_for(lambda: (1, ErrorCodes.CANCEL) in record.resets)
         conn = await channel.connection()
         assert conn.streams == {}

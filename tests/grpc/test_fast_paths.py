@@ -1,0 +1,172 @@
+"""The channel's per-call shortcuts keep the wire what it was (tests/grpc/support.py server).
+
+- The fixed request headers are HPACK-encoded once per multicallable with no
+  dynamic-table use, so the block means the same on any connection, at any
+  point of its compression state.
+- Frames are sent from the calling task on plaintext connections (asyncio's
+  transport, trio's non-blocking socket); closed streams do not pile up in
+  ``h2``; a server's change of SETTINGS_HEADER_TABLE_SIZE is honoured.
+- A streaming reader takes messages already received without waiting, and a
+  deserializer's own ``None`` is a message like any other.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import anyio
+import grpc
+import h2.events
+import h2.settings
+import hpack
+import pytest
+
+from nadisc.grpc import Channel, RpcError
+from nadisc.grpc._channel import _TIMEOUT_LITERAL, _fixed_block
+
+from .support import Conn, h2_server
+
+METHOD = "/fast.Service/Call"
+HEADERS = [
+    (b":method", b"POST"),
+    (b":scheme", b"http"),
+    (b":path", METHOD.encode()),
+    (b":authority", b"127.0.0.1:1"),
+    (b"te", b"trailers"),
+    (b"content-type", b"application/grpc"),
+]
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack(">BI", 0, len(payload)) + payload
+
+
+async def answer(conn: Conn, event: h2.events.Event) -> None:
+    if isinstance(event, h2.events.StreamEnded):
+        sid = event.stream_id or 0
+        await conn.respond(sid)
+        await conn.data(sid, frame(b"one") + frame(b"two") + frame(b"three"))
+        await conn.trailers(sid)
+
+
+def test_fixed_block_uses_no_dynamic_table_entry() -> None:
+    block = _fixed_block(HEADERS) + _TIMEOUT_LITERAL + b"\x03" + b"20m"
+    fresh = hpack.Decoder()
+    assert fresh.decode(block, raw=True) == [*HEADERS, (b"grpc-timeout", b"20m")]
+    assert len(fresh.header_table.dynamic_entries) == 0
+    # A decoder that already holds entries reads the same block the same way.
+    used = hpack.Decoder()
+    used.decode(hpack.Encoder().encode([(b"x-a", b"1"), (b":path", b"/other")]), raw=True)
+    entries = list(used.header_table.dynamic_entries)
+    assert used.decode(block, raw=True) == [*HEADERS, (b"grpc-timeout", b"20m")]
+    assert list(used.header_table.dynamic_entries) == entries
+
+
+async def test_plaintext_frames_go_out_from_the_calling_task() -> None:
+    async with h2_server(answer) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        method = channel.unary_stream(METHOD)
+        with anyio.fail_after(10):
+            assert [m async for m in method(b"go", timeout=5)] == [b"one", b"two", b"three"]
+        conn = await channel.connection()
+        assert conn._send_now is not None
+        assert conn._pending == b""
+        (_, request) = server.record.requests[0]
+        assert request[b":path"] == METHOD.encode() and request[b"te"] == b"trailers"
+        assert bytes(server.record.data[1]) == frame(b"go")
+
+
+async def test_closed_streams_are_dropped_from_h2() -> None:
+    async with h2_server(answer) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        method = channel.unary_stream(METHOD)
+        with anyio.fail_after(60):
+            for _ in range(300):
+                assert len([m async for m in method(b"go", timeout=5)]) == 3
+        conn = await channel.connection()
+        assert conn.streams == {}
+        assert len(conn.h2.streams) < 200
+
+
+async def test_metadata_after_the_server_shrinks_its_header_table() -> None:
+    settings: dict[int, int] = {h2.settings.SettingCodes.HEADER_TABLE_SIZE: 0}
+    async with (
+        h2_server(answer, settings=settings) as server,
+        Channel(f"127.0.0.1:{server.port}") as channel,
+    ):
+        method = channel.unary_stream(METHOD)
+        with anyio.fail_after(10):
+            for value in ("a", "b", "a"):
+                call = method(b"go", timeout=5, metadata=(("x-key", value),))
+                assert len([m async for m in call]) == 3
+        assert [r[b"x-key"] for _, r in server.record.requests] == [b"a", b"b", b"a"]
+        assert all(b"grpc-timeout" in r for _, r in server.record.requests)
+
+
+async def test_a_deserializer_returning_none_is_a_message() -> None:
+    async with h2_server(answer) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        method = channel.unary_stream(METHOD, response_deserializer=lambda b: None)
+        with anyio.fail_after(10):
+            assert [m async for m in method(b"go", timeout=5)] == [None, None, None]
+
+
+async def test_credit_comes_back_while_messages_are_read() -> None:
+    """300 KB through a 64 KiB stream window: the server can only go on with credit."""
+    total = 300
+    message = frame(b"m" * 1000)
+
+    async def scenario(conn: Conn, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.StreamEnded):
+            conn.state.update(sid=event.stream_id or 0, sent=0)
+            await conn.respond(conn.state["sid"])
+        elif not isinstance(event, h2.events.WindowUpdated) or "sid" not in conn.state:
+            return
+        sid = conn.state["sid"]
+        while conn.state["sent"] < total and conn.h2.local_flow_control_window(sid) >= len(message):
+            conn.h2.send_data(sid, message)
+            conn.state["sent"] += 1
+        if conn.state["sent"] == total and not conn.state.get("ended"):
+            conn.state["ended"] = True
+            await conn.trailers(sid)
+        await conn.flush()
+
+    async with (
+        h2_server(scenario) as server,
+        Channel(f"127.0.0.1:{server.port}", stream_window=65535) as channel,
+    ):
+        with anyio.fail_after(20):
+            got = [m async for m in channel.unary_stream(METHOD)(b"go", timeout=10)]
+        assert len(got) == total and got[0] == b"m" * 1000
+
+
+async def test_a_written_stream_unary_call_keeps_its_response_for_every_await() -> None:
+    async with h2_server(answer) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        method = channel.stream_unary(METHOD)
+        with anyio.fail_after(10):
+            call = method(timeout=5)
+            await call.write(b"a")
+            await call.done_writing()
+            # The server answers three messages: more than one is INTERNAL, every time.
+            code = await call.code()
+            assert code == grpc.StatusCode.INTERNAL
+            for _ in range(2):
+                with pytest.raises(RpcError) as caught:
+                    await call
+                assert caught.value.code() == code
+        assert bytes(server.record.data[1]) == frame(b"a")
+
+
+async def test_code_before_the_await_of_a_written_call_keeps_the_response() -> None:
+    async def one(conn: Conn, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.StreamEnded):
+            sid = event.stream_id or 0
+            await conn.respond(sid)
+            await conn.data(sid, frame(b"only"))
+            await conn.trailers(sid)
+
+    async with h2_server(one) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        with anyio.fail_after(10):
+            call = channel.stream_unary(METHOD)(timeout=5)
+            await call.write(b"a")
+            await call.done_writing()
+            assert await call.code() == grpc.StatusCode.OK
+            assert await call == b"only"
+            assert await call == b"only"
