@@ -139,6 +139,7 @@ from ._route import RestOptions as RestOptions
 from ._route import RouteStatistics as RouteStatistics
 from ._route import declared_scheme as declared_scheme
 from ._tls import default_tls_context as default_tls_context
+from ._tls import grpc_tls_context as grpc_tls_context
 from ._tls import tls_context_for as tls_context_for
 from ._transport import Budget as Budget
 from ._transport import DiscoveryTransport as DiscoveryTransport
@@ -271,6 +272,7 @@ __all__ = [
     "eligibility_probe_app",
     "expand_variables",
     "first_serving",
+    "grpc_tls_context",
     "load_config",
     "load_config_file",
     "load_document",

@@ -27,13 +27,27 @@ from collections.abc import Iterable
 
 import httpx
 
-__all__ = ["default_tls_context", "tls_context_for"]
+__all__ = ["default_tls_context", "grpc_tls_context", "tls_context_for"]
 
 
 @functools.cache
 def default_tls_context() -> ssl.SSLContext:
     """The process's shared client TLS context with httpx's default trust store."""
     return httpx.create_ssl_context()
+
+
+@functools.cache
+def grpc_tls_context() -> ssl.SSLContext:
+    """The process's shared client TLS context for gRPC (HTTP/2 over TLS).
+
+    The same trust store as :func:`default_tls_context`, but a context of its
+    own that offers only ``h2`` by ALPN: gRPC needs that offer, and setting it
+    on the shared context would make every HTTP/1.1 pool using that context
+    offer HTTP/2 too. Built on the first call; never changed afterwards.
+    """
+    context = httpx.create_ssl_context()
+    context.set_alpn_protocols(["h2"])
+    return context
 
 
 def tls_context_for(urls: Iterable[str]) -> ssl.SSLContext:

@@ -150,6 +150,8 @@ class Channel:
         self.transparent_retries = transparent_retries
         self._ssl = ssl_context
         if ssl_context is not None:
+            # This changes the caller's context (Python sets ALPN per context
+            # only): documented; nadisc.grpc_tls_context() is one for gRPC alone.
             ssl_context.set_alpn_protocols(["h2"])
         host = f"[{self._host}]" if ":" in self._host else self._host
         self.authority = authority or f"{host}:{self._port}"

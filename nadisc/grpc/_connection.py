@@ -561,7 +561,10 @@ class Connection:
 
     def _fail_all(self, error: RpcError) -> None:
         for stream in list(self.streams.values()):
-            stream.fail(error, reset=False)
+            # A stream the server already ended has its whole answer (messages
+            # and status) in hand: a connection lost after that changes nothing.
+            if not stream.remote_ended:
+                stream.fail(error, reset=False)
         self._slot_freed.set()
 
     def _lost(self, details: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:

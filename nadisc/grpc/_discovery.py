@@ -54,7 +54,7 @@ from .._grpc_protocol import GRPC_AUTHORITY_KEY, GRPC_TLS_KEY, GRPC_TLS_MODES
 from .._observation import loop_clock
 from .._retry import Failure, RetryRules, Step, retry_step
 from .._route import CALL_FAILURE_KINDS, Attempt, InstanceService, RestOptions, Route
-from .._tls import default_tls_context
+from .._tls import grpc_tls_context
 from ._channel import Channel
 from ._errors import RpcError
 from ._first_serving import first_serving_pick
@@ -417,7 +417,7 @@ class DiscoveryChannel:
         if tg is None or self._closed:
             raise RpcError(grpc.StatusCode.UNAVAILABLE, f"{self._where}: the channel is closed")
         if self._tls_context is None:
-            self._tls_context = default_tls_context()
+            self._tls_context = grpc_tls_context()
         dial = dial_for(instance, self._protocol, self._where, self._tls_context)
         channel = Channel(
             dial.target,

@@ -572,3 +572,21 @@ async def test_abandoned_streaming_call_is_reset_when_collected() -> None:
         await wait_for(lambda: (1, ErrorCodes.CANCEL) in record.resets)
         conn = await channel.connection()
         assert conn.streams == {}
+
+
+async def test_a_connection_closed_right_after_the_answer_keeps_the_answer() -> None:
+    # Headers, message and trailers in one write, then the server closes the
+    # connection: the call already has its whole answer, and it is an answer,
+    # not UNAVAILABLE "the connection closed" (grpcio's client agrees).
+    async def answer_and_close(conn: Conn, sid: int) -> None:
+        conn.h2.send_headers(sid, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+        conn.h2.send_data(sid, frame(b"pong"))
+        conn.h2.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+        await conn.stream.send(conn.h2.data_to_send())
+        await conn.stream.aclose()
+
+    for _ in range(20):
+        async with serving(answer_and_close) as (channel, record):
+            with anyio.fail_after(20):
+                assert await unary_ping(channel, 2.0) == b"pong"
+            assert record.connections == 1

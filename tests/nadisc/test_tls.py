@@ -10,6 +10,7 @@ from nadisc import (
     DiscoveryConfig,
     DiscoveryTransport,
     default_tls_context,
+    grpc_tls_context,
     open_discovery,
     tls_context_for,
 )
@@ -61,3 +62,29 @@ def test_a_context_for_plain_http_urls_trusts_nothing_and_https_shares_the_defau
     assert plain.cert_store_stats()["x509_ca"] == 0
     assert plain.verify_mode is ssl.CERT_REQUIRED  # fails closed, should TLS be tried
     assert tls_context_for(["http://a:1", "https://b:2"]) is default_tls_context()
+
+
+#: The ALPN extension (type 16) of a ClientHello offering exactly "h2".
+_ALPN_H2_ONLY = b"\x00\x10\x00\x05\x00\x03\x02h2"
+
+
+def _client_hello(context: ssl.SSLContext) -> bytes:
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname="example.test")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_the_grpc_context_offers_h2_and_leaves_the_shared_one_alone() -> None:
+    grpc_context = grpc_tls_context()
+    assert grpc_context is grpc_tls_context()
+    assert grpc_context is not default_tls_context()
+    assert grpc_context.verify_mode is ssl.CERT_REQUIRED and grpc_context.check_hostname
+    assert _ALPN_H2_ONLY in _client_hello(grpc_context)
+    # HTTP/1.1 pools share the default context: it offers no ALPN at all,
+    # also after a gRPC channel was built on the gRPC context.
+    from nadisc.grpc import Channel
+
+    Channel("127.0.0.1:1", ssl_context=grpc_context)
+    assert _ALPN_H2_ONLY not in _client_hello(default_tls_context())
