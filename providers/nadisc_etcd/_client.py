@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
@@ -209,6 +209,16 @@ class Batches(Protocol):
     async def next_batch(self) -> list[WatchResponse]: ...
 
 
+class _Opened(Batches, Protocol):
+    """A watch stream as it is opened: its first message can be put back."""
+
+    def _push_back(self, messages: list[WatchResponse]) -> None: ...
+
+
+_S = TypeVar("_S", bound=_Opened)
+_R = TypeVar("_R")
+
+
 class WatchStream:
     """One established watch: ``created`` was received. Use within ``EtcdClient.watch``."""
 
@@ -276,6 +286,34 @@ class ClientCore:
     def request_pool(self) -> tuple[int, int]:
         """(unary requests in flight, ``max_request_connections``)."""
         return self._requests.borrowed_tokens, int(self._requests.total_tokens)
+
+    @asynccontextmanager
+    async def _established(
+        self,
+        open_watch: Callable[[AsyncExitStack, _R, float], Awaitable[tuple[_S, WatchResponse]]],
+        request: _R,
+        until: float,
+    ) -> AsyncIterator[_S]:
+        """A watch opened with ``open_watch`` (either wire's) once ``created``
+        arrived: a token refused as expired is refreshed once and the watch
+        opened again; any other refusal of the create is the read's failure.
+        A compacted start revision, or a first message that is not
+        ``created``, goes back to the stream as its first batch."""
+        for attempt in (0, 1):
+            async with AsyncExitStack() as stack:
+                token = self._token
+                stream, first = await open_watch(stack, request, until)
+                if first.canceled and first.compact_revision == 0:
+                    status = GatewayStatus.from_cancel_reason(first.cancel_reason)
+                    if attempt == 0 and status.token_expired and self._username is not None:
+                        await self._refresh_token(token, until, "read")
+                        continue
+                    raise _server_failure("read", f"{self.endpoint}/v3/watch", status)
+                if first.canceled or not first.created:
+                    stream._push_back([first])
+                yield stream
+                return
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _bound(self, deadline: float) -> float:
         if math.isnan(deadline):
@@ -658,22 +696,10 @@ class EtcdClient(ClientCore):
         if progress_notify:
             create["progress_notify"] = True
         content = json.dumps({"create_request": create}).encode("utf-8")
-        until = self._bound(open_deadline)
-        for attempt in (0, 1):
-            async with AsyncExitStack() as stack:
-                token = self._token
-                stream, first = await self._open_watch(stack, content, until)
-                if first.canceled and first.compact_revision == 0:
-                    status = GatewayStatus.from_cancel_reason(first.cancel_reason)
-                    if attempt == 0 and status.token_expired and self._username is not None:
-                        await self._refresh_token(token, until, "read")
-                        continue
-                    raise _server_failure("read", f"{self.endpoint}/v3/watch", status)
-                if first.canceled or not first.created:
-                    stream._push_back([first])
-                yield stream
-                return
-        raise AssertionError("unreachable")  # pragma: no cover
+        async with self._established(
+            self._open_watch, content, self._bound(open_deadline)
+        ) as stream:
+            yield stream
 
     async def _open_watch(
         self, stack: AsyncExitStack, content: bytes, until: float

@@ -500,22 +500,10 @@ class EtcdGrpcClient(ClientCore):
             progress_notify=progress_notify,
         )
         request = _M["WatchRequest"](create_request=create)
-        until = self._bound(open_deadline)
-        for attempt in (0, 1):
-            async with AsyncExitStack() as stack:
-                token = self._token
-                stream, first = await self._open_watch(stack, request, until)
-                if first.canceled and first.compact_revision == 0:
-                    status = GatewayStatus.from_cancel_reason(first.cancel_reason)
-                    if attempt == 0 and status.token_expired and self._username is not None:
-                        await self._refresh_token(token, until, "read")
-                        continue
-                    raise _server_failure("read", f"{self.endpoint}/v3/watch", status)
-                if first.canceled or not first.created:
-                    stream._push_back([first])
-                yield stream
-                return
-        raise AssertionError("unreachable")  # pragma: no cover
+        async with self._established(
+            self._open_watch, request, self._bound(open_deadline)
+        ) as stream:
+            yield stream
 
     async def _open_watch(
         self, stack: AsyncExitStack, request: Any, until: float
