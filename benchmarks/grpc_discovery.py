@@ -26,7 +26,12 @@ client. On a 2-core machine three busy server processes compete with the
 client for the cores, which one server does not: the CPU column shows
 what the client itself pays. The load average is printed with the table.
 
-Run: ``python -m benchmarks.grpc_discovery [--smoke] [--calls N] [--rounds R]``
+With ``--one-server`` the three instances are the plain channel's one
+server listed three times (three connections, one server process): the
+rows then differ only in what the client does, with the server's cost the
+same for every column.
+
+Run: ``python -m benchmarks.grpc_discovery [--smoke] [--calls N] [--rounds R] [--one-server]``
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ ROWS = ("unary c=1", "unary c=16")
 class Result:
     calls: int
     rounds: int
+    #: The three instances are one server process listed three times.
+    one_server: bool = False
     #: (row, client) -> best calls per second
     rate: dict[tuple[str, str], float] = field(default_factory=dict)
     #: (row, client) -> least client-process CPU microseconds per call
@@ -145,11 +152,19 @@ def main(argv: list[str] | None = None) -> Result:
     parser.add_argument("--smoke", action="store_true", help="a few calls per row, one round")
     parser.add_argument("--calls", type=int, default=2048, help="unary calls per row and round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--one-server",
+        action="store_true",
+        help="list the one server three times (three connections, one server process)",
+    )
     args = parser.parse_args(argv)
     calls, rounds = (32, 1) if args.smoke else (args.calls, args.rounds)
-    result = Result(calls, rounds)
+    result = Result(calls, rounds, one_server=args.one_server)
     with ExitStack() as stack:
-        ports = [_server(stack) for _ in range(3)]
+        if args.one_server:
+            ports = [_server(stack)] * 3
+        else:
+            ports = [_server(stack) for _ in range(3)]
         anyio.run(_rounds, ports, calls, rounds, result, backend="trio")
     _print(result)
     return result
@@ -160,7 +175,12 @@ def _print(result: Result) -> None:
     print(
         f"gRPC through discovery: {result.calls} unary calls per row and round, "
         f"{result.rounds} round(s) interleaved, best round shown, trio; load average "
-        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (2 cores, shared machine)"
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (2 cores, shared machine); "
+        + (
+            "the 3 instances are ONE server process listed three times"
+            if result.one_server
+            else "3 instances, 3 server processes"
+        )
     )
     print(f"{'row':<12}" + "".join(f"{c:>30}" for c in CLIENTS))
     for row in ROWS:

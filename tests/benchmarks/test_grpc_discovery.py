@@ -15,3 +15,10 @@ def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "load average" in out
     assert len(result.rate) == len(grpc_discovery.ROWS) * len(grpc_discovery.CLIENTS)
     assert all(rate > 0 for rate in result.rate.values())
+
+
+def test_smoke_run_with_one_server_lists_it_three_times(capsys: pytest.CaptureFixture[str]) -> None:
+    result = grpc_discovery.main(["--smoke", "--one-server"])
+    assert result.one_server
+    assert "ONE server process listed three times" in capsys.readouterr().out
+    assert all(rate > 0 for rate in result.rate.values())
