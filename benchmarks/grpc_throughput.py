@@ -131,31 +131,17 @@ def h2_floor_us(calls: int) -> tuple[float, float]:
     import h2.config
     import h2.connection
     import h2.events
-    import h2.settings
 
     from nadisc.grpc._channel import _fixed_block
-    from nadisc.grpc._connection import _ClientH2
+    from nadisc.grpc._connection import _ClientH2, client_h2
+    from nadisc.grpc._wire import DEFAULT_MAX_METADATA_SIZE
 
     def client() -> _ClientH2:
-        config = h2.config.H2Configuration(
-            client_side=True,
-            header_encoding=None,
-            validate_outbound_headers=False,
-            validate_inbound_headers=False,
-            normalize_inbound_headers=False,
-            normalize_outbound_headers=False,
+        return client_h2(
+            stream_window=1024 * 1024,
+            connection_window=8 * 1024 * 1024,
+            max_header_list=2 * DEFAULT_MAX_METADATA_SIZE,
         )
-        conn = _ClientH2(config=config)
-        conn.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1024 * 1024,
-            },
-        )
-        conn.initiate_connection()
-        conn.increment_flow_control_window(8 * 1024 * 1024 - 65535)
-        return conn
 
     server = h2.connection.H2Connection(
         h2.config.H2Configuration(client_side=False, header_encoding=None)

@@ -122,6 +122,37 @@ class _ClientH2(h2.connection.H2Connection):
             self._forget_at = 2 * len(self.streams) + 64
 
 
+def client_h2(*, stream_window: int, connection_window: int, max_header_list: int) -> _ClientH2:
+    """The client side of one connection's HTTP/2 state, preface queued.
+
+    Inbound headers are not checked or normalized by h2 (a walk over every
+    header of every response): the channel reads only the few it knows by
+    their lowercase names, so a malformed block is a typed error of its call
+    (no grpc-status: UNKNOWN or INTERNAL), not of the connection.
+    """
+    config = h2.config.H2Configuration(
+        client_side=True,
+        header_encoding=None,
+        validate_outbound_headers=False,
+        validate_inbound_headers=False,
+        normalize_inbound_headers=False,
+        normalize_outbound_headers=False,
+    )
+    conn = _ClientH2(config=config)
+    conn.local_settings = h2.settings.Settings(
+        client=True,
+        initial_values={
+            h2.settings.SettingCodes.ENABLE_PUSH: 0,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: stream_window,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: max_header_list,
+        },
+    )
+    conn.initiate_connection()
+    if connection_window > 65535:
+        conn.increment_flow_control_window(connection_window - 65535)
+    return conn
+
+
 def _direct_sender(byte_stream: anyio.abc.ByteStream) -> Callable[[bytes], int] | None:
     """A synchronous send of what the socket takes now (bytes taken), or ``None``.
 
@@ -367,30 +398,11 @@ class Connection:
     ) -> None:
         self.name = name
         self._byte_stream = byte_stream
-        # Inbound headers are not checked or normalized by h2 (a walk over every
-        # header of every response): the channel reads only the few it knows
-        # by their lowercase names, so a malformed block is a typed error of its
-        # call (no grpc-status: UNKNOWN or INTERNAL), not of the connection.
-        config = h2.config.H2Configuration(
-            client_side=True,
-            header_encoding=None,
-            validate_outbound_headers=False,
-            validate_inbound_headers=False,
-            normalize_inbound_headers=False,
-            normalize_outbound_headers=False,
+        self.h2 = client_h2(
+            stream_window=stream_window,
+            connection_window=connection_window,
+            max_header_list=max_metadata_size * 2,
         )
-        self.h2 = _ClientH2(config=config)
-        self.h2.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: stream_window,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: max_metadata_size * 2,
-            },
-        )
-        self.h2.initiate_connection()
-        if connection_window > 65535:
-            self.h2.increment_flow_control_window(connection_window - 65535)
         self._max_receive = max_receive
         self._max_metadata = max_metadata_size
         self._authority = authority
