@@ -76,6 +76,11 @@ def setup(url: str, prefix: str, count: int, **policy: Any) -> tuple[Any, EtcdPr
     return config, EtcdProvider(context, settings)
 
 
+def _degraded(observation: Observation) -> bool:
+    state = look(observation)
+    return isinstance(state, ObservationSnapshot) and state.degraded
+
+
 async def until(predicate: Callable[[], bool], within: float) -> None:
     with anyio.fail_after(within):
         while not predicate():  # noqa: ASYNC110 - polls the provider's counters
@@ -178,13 +183,7 @@ async def test_a_compacted_shared_stream_ranges_every_service_again(
             # Told is what every observation shows: `watch_failures` counts
             # member tasks, and one of them may count only when its own
             # reopen fails, 3-6 s later.
-            await until(
-                lambda: all(
-                    isinstance(look(o), ObservationSnapshot) and look(o).degraded
-                    for o in observations.values()
-                ),
-                5,
-            )
+            await until(lambda: all(map(_degraded, observations.values())), 5)
         finally:
             own_etcd.resume()
         # While the members back off: change two services, compact the history.
