@@ -10,6 +10,7 @@ server (SERVING, NOT_SERVING, or a Check that never answers).
 
 from __future__ import annotations
 
+import math
 import random
 import socket
 from types import ModuleType
@@ -298,7 +299,10 @@ async def test_random_cancellations_leave_no_guard_behind(
 
             async def run(index: int) -> None:
                 request = pb.SimpleRequest(response_size=rng.choice((0, 2, 10)))
-                delay = rng.uniform(0, 0.05)
+                # One call in five is never cancelled and one in five is
+                # cancelled at its first checkpoint, whatever the machine's
+                # speed; the rest at a random point of their first 50 ms.
+                delay = (math.inf, 0.0)[index % 5] if index % 5 < 2 else rng.uniform(0, 0.05)
                 async with limiter:
                     with anyio.move_on_after(delay) as scope:
                         try:
@@ -319,7 +323,7 @@ async def test_random_cancellations_leave_no_guard_behind(
                     for index in range(300):
                         tg.start_soon(run, index)
             assert sum(outcomes.values()) == 300
-            assert outcomes["cancelled"] > 30 and outcomes["completed"] > 15
+            assert outcomes["cancelled"] >= 60 and outcomes["completed"] >= 30, outcomes
             assert set(open_guards(channel).values()) == {0}
             assert channel.route.streaming.balance.statistics().in_flight == 0
             assert all(sub.active == 0 for sub in channel._subs.values())
