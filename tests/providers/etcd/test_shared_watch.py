@@ -61,14 +61,14 @@ def setup(url: str, prefix: str, count: int, **policy: Any) -> tuple[Any, EtcdPr
         prefix,
         etcd=etcd,
         limits={"max_watch_streams": 4},
-        request_timeout_ms=1500,
+        request_timeout_ms=1900,
         poll_interval_ms=20_000,
         snapshot={"max_age_ms": 30_000, "stale_if_error_ms": 10_000},
         **policy,
     )
     context = ConnectionContext(
         name="primary",
-        request_timeout=1.5,
+        request_timeout=1.9,
         max_instances_per_service=4096,
         max_response_bytes=4 * 1024 * 1024,
     )
