@@ -298,6 +298,9 @@ async def test_a_revoked_permission_revokes_the_observation_and_the_registration
         prefix,
         etcd={"username": "app", "password": "s3cret-app-pw"},
         registrations={"business-http": web_registration()},
+        # Authenticating hashes the password on the server (bcrypt): under the
+        # full suite's load that alone can take longer than the default 0.5 s.
+        request_timeout_ms=1500,
     )
     assert "s3cret" not in repr(config)
     before = all_tasks()
