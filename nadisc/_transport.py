@@ -435,7 +435,7 @@ def _rebuild(
             request.method,
             url,
             headers=_with_host(request.headers.raw, host),
-            stream=request.stream,
+            stream=_body(request.stream),
             extensions=extensions,
         )
     # Copy the already-normalised header list instead of normalising it
@@ -449,12 +449,50 @@ def _rebuild(
     made.method = request.method
     made.url = url
     made.headers = headers
-    made.stream = request.stream
+    made.stream = _body(request.stream)
     made.extensions = extensions
     content = getattr(request, "_content", None)
     if content is not None:
         made._content = content
     return made
+
+
+def _body(stream: httpx.SyncByteStream | httpx.AsyncByteStream) -> httpx.AsyncByteStream:
+    """The body to send to one instance.
+
+    httpx's ``ByteStream.__aiter__`` is an async generator. An attempt whose
+    connection breaks while sending (an instance killed mid-request) leaves
+    that generator unfinished, and trio warns when the garbage collector
+    finds it, at an arbitrary later point in the caller's program. The same
+    bytes behind an iterator that is not a generator have nothing to finalize.
+    """
+    if type(stream) is httpx.ByteStream:
+        return _Bytes(stream._stream)
+    return stream  # type: ignore[return-value]
+
+
+class _Bytes(httpx.ByteStream):
+    """An ``httpx.ByteStream`` whose async iteration is a plain iterator."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _OneChunk(self._stream)
+
+
+class _OneChunk:
+    __slots__ = ("_data",)
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _OneChunk:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = self._data
+        if data is None:
+            raise StopAsyncIteration
+        self._data = None
+        return data
 
 
 class _GuardedStream(httpx.AsyncByteStream):

@@ -12,6 +12,8 @@ nothing).
 
 from __future__ import annotations
 
+import gc
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 
@@ -186,3 +188,27 @@ async def test_a_call_its_caller_cancels_and_a_success_count_nothing() -> None:
         stats = route_of(discovery).statistics()
         assert stats.failures == NONE
         assert stats.sent == {"a": 2} and stats.in_flight == {"a": 0}
+
+
+async def test_a_body_left_unfinished_by_a_broken_send_leaves_nothing_to_finalize() -> None:
+    # An instance killed while the request is being written: the pool took
+    # the body's first chunk and the connection broke. With httpx's own
+    # ``ByteStream`` the abandoned async generator made trio warn whenever
+    # the garbage collector found it (an unraisable warning at an arbitrary
+    # later point); the body each attempt gets is a plain iterator instead.
+    seen: list[bytes] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        chunks = request.stream.__aiter__()  # type: ignore[union-attr]
+        assert not inspect.isasyncgen(chunks)
+        seen.append(await chunks.__anext__())
+        del chunks
+        gc.collect()
+        raise httpx.WriteError("connection reset while sending the body")
+
+    async with transport(Pool(handler)) as (http, discovery):
+        with pytest.raises(httpx.WriteError):
+            await http.post(URL, content=b"payload")
+        gc.collect()
+        assert seen == [b"payload"]
+        assert route_of(discovery).statistics().failures == {**NONE, "transport": 1}
