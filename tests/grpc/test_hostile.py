@@ -590,3 +590,22 @@ async def test_a_connection_closed_right_after_the_answer_keeps_the_answer() -> 
             with anyio.fail_after(20):
                 assert await unary_ping(channel, 2.0) == b"pong"
             assert record.connections == 1
+
+
+async def test_a_server_that_sends_goaway_on_every_connection_is_unavailable() -> None:
+    # Every connection goes away (last stream id 0) as soon as the client's
+    # preface arrives, so no stream is ever processed. A call with no
+    # deadline still ends, with UNAVAILABLE, after the transparent retries:
+    # one connection for the call and one for each retry.
+    async def scenario(conn: Conn, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RemoteSettingsChanged) and not conn.state:
+            conn.state["gone"] = True
+            conn.h2.close_connection(last_stream_id=0)
+            await conn.flush()
+
+    async with serving(scenario=scenario) as (channel, record):
+        with anyio.fail_after(10), pytest.raises(RpcError) as caught:
+            await channel.unary_unary(METHOD)(b"ping")
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "GOAWAY before processing" in (caught.value.details() or "")
+        assert record.connections == 1 + channel.transparent_retries
