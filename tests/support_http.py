@@ -1,8 +1,8 @@
 """In-process HTTP backends for integration tests (not a test module).
 
 Each :class:`HttpBackend` is a tiny ASGI app served by hypercorn (its trio
-or asyncio server, following the running loop) at 127.0.0.1 on an ephemeral
-port. Its latency, status and body can be changed
+or asyncio server, following the running loop) on an ephemeral port of an
+address of its own in 127.0.0.0/8. Its latency, status and body can be changed
 while it runs, and it records every request it received (method, path, time
 on the event-loop clock)::
 
@@ -13,6 +13,7 @@ on the event-loop clock)::
 from __future__ import annotations
 
 import logging
+import random
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -43,6 +44,18 @@ class Received:
     host: str = ""
 
 
+def loopback_address() -> str:
+    """A random loopback address other than 127.0.0.1.
+
+    Ports are reused: a client of another test (another worker process) still
+    calling a port whose server is gone would reach a backend that was given
+    the same port number on the same address, and that backend's request
+    counts would be off. An address of its own keeps each backend's counts to
+    its own test's requests.
+    """
+    return f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+
+
 @dataclass
 class HttpBackend:
     """An ASGI backend: answers every request with ``status`` and its name as body.
@@ -61,6 +74,8 @@ class HttpBackend:
     chunk_delay: float = 0.0
     weight: float = 1.0
     port: int = 0
+    #: The loopback address it listens on (its own; see :func:`loopback_address`).
+    host: str = field(default_factory=loopback_address)
     requests: list[Received] = field(default_factory=list)
     #: Requests whose handling started and has not finished.
     active: int = 0
@@ -70,7 +85,7 @@ class HttpBackend:
         """The discovery instance of this backend (identity defaults to its name)."""
         return Instance(
             identity or self.name,
-            "127.0.0.1",
+            self.host,
             changes.pop("port", self.port),
             weight=changes.pop("weight", self.weight),
             **changes,
@@ -78,7 +93,7 @@ class HttpBackend:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def served(self) -> int:
@@ -132,9 +147,9 @@ class HttpBackend:
             self.active -= 1
 
 
-def _config() -> Config:
+def _config(host: str = "127.0.0.1") -> Config:
     config = Config()
-    config.bind = ["127.0.0.1:0"]
+    config.bind = [f"{host}:0"]
     config.accesslog = None
     config.errorlog = logging.getLogger("tests.support_http")
     config.graceful_timeout = 0.1
@@ -176,7 +191,7 @@ async def serve_backends(*backends: HttpBackend) -> AsyncIterator[tuple[HttpBack
 async def _serve_one(
     backend: HttpBackend, stop: anyio.Event, *, task_status: anyio.abc.TaskStatus[list[str]]
 ) -> None:
-    await serve_app(backend, _config(), stop, task_status=task_status)
+    await serve_app(backend, _config(backend.host), stop, task_status=task_status)
 
 
 async def serve_app(
@@ -187,11 +202,11 @@ async def serve_app(
     task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the ASGI ``app`` with hypercorn on the running loop until ``stop``
-    is set; ``task_status`` receives the bound URLs (``http://127.0.0.1:<port>``).
+    is set; ``task_status`` receives the bound URLs (``http://<host>:<port>``).
 
-    ``config.bind`` must be ``127.0.0.1:0``. On trio, hypercorn reports its
-    binds itself; its asyncio server does not, so the socket is bound here
-    and handed over as a descriptor.
+    ``config.bind`` must be one ``<loopback address>:0``. On trio, hypercorn
+    reports its binds itself; its asyncio server does not, so the socket is
+    bound here and handed over as a descriptor.
     """
     if sniffio.current_async_library() == "trio":
         await serve(
@@ -205,7 +220,8 @@ async def serve_app(
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     with listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", 0))
+        host = config.bind[0].rsplit(":", 1)[0]
+        listener.bind((host, 0))
         listener.listen(128)
         listener.setblocking(False)
         port = listener.getsockname()[1]
@@ -216,7 +232,7 @@ async def serve_app(
             quic_sockets=[],
         )
         scheme = "https" if secure else "http"
-        task_status.started([f"{scheme}://127.0.0.1:{port}"])
+        task_status.started([f"{scheme}://{host}:{port}"])
         await worker_serve(
             wrap_app(app, config.wsgi_max_body_size, "asgi"),
             config,

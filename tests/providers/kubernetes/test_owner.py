@@ -210,7 +210,7 @@ async def test_a_terminating_endpoint_drains_and_its_call_in_flight_completes(
         fake = seeded()
 
         def ep(n: int, backend: HttpBackend, **conditions: Any) -> dict[str, Any]:
-            return {**endpoint(n, **conditions), "addresses": ["127.0.0.1"]}
+            return {**endpoint(n, **conditions), "addresses": [backend.host]}
 
         def port(backend: HttpBackend) -> list[dict[str, Any]]:
             return [{"name": "http", "port": backend.port, "protocol": "TCP"}]

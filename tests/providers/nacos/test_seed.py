@@ -54,7 +54,7 @@ async def test_the_seed_two_cluster_yaml_runs_end_to_end() -> None:
         for backend in (w1, w2):
             business.register(
                 "order-worker",
-                "127.0.0.1",
+                backend.host,
                 backend.port,
                 now=now,
                 group="BUSINESS",
@@ -64,7 +64,7 @@ async def test_the_seed_two_cluster_yaml_runs_end_to_end() -> None:
         # the same remote name in the other cluster must never be used by primary
         infra.register(
             "order-worker",
-            "127.0.0.1",
+            stray.host,
             stray.port,
             now=now,
             group="INFRASTRUCTURE",
@@ -107,7 +107,7 @@ async def test_the_seed_two_cluster_yaml_runs_end_to_end() -> None:
         business, infra = clusters()
         infra.register(
             "order-worker",
-            "127.0.0.1",
+            stray.host,
             stray.port,
             now=trio.current_time(),
             group="INFRASTRUCTURE",
