@@ -27,6 +27,9 @@ from tests.fakes.consul import Fault, run_consul_fake
 from tests.observability.chromium import open_chromium, require_chromium
 from tests.observability.support import CONSUL_TOKEN, apply_message, served, watch_once
 
+# It drives the console with trio_websocket and trio.fail_after: trio only.
+pytestmark = pytest.mark.trio_only
+
 ETCD_PASSWORD = "etcd-pa55word-e91c"
 SECRETS = (CONSUL_TOKEN, ETCD_PASSWORD)
 
