@@ -586,17 +586,21 @@ class EtcdProvider:
     ) -> None:
         started = False
         need_range = True
+
+        async def take_range() -> None:
+            nonlocal need_range, started
+            self._counts.watch_ranges += 1
+            await self._range_into(run.state, self._deadline())
+            need_range = False
+            self._publish(run)
+            if not started:
+                started = True
+                task_status.started()
+
         while True:
             try:
-                if need_range:
-                    self._counts.watch_ranges += 1
-                    await self._range_into(run.state, self._deadline())
-                    need_range = False
-                    self._publish(run)
-                    if not started:
-                        started = True
-                        task_status.started()
-                await self._follow(run)
+                # A range is taken inside a stream opened from now (see _follow).
+                await self._follow(run, first=take_range if need_range else None)
             except _Compacted:
                 self._counts.compaction_resyncs += 1
                 need_range = True
@@ -639,16 +643,34 @@ class EtcdProvider:
             run.backoff.reset()
             run.sink.refresh()
 
-    async def _follow(self, run: _Run) -> None:
-        """Follow one stream until it fails (raise) or is compacted (``_Compacted``)."""
+    async def _follow(
+        self, run: _Run, *, first: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Follow one stream until it fails (raise) or is compacted (``_Compacted``).
+
+        With ``first`` (the service's range), the stream is opened from now
+        and ``first()`` runs once it is created, before the stream is read:
+        the range is then at or past the stream's start, and the events it
+        already holds are ignored when they arrive. (etcd sends a watch from
+        now every change as it commits; a watch from a past revision waits
+        for the server's resync, every 100 ms.) Without it, the stream
+        resumes from ``revision + 1``."""
         head = self._layout.service_prefix(run.state.service)
         async with self._client.watch(
             head,
             prefix_range_end(head),
-            start_revision=run.state.revision + 1,
+            start_revision=0 if first is not None else run.state.revision + 1,
             open_deadline=self._deadline(),
         ) as stream:
             self._counts.watch_streams_opened += 1
+            if first is not None:
+                if not stream.created_revision:
+                    raise IncompleteSnapshot(
+                        f"etcd watch of {run.state.service!r}: the stream did not say its revision"
+                    )
+                # A linearizable range sent after the stream was created
+                # stands at or past its start: no event falls in between.
+                await first()
             run.failure = None
             compacted = False
             async with anyio.create_task_group() as group:
@@ -770,21 +792,35 @@ class EtcdProvider:
         member = fanout.join(run.state, run)
         started = False
         need_range = True
+
+        async def take_range() -> None:
+            nonlocal need_range, started
+            while True:
+                await self._range_into(run.state, self._deadline())
+                if fanout.accept(member, run.state.revision):
+                    break
+                if fanout.opening:
+                    await self._opened(fanout, member)
+            need_range = False
+            self._publish(run)
+            if not started:
+                started = True
+                task_status.started()
+
         try:
             while True:
                 try:
                     if need_range:
                         self._counts.watch_ranges += 1
                         fanout.begin_range(member)
-                        while True:
-                            await self._range_into(run.state, self._deadline())
-                            if fanout.accept(member, run.state.revision):
-                                break
-                        need_range = False
-                        self._publish(run)
-                        if not started:
-                            started = True
-                            task_status.started()
+                        if fanout.idle():
+                            # Nothing to resume: the stream opens from now,
+                            # then this member ranges (see Fanout.open_fresh).
+                            await self._host(fanout, member, first=take_range)
+                            if need_range:
+                                raise self._taken_failure(member)
+                        else:
+                            await take_range()
                     await self._follow_shared(fanout, run, member)
                 except _Compacted:
                     self._counts.compaction_resyncs += 1
@@ -801,6 +837,29 @@ class EtcdProvider:
                     self._counts.watch_resumes += 1
         finally:
             fanout.leave(member)
+
+    async def _opened(self, fanout: Fanout[_Run], member: Member[_Run]) -> None:
+        """Wait until the stream being opened from now was created (or its
+        opening ended)."""
+        woken = anyio.Event()
+        member.woken = False
+        member.waker = woken.set
+        try:
+            while fanout.opening and not member.woken:
+                await woken.wait()
+        finally:
+            member.waker = None
+
+    @staticmethod
+    def _taken_failure(member: Member[_Run]) -> ProviderFailure:
+        """Why a stream this member opened ended before its range was taken."""
+        if member.compacted:
+            member.compacted = False
+            return IncompleteSnapshot("the shared etcd watch was compacted while it opened")
+        failure, member.failure = member.failure, None
+        if isinstance(failure, ProviderFailure):
+            return failure
+        return IncompleteSnapshot(f"the shared etcd watch failed: {failure}")
 
     def _report(self, run: _Run, service: str, failure: ProviderFailure) -> None:
         self._counts.watch_failures += 1
@@ -840,10 +899,24 @@ class EtcdProvider:
             finally:
                 member.waker = None
 
-    async def _host(self, fanout: Fanout[_Run], member: Member[_Run]) -> None:
+    async def _host(
+        self,
+        fanout: Fanout[_Run],
+        member: Member[_Run],
+        *,
+        first: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """Read the shared stream in this member's task until it ends; the
-        fan-out records how (every member is woken to look)."""
-        start = fanout.take_host(member)
+        fan-out records how (every member is woken to look). With ``first``
+        (the fan-out is idle), the stream is opened from now and ``first()``
+        (the member's range) runs once it is created, before it is read:
+        what arrives meanwhile waits on the stream, and events at or below
+        a member's range revision are ignored when applied."""
+        if first is None:
+            start = fanout.take_host(member)
+        else:
+            fanout.open_fresh(member)
+            start = 0
         head = fanout.head
         outcome: ProviderFailure | _Compacted | None = None
         try:
@@ -854,6 +927,14 @@ class EtcdProvider:
                 open_deadline=self._deadline(),
             ) as stream:
                 self._counts.watch_streams_opened += 1
+                if first is not None:
+                    if not stream.created_revision:
+                        raise IncompleteSnapshot(
+                            f"etcd shared watch of {head.decode('utf-8', 'replace')!r}: "
+                            "the stream did not say its revision"
+                        )
+                    fanout.opened(stream.created_revision)
+                    await first()
                 async with anyio.create_task_group() as group:
 
                     async def pump() -> None:
