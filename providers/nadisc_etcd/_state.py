@@ -123,23 +123,28 @@ class ServiceState:
         decoded at the same ``mod_revision``."""
         known = reuse._entries if reuse is not None else {}
         entries: dict[bytes, _Entry] = {}
-        listing: IncrementalListing[bytes] = IncrementalListing()
+        # A range comes in key order: the listing is built in bulk at the end.
+        keys: list[bytes] = []
+        instances: list[Instance] = []
         invalid: dict[bytes, str] = {}
         step = self.RESET_STEP
+        decode = self._decode
         for count, kv in enumerate(kvs, 1):
-            entry = known.get(kv.key)
+            key = kv.key
+            entry = known.get(key)
             if entry is None or not kv.mod_revision or entry.mod_revision != kv.mod_revision:
-                entry = self._decode(kv)
-            entries[kv.key] = entry
+                entry = decode(kv)
+            entries[key] = entry
             if entry.instance is not None:
-                listing.put(kv.key, entry.instance)
+                keys.append(key)
+                instances.append(entry.instance)
             else:
-                invalid[kv.key] = entry.problem or "invalid record"
+                invalid[key] = entry.problem or "invalid record"
             if count % step == 0:
                 yield
         self._entries = entries
         self._version += 1
-        self._listing = listing
+        self._listing = IncrementalListing.from_sorted(keys, instances)
         self._invalid = invalid
         self._invalid_view = None
         self.revision = revision
