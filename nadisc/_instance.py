@@ -244,12 +244,14 @@ def trusted_instance(
     weight: float = 1.0,
     metadata: Mapping[str, str] = _EMPTY,
     tags: tuple[str, ...] = (),
+    draining: bool = False,
 ) -> Instance:
-    """``Instance(identity, host, port, weight, metadata, tags)`` for a
+    """``Instance(identity, host, port, weight, metadata, tags, draining)`` for a
     decoder that already checked the fields :meth:`Instance.__post_init__`
     checks: ``identity`` non-empty, ``port`` in 1-65535, ``weight`` finite
-    and > 0, ``metadata`` a ``MappingProxyType`` or a ``dict`` nobody else
-    holds (it is wrapped, not copied), ``tags`` a tuple. The host is still
+    and > 0, ``metadata`` a mapping of strings (a ``MappingProxyType`` is
+    kept, anything else copied, as the constructor does), ``tags`` a tuple
+    of strings, ``draining`` a bool. The host is still
     checked (a cached set look-up for a host seen before): a host that is
     not an IP address or DNS name goes through the validating constructor,
     which raises :class:`InvalidInstanceAddress` exactly as it would.
@@ -257,10 +259,13 @@ def trusted_instance(
     hypothesis test compares them); what it skips is the constructor's
     Python-level checks, about half the cost of building an instance."""
     if host not in _VALID_HOSTS and not valid_host(host):
-        return Instance(identity, host, port, weight, metadata, tags)
+        return Instance(identity, host, port, weight, metadata, tags, draining)
     if type(metadata) is not MappingProxyType:
         metadata = MappingProxyType(dict(metadata)) if metadata else _EMPTY
-    return Instance(identity, host, port, weight, metadata, tags, _TRUSTED)  # type: ignore[arg-type]
+    instance = Instance(identity, host, port, weight, metadata, tags, _TRUSTED)  # type: ignore[arg-type]
+    if draining:
+        _force(instance, "draining", True)
+    return instance
 
 
 def _trusted_instances(

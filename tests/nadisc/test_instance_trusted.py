@@ -101,6 +101,7 @@ HOSTS = st.one_of(
     metadata=st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
     view=st.booleans(),
     tags=st.lists(st.text(max_size=3), max_size=3).map(tuple),
+    draining=st.booleans(),
 )
 def test_trusted_instance_equals_the_validating_constructor(
     identity: str,
@@ -110,19 +111,20 @@ def test_trusted_instance_equals_the_validating_constructor(
     metadata: dict[str, str],
     view: bool,
     tags: tuple[str, ...],
+    draining: bool,
 ) -> None:
     """For every input the trusted builder's callers guarantee (identity
     non-empty, port in range, weight finite and positive), the same instance
     as ``Instance(...)`` in every field, or the same error for a bad host."""
     given_metadata: Mapping[str, str] = MappingProxyType(dict(metadata)) if view else metadata
     try:
-        expected = Instance(identity, host, port, weight, given_metadata, tags)
+        expected = Instance(identity, host, port, weight, given_metadata, tags, draining)
     except ValueError as exc:
         with pytest.raises(type(exc)) as caught:
-            trusted_instance(identity, host, port, weight, given_metadata, tags)
+            trusted_instance(identity, host, port, weight, given_metadata, tags, draining)
         assert str(caught.value) == str(exc)
         return
-    built = trusted_instance(identity, host, port, weight, given_metadata, tags)
+    built = trusted_instance(identity, host, port, weight, given_metadata, tags, draining)
     assert type(built) is Instance and built == expected
     assert [getattr(built, n) for n in FIELDS] == [getattr(expected, n) for n in FIELDS]
     assert type(built.metadata) is MappingProxyType
