@@ -6,18 +6,23 @@ because its registrant keeps a lease alive)::
     query(service)   one range of <prefix>/<service>/ (pages of 250 keys read at
                      one revision, decoded cooperatively) -> complete ProviderSnapshot
 
-    watch(service)   range ─► publish ─► watch from revision+1 (progress_notify)
+    watch(service)   stream from now ─► range ─► publish ─► read (progress_notify)
                        ▲                    │ each received batch of events: publish once
                        │                    │ progress notify / matching probe: refresh()
                        │ compacted          │ stream broke, probe failed or stalled:
                        └── re-range ◄───────┤   fail(IncompleteSnapshot), backoff,
                                             └── resume from revision+1 (no loss, no repeat)
 
+The first range (and one after a compaction) is taken inside a stream
+opened from now, once it is created: etcd sends such a watch each change
+as it commits, while a watch from a past revision waits for the server's
+resync (every 100 ms). The range then stands at or past the stream's start.
+
 That diagram is one service on a stream of its own (``watch: per_service``).
 With ``watch: shared`` (the default) every watched service of the connection
 is a member of one stream over ``<prefix>/`` (see :mod:`._fanout`): a member
-joins, ranges (its events buffered meanwhile) and is then fed its own
-service's events; the stream is read in one member's task (the host) and
+joins, ranges (its events buffered meanwhile; the first member opens the
+stream from now before its range) and is then fed its own service's events; the stream is read in one member's task (the host) and
 reopened from its newest delivered revision + 1 when it breaks or its host
 leaves; a compaction makes every member range again. One probe per stream
 (the newest change under the prefix, a keys-only range with limit 1) does

@@ -12,6 +12,9 @@ the listing is and whether the stream can be trusted. No I/O, no clock.
                            │ compact_revision)          ▼
                            └──────── re-range ◄──── confirmed: nothing changed
 
+(The shell takes a first range inside a stream opened from now, so the
+stream starts at or before ``R + 1``; events at or below ``R`` are ignored.)
+
 ``revision`` is the newest revision whose effects are all applied, so a
 broken stream resumes from ``revision + 1`` with no event lost and none
 applied twice (an event at or below ``revision`` is ignored).
@@ -23,7 +26,8 @@ of k events costs O(k log n) plus the decoding of those k records, and
 the invalid records (cached while they do not change). A complete range
 (:meth:`~ServiceState.reset`) is O(n); records whose key and
 ``mod_revision`` a live state already decoded are taken over undecoded
-(in etcd a key's ``mod_revision`` names one value), and
+(in etcd a key's ``mod_revision`` names one value), the listing is built
+in bulk from the range's key order, and
 :meth:`~ServiceState.reset_steps` yields every few hundred records so the
 caller can give the event loop back in between.
 """
