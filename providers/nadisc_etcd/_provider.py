@@ -22,9 +22,10 @@ That diagram is one service on a stream of its own (``watch: per_service``).
 With ``watch: shared`` (the default) every watched service of the connection
 is a member of one stream over ``<prefix>/`` (see :mod:`._fanout`): a member
 joins, ranges (its events buffered meanwhile; the first member opens the
-stream from now before its range) and is then fed its own service's events; the stream is read in one member's task (the host) and
-reopened from its newest delivered revision + 1 when it breaks or its host
-leaves; a compaction makes every member range again. One probe per stream
+stream from now before its range) and is then fed its own service's
+events; the stream is read in one member's task (the host) and reopened
+from its newest delivered revision + 1 when it breaks or its host leaves;
+a compaction makes every member range again. One probe per stream
 (the newest change under the prefix, a keys-only range with limit 1) does
 what the per-service probe below does for all members at once.
 
