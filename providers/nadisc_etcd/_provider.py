@@ -81,6 +81,7 @@ import binascii
 import importlib
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -170,6 +171,10 @@ def record_bytes(kvs: Sequence[KeyValue]) -> int:
 
 #: Services the shared watch publishes between two turns of the event loop.
 PUBLISH_STEP = 64
+#: Query listings kept for a watch to take over (the owner queries a
+#: service, then starts its watch): at most this many services, and at most
+#: ``max_instances_per_service`` records in all.
+QUERIED_SERVICES = 64
 
 
 #: Our registrations on one lease from which a check reads the whole
@@ -230,6 +235,9 @@ class EtcdStatistics:
     keepalives: int = 0
     #: Shared leases held right now.
     leases_held: int = 0
+    #: Watches that started from their service's query listing, read at the
+    #: revision their stream was created at, instead of a range.
+    watch_listings_taken: int = 0
 
 
 @dataclass(slots=True)
@@ -243,6 +251,7 @@ class _Counts:
     watch_failures: int = 0
     publishes: int = 0
     probes: int = 0
+    watch_listings_taken: int = 0
 
 
 class _Run:
@@ -346,6 +355,11 @@ class EtcdProvider:
         #: service -> the state of a running watch of it: a query reuses the
         #: records that watch already decoded.
         self._live: dict[str, ServiceState] = {}
+        #: service -> the listing its last query read (oldest first, bounded
+        #: by QUERIED_RECORDS and QUERIED_SERVICES): a watch whose stream
+        #: was created at that very revision takes it instead of ranging.
+        self._queried: OrderedDict[str, ServiceState] = OrderedDict()
+        self._queried_records = 0
         #: The members of the shared watch over ``<prefix>/`` (None: one
         #: stream per watched service).
         self._fanout: Fanout[_Run] | None = (
@@ -385,6 +399,7 @@ class EtcdProvider:
             leases_held=len(self._leases),
             probes=c.probes,
             watch_connections=n.watch_connections,
+            watch_listings_taken=c.watch_listings_taken,
         )
 
     def _check_open(self) -> None:
@@ -542,7 +557,37 @@ class EtcdProvider:
             state.revision
         ):
             return self._live[service].snapshot()
-        return state.snapshot()
+        snapshot = state.snapshot()
+        self._keep_queried(state)
+        return snapshot
+
+    def _keep_queried(self, state: ServiceState) -> None:
+        """Keep a query's listing for a watch of the service about to start."""
+        old = self._queried.pop(state.service, None)
+        if old is not None:
+            self._queried_records -= len(old)
+        self._queried[state.service] = state
+        self._queried_records += len(state)
+        most = self._context.max_instances_per_service
+        while self._queried and (
+            self._queried_records > most or len(self._queried) > QUERIED_SERVICES
+        ):
+            _, dropped = self._queried.popitem(last=False)
+            self._queried_records -= len(dropped)
+
+    def _take_queried(self, state: ServiceState, created: int) -> bool:
+        """Fill ``state`` with its service's last query listing when that was
+        read at ``created``, the revision a stream from now was just created
+        at: nothing changed in between, so it is what a range would read now
+        (and the stream delivers everything after it). True if taken."""
+        queried = self._queried.pop(state.service, None)
+        if queried is None:
+            return False
+        self._queried_records -= len(queried)
+        if queried.revision != created:
+            return False
+        state.adopt(queried)
+        return True
 
     def _watched_revision(self, state: ServiceState) -> int:
         """The revision up to which a running watch has applied every event
@@ -593,10 +638,13 @@ class EtcdProvider:
         started = False
         need_range = True
 
-        async def take_range() -> None:
+        async def take_range(created: int) -> None:
             nonlocal need_range, started
-            self._counts.watch_ranges += 1
-            await self._range_into(run.state, self._deadline())
+            if self._take_queried(run.state, created):
+                self._counts.watch_listings_taken += 1
+            else:
+                self._counts.watch_ranges += 1
+                await self._range_into(run.state, self._deadline())
             need_range = False
             self._publish(run)
             if not started:
@@ -650,7 +698,7 @@ class EtcdProvider:
             run.sink.refresh()
 
     async def _follow(
-        self, run: _Run, *, first: Callable[[], Awaitable[None]] | None = None
+        self, run: _Run, *, first: Callable[[int], Awaitable[None]] | None = None
     ) -> None:
         """Follow one stream until it fails (raise) or is compacted (``_Compacted``).
 
@@ -676,7 +724,7 @@ class EtcdProvider:
                     )
                 # A linearizable range sent after the stream was created
                 # stands at or past its start: no event falls in between.
-                await first()
+                await first(stream.created_revision)
             run.failure = None
             compacted = False
             async with anyio.create_task_group() as group:
@@ -799,14 +847,23 @@ class EtcdProvider:
         started = False
         need_range = True
 
-        async def take_range() -> None:
+        async def take_range(created: int | None = None) -> None:
+            """The member's range; ``created``: this member opened the stream
+            from now, created at that revision (a query listing read at it
+            is taken instead)."""
             nonlocal need_range, started
-            while True:
-                await self._range_into(run.state, self._deadline())
-                if fanout.accept(member, run.state.revision):
-                    break
-                if fanout.opening:
-                    await self._opened(fanout, member)
+            if created is not None and self._take_queried(run.state, created):
+                self._counts.watch_listings_taken += 1
+                accepted = fanout.accept(member, run.state.revision)
+                assert accepted  # at the stream's own start
+            else:
+                self._counts.watch_ranges += 1
+                while True:
+                    await self._range_into(run.state, self._deadline())
+                    if fanout.accept(member, run.state.revision):
+                        break
+                    if fanout.opening:
+                        await self._opened(fanout, member)
             need_range = False
             self._publish(run)
             if not started:
@@ -817,7 +874,6 @@ class EtcdProvider:
             while True:
                 try:
                     if need_range:
-                        self._counts.watch_ranges += 1
                         fanout.begin_range(member)
                         if fanout.idle():
                             # Nothing to resume: the stream opens from now,
@@ -910,7 +966,7 @@ class EtcdProvider:
         fanout: Fanout[_Run],
         member: Member[_Run],
         *,
-        first: Callable[[], Awaitable[None]] | None = None,
+        first: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         """Read the shared stream in this member's task until it ends; the
         fan-out records how (every member is woken to look). With ``first``
@@ -940,7 +996,7 @@ class EtcdProvider:
                             "the stream did not say its revision"
                         )
                     fanout.opened(stream.created_revision)
-                    await first()
+                    await first(stream.created_revision)
                 async with anyio.create_task_group() as group:
 
                     async def pump() -> None:
@@ -1311,6 +1367,8 @@ class EtcdProvider:
         if self._closed:
             return
         self._closed = True
+        self._queried.clear()
+        self._queried_records = 0
         await self._client.aclose()
 
 

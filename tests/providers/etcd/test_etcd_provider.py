@@ -183,6 +183,42 @@ async def test_a_watch_opens_its_stream_from_now_before_its_first_range(
     assert (stats.watch_ranges, stats.watch_streams_opened) == (1, 1)
 
 
+@both_wires
+@pytest.mark.parametrize("mode", ["shared", "per_service"])
+async def test_a_watch_takes_the_query_listing_read_at_its_stream_s_start(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker, mode: str
+) -> None:
+    """The owner queries a service, then starts its watch. When the stream
+    (from now) is created at the very revision the query read, nothing
+    changed in between: the watch starts from the query's listing instead of
+    ranging again. A change in between makes it range."""
+    provider = make_provider(etcd_server, probe_interval_ms=10_000, watch=mode)
+    head = f"{provider.settings.prefix}/orders"
+    await raw.put_record(f"{head}/a", "10.0.0.1:8080")
+    queried = await provider.query("orders", soon())
+    sink = RecordingSink()
+    async with anyio.create_task_group() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        assert sink.publishes[0] == queried
+        stats = provider.statistics()
+        assert (stats.watch_ranges, stats.watch_listings_taken) == (0, 1)
+        await raw.put_record(f"{head}/b", "10.0.0.2:8080")
+        await sink.wait_for(lambda: sink.ids() == {"a", "b"}, 5.0)
+        nursery.cancel_scope.cancel()
+
+    # Changed after the query (anywhere: the revision is the store's): ranged.
+    await provider.query("orders", soon())
+    await raw.put_record(f"{head}/c", "10.0.0.3:8080")
+    sink = RecordingSink()
+    async with anyio.create_task_group() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        assert sink.ids() == {"a", "b", "c"}
+        nursery.cancel_scope.cancel()
+    stats = provider.statistics()
+    assert (stats.watch_ranges, stats.watch_listings_taken) == (1, 1)
+    assert sink.failures == []
+
+
 async def test_idle_watch_is_confirmed_by_progress(
     etcd_server: EtcdServer, make_provider: ProviderMaker
 ) -> None:
