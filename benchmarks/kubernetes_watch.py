@@ -65,6 +65,7 @@ from nadisc import (
     RestOptions,
     open_discovery,
 )
+from nadisc._instance import trusted_instance
 from nadisc._route import Route
 
 CHANGES = 200
@@ -263,7 +264,7 @@ def floor_listing(body: bytes, service_name: str, service_uid: str, port: str) -
         if not any(o.kind == "Service" and o.uid == service_uid for o in meta.ownerReferences):
             continue
         number = next((p.port for p in item.ports if p.name == port), None)
-        if number is None:
+        if number is None or not 0 < number < 65536:
             continue
         for ep in item.endpoints:
             c = ep.conditions
@@ -276,9 +277,13 @@ def floor_listing(body: bytes, service_name: str, service_uid: str, port: str) -
                     {"address_type": key[0], "zone": ep.zone or "", "node_name": ep.nodeName or ""}
                 )
             identity = ep.targetRef.uid if ep.targetRef is not None else ep.addresses[0]
-            best.setdefault(identity, Instance(identity, ep.addresses[0], number, metadata=md))
+            if identity not in best:
+                best[identity] = trusted_instance(identity, ep.addresses[0], number, 1.0, md)
     instances = tuple(best[i] for i in sorted(best))
-    return ProviderSnapshot(service_name, instances, EvidenceKind.ORCHESTRATOR_READY)
+    # Unique identities (dict keys), hosts checked by trusted_instance.
+    return ProviderSnapshot._assembled(
+        service_name, instances, EvidenceKind.ORCHESTRATOR_READY, {}, -1
+    )
 
 
 def measure_decode(rounds: int, repeats: int, endpoints: int = ENDPOINTS) -> dict[str, float]:

@@ -28,10 +28,12 @@ import bisect
 import enum
 import ipaddress
 import math
+import operator
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import islice, repeat
 from operator import attrgetter
 from types import MappingProxyType
 from typing import Generic, TypeVar
@@ -142,6 +144,7 @@ def _check_host(host: str) -> bool:
 
 
 _host_of = attrgetter("host")
+_identity_of = attrgetter("identity")
 
 
 def _screen(
@@ -224,12 +227,45 @@ class Instance(msgspec.Struct, frozen=True, gc=False):
     def approximate_bytes(self) -> int:
         """What this instance counts against ``max_snapshot_bytes``."""
         size = 64 + len(self.identity) + len(self.host)
-        size += sum(len(k) + len(v) for k, v in self.metadata.items())
-        size += sum(len(t) for t in self.tags)
+        if self.metadata:
+            size += sum(len(k) + len(v) for k, v in self.metadata.items())
+        if self.tags:
+            size += sum(len(t) for t in self.tags)
         return size
 
 
 _force = msgspec.structs.force_setattr
+
+
+def trusted_instance(
+    identity: str,
+    host: str,
+    port: int,
+    weight: float = 1.0,
+    metadata: Mapping[str, str] = _EMPTY,
+    tags: tuple[str, ...] = (),
+    draining: bool = False,
+) -> Instance:
+    """``Instance(identity, host, port, weight, metadata, tags, draining)`` for a
+    decoder that already checked the fields :meth:`Instance.__post_init__`
+    checks: ``identity`` non-empty, ``port`` in 1-65535, ``weight`` finite
+    and > 0, ``metadata`` a mapping of strings (a ``MappingProxyType`` is
+    kept, anything else copied, as the constructor does), ``tags`` a tuple
+    of strings, ``draining`` a bool. The host is still
+    checked (a cached set look-up for a host seen before): a host that is
+    not an IP address or DNS name goes through the validating constructor,
+    which raises :class:`InvalidInstanceAddress` exactly as it would.
+    Equal to the validating constructor's result for every such input (a
+    hypothesis test compares them); what it skips is the constructor's
+    Python-level checks, about half the cost of building an instance."""
+    if host not in _VALID_HOSTS and not valid_host(host):
+        return Instance(identity, host, port, weight, metadata, tags, draining)
+    if type(metadata) is not MappingProxyType:
+        metadata = MappingProxyType(dict(metadata)) if metadata else _EMPTY
+    instance = Instance(identity, host, port, weight, metadata, tags, _TRUSTED)  # type: ignore[arg-type]
+    if draining:
+        _force(instance, "draining", True)
+    return instance
 
 
 def _trusted_instances(
@@ -384,6 +420,32 @@ class IncrementalListing(Generic[K]):
         self._duplicates = 0
         self._size = 64
         self._cached: ProviderSnapshot | None = None
+
+    @classmethod
+    def from_sorted(cls, keys: list[K], instances: list[Instance]) -> IncrementalListing[K]:
+        """A listing of ``instances[i]`` under ``keys[i]``, built in bulk:
+        for keys that arrive in ascending order (a registry's range), the
+        same listing as :meth:`put` of each pair, without the per-key binary
+        search, list insert and bookkeeping (the counts are taken once, in
+        C). The lists are taken over, not copied. Keys out of order or
+        repeated are put one by one (the same result, at :meth:`put`'s cost).
+        """
+        listing: IncrementalListing[K] = cls()
+        if len(keys) != len(instances):
+            raise ValueError("from_sorted needs one instance per key")
+        if any(map(operator.ge, keys, islice(keys, 1, None))):
+            for key, instance in zip(keys, instances, strict=True):
+                listing.put(key, instance)
+            return listing
+        sizes = list(map(Instance.approximate_bytes, instances))
+        listing._keys = keys
+        listing._instances = instances
+        listing._by_key = dict(zip(keys, instances, strict=True))
+        listing._sizes = dict(zip(keys, sizes, strict=True))
+        listing._identities = dict(Counter(map(_identity_of, instances)))
+        listing._duplicates = len(instances) - len(listing._identities)
+        listing._size = 64 + sum(sizes)
+        return listing
 
     def __len__(self) -> int:
         return len(self._keys)

@@ -206,11 +206,18 @@ class _Counters:
 class Batches(Protocol):
     """What the provider reads from an established watch, on either wire."""
 
+    #: The server's revision when the watch was created (its ``created``
+    #: answer's header): a watch opened without a start revision delivers
+    #: every event newer than it. 0 when the first answer was not ``created``.
+    created_revision: int
+
     async def next_batch(self) -> list[WatchResponse]: ...
 
 
 class _Opened(Batches, Protocol):
     """A watch stream as it is opened: its first message can be put back."""
+
+    created_revision: int
 
     def _push_back(self, messages: list[WatchResponse]) -> None: ...
 
@@ -227,6 +234,7 @@ class WatchStream:
         self._chunks = chunks
         self._lines = LineBuffer(limit)
         self._pending: list[WatchResponse] = []
+        self.created_revision = 0
 
     async def next_batch(self) -> list[WatchResponse]:
         """Every message available now (at least one); waits for the next chunk
@@ -311,6 +319,8 @@ class ClientCore:
                     raise _server_failure("read", f"{self.endpoint}/v3/watch", status)
                 if first.canceled or not first.created:
                     stream._push_back([first])
+                else:
+                    stream.created_revision = first.header.revision
                 yield stream
                 return
         raise AssertionError("unreachable")  # pragma: no cover
@@ -683,6 +693,8 @@ class EtcdClient(ClientCore):
         progress_notify: bool = True,
     ) -> AsyncIterator[WatchStream]:
         """Open a watch from ``start_revision``; yields once ``created`` arrived.
+        ``start_revision=0`` watches from now: every event newer than the
+        stream's ``created_revision``.
 
         Opening is bounded by ``open_deadline`` and ``request_timeout``; reading
         afterwards is not (the caller decides when a silent stream is dead).

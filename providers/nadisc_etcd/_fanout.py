@@ -25,6 +25,15 @@ range is sent, so every event newer than its range either is in its buffer
 or is still to come; :meth:`Fanout.accept` checks that the range is not
 older than what an already open stream started from.
 
+Opening from now: when no stream is open and no member is live (the first
+watched service, or after a compaction) there is no continuity to keep, so
+the host opens the stream *before* its range, from the current revision
+(:meth:`Fanout.open_fresh`, :meth:`Fanout.opened`), and ranges once it is
+created. etcd serves a watch from now with every change as it commits; a
+watch from a past revision waits for the server's resync loop (every
+100 ms), which is what a stream opened after the range would be whenever a
+change landed in between.
+
 Hosting: the stream is read inside one member's task (the *host*); the
 provider starts no task of its own. When the host leaves, the stream is
 closed with it and the next member to notice opens it again (a resume, not
@@ -145,8 +154,14 @@ class Fanout(Generic[_R]):
 
         True: the member is live (its buffered events were applied). False:
         the range is older than the open stream's start, so events in between
-        may never reach it; the caller ranges again (still buffering).
+        may never reach it; the caller ranges again (still buffering). Also
+        False while a stream is being opened from now (:meth:`open_fresh`):
+        its start is not known yet; the caller waits to be woken by
+        :meth:`opened`, then ranges again.
         """
+        if self.opening:
+            member.buffer = []
+            return False
         if self.opened_from is not None:
             if revision < self.opened_from - 1:
                 member.buffer = []
@@ -159,6 +174,42 @@ class Fanout(Generic[_R]):
         return True
 
     # --------------------------------------------------------------- stream
+
+    @property
+    def opening(self) -> bool:
+        """A stream from now is being opened (:meth:`open_fresh`): its start
+        revision is not known yet."""
+        return self.host is not None and self.opened_from is None
+
+    def idle(self) -> bool:
+        """No stream is open and no member is live: there is no continuity to
+        keep, so the next stream may start from now (:meth:`open_fresh`)."""
+        return self.host is None and not any(member.live for member in self.members())
+
+    def open_fresh(self, member: Member[_R]) -> None:
+        """``member`` opens the stream from now (no start revision) and then
+        ranges, its events buffered (the fan-out is :meth:`idle`). etcd
+        delivers a watch from now as soon as each change is committed; a
+        watch from a past revision is first caught up by the server's
+        periodic resync (every 100 ms), which would delay the first changes
+        after a range by up to that much. Until :meth:`opened`, a range
+        cannot be accepted."""
+        assert self.host is None and not member.live
+        self.host = member
+        self.opened_from = None
+        self.revision = None
+        self._lagging_since = None
+
+    def opened(self, revision: int) -> None:
+        """The stream from now was created at server ``revision``: it delivers
+        every event newer than that, so a range at ``revision`` or later is
+        complete together with it. Wakes the members waiting to range again."""
+        assert self.opening
+        self.opened_from = revision + 1
+        self.revision = revision
+        for member in self.members():
+            if not member.live:
+                member.wake()
 
     def take_host(self, member: Member[_R]) -> int:
         """``member`` reads the stream from now on; the start revision to open it at."""

@@ -145,6 +145,7 @@ class GrpcWatchStream:
         self._secrets = secrets
         self._limit = limit
         self._pending: list[WatchResponse] = []
+        self.created_revision = 0
 
     async def next_batch(self) -> list[WatchResponse]:
         """The next message (pushed-back ones first). ``IncompleteSnapshot``

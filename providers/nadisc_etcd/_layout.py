@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import msgspec
 
 from nadisc import Instance, RegistrationRecord
+from nadisc._instance import trusted_instance
 
 __all__ = [
     "RESERVED_METADATA",
@@ -99,15 +100,19 @@ def _split_addr(addr: str) -> tuple[str, int]:
     host, sep, port_text = addr.rpartition(":")
     if not sep or not host:
         raise RecordError(f"Addr {addr!r} is not host:port")
-    if host.startswith("[") and host.endswith("]"):
+    if host[0] == "[" and host[-1] == "]":
         host = host[1:-1]
+        if not host:
+            raise RecordError(f"Addr {addr!r} has an empty host")
     elif ":" in host:
         raise RecordError(f"Addr {addr!r}: an IPv6 host must be bracketed")
-    if not host:
-        raise RecordError(f"Addr {addr!r} has an empty host")
-    if not port_text.isdigit() or len(port_text) > 5 or not (0 < int(port_text) < 65536):
+    # ASCII digits only: str.isdigit() also admits digits int() refuses ("²").
+    if len(port_text) > 5 or not port_text.isdigit() or not port_text.isascii():
         raise RecordError(f"Addr {addr!r}: port must be 1-65535")
-    return host, int(port_text)
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise RecordError(f"Addr {addr!r}: port must be 1-65535")
+    return host, port
 
 
 def _weight(value: object) -> float:
@@ -182,10 +187,13 @@ def decode_record_bytes(identity: str, raw: bytes, *, max_record_bytes: int) -> 
                 metadata[name] = _text(item)
     elif extra is not None:
         metadata["Metadata"] = _text(extra)
+    if not identity:
+        raise RecordError("instance identity must not be empty")
     try:
-        return Instance(
-            identity=identity, host=host, port=port, weight=weight, metadata=metadata, tags=tags
-        )
+        # Every field but the host was checked above (the port by
+        # _split_addr, the weight by _weight): the constructor's own checks
+        # would repeat them. The host is checked, by the same rule.
+        return trusted_instance(identity, host, port, weight, metadata, tags)
     except ValueError as exc:
         raise RecordError(str(exc)) from None
 

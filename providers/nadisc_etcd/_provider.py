@@ -6,20 +6,26 @@ because its registrant keeps a lease alive)::
     query(service)   one range of <prefix>/<service>/ (pages of 250 keys read at
                      one revision, decoded cooperatively) -> complete ProviderSnapshot
 
-    watch(service)   range ─► publish ─► watch from revision+1 (progress_notify)
+    watch(service)   stream from now ─► range ─► publish ─► read (progress_notify)
                        ▲                    │ each received batch of events: publish once
                        │                    │ progress notify / matching probe: refresh()
                        │ compacted          │ stream broke, probe failed or stalled:
                        └── re-range ◄───────┤   fail(IncompleteSnapshot), backoff,
                                             └── resume from revision+1 (no loss, no repeat)
 
+The first range (and one after a compaction) is taken inside a stream
+opened from now, once it is created: etcd sends such a watch each change
+as it commits, while a watch from a past revision waits for the server's
+resync (every 100 ms). The range then stands at or past the stream's start.
+
 That diagram is one service on a stream of its own (``watch: per_service``).
 With ``watch: shared`` (the default) every watched service of the connection
 is a member of one stream over ``<prefix>/`` (see :mod:`._fanout`): a member
-joins, ranges (its events buffered meanwhile) and is then fed its own
-service's events; the stream is read in one member's task (the host) and
-reopened from its newest delivered revision + 1 when it breaks or its host
-leaves; a compaction makes every member range again. One probe per stream
+joins, ranges (its events buffered meanwhile; the first member opens the
+stream from now before its range) and is then fed its own service's
+events; the stream is read in one member's task (the host) and reopened
+from its newest delivered revision + 1 when it breaks or its host leaves;
+a compaction makes every member range again. One probe per stream
 (the newest change under the prefix, a keys-only range with limit 1) does
 what the per-service probe below does for all members at once.
 
@@ -75,6 +81,7 @@ import binascii
 import importlib
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -164,6 +171,10 @@ def record_bytes(kvs: Sequence[KeyValue]) -> int:
 
 #: Services the shared watch publishes between two turns of the event loop.
 PUBLISH_STEP = 64
+#: Query listings kept for a watch to take over (the owner queries a
+#: service, then starts its watch): at most this many services, and at most
+#: ``max_instances_per_service`` records in all.
+QUERIED_SERVICES = 64
 
 
 #: Our registrations on one lease from which a check reads the whole
@@ -224,6 +235,9 @@ class EtcdStatistics:
     keepalives: int = 0
     #: Shared leases held right now.
     leases_held: int = 0
+    #: Watches that started from their service's query listing, read at the
+    #: revision their stream was created at, instead of a range.
+    watch_listings_taken: int = 0
 
 
 @dataclass(slots=True)
@@ -237,6 +251,7 @@ class _Counts:
     watch_failures: int = 0
     publishes: int = 0
     probes: int = 0
+    watch_listings_taken: int = 0
 
 
 class _Run:
@@ -340,6 +355,11 @@ class EtcdProvider:
         #: service -> the state of a running watch of it: a query reuses the
         #: records that watch already decoded.
         self._live: dict[str, ServiceState] = {}
+        #: service -> the listing its last query read (oldest first, bounded
+        #: by QUERIED_RECORDS and QUERIED_SERVICES): a watch whose stream
+        #: was created at that very revision takes it instead of ranging.
+        self._queried: OrderedDict[str, ServiceState] = OrderedDict()
+        self._queried_records = 0
         #: The members of the shared watch over ``<prefix>/`` (None: one
         #: stream per watched service).
         self._fanout: Fanout[_Run] | None = (
@@ -379,6 +399,7 @@ class EtcdProvider:
             leases_held=len(self._leases),
             probes=c.probes,
             watch_connections=n.watch_connections,
+            watch_listings_taken=c.watch_listings_taken,
         )
 
     def _check_open(self) -> None:
@@ -536,7 +557,37 @@ class EtcdProvider:
             state.revision
         ):
             return self._live[service].snapshot()
-        return state.snapshot()
+        snapshot = state.snapshot()
+        self._keep_queried(state)
+        return snapshot
+
+    def _keep_queried(self, state: ServiceState) -> None:
+        """Keep a query's listing for a watch of the service about to start."""
+        old = self._queried.pop(state.service, None)
+        if old is not None:
+            self._queried_records -= len(old)
+        self._queried[state.service] = state
+        self._queried_records += len(state)
+        most = self._context.max_instances_per_service
+        while self._queried and (
+            self._queried_records > most or len(self._queried) > QUERIED_SERVICES
+        ):
+            _, dropped = self._queried.popitem(last=False)
+            self._queried_records -= len(dropped)
+
+    def _take_queried(self, state: ServiceState, created: int) -> bool:
+        """Fill ``state`` with its service's last query listing when that was
+        read at ``created``, the revision a stream from now was just created
+        at: nothing changed in between, so it is what a range would read now
+        (and the stream delivers everything after it). True if taken."""
+        queried = self._queried.pop(state.service, None)
+        if queried is None:
+            return False
+        self._queried_records -= len(queried)
+        if queried.revision != created:
+            return False
+        state.adopt(queried)
+        return True
 
     def _watched_revision(self, state: ServiceState) -> int:
         """The revision up to which a running watch has applied every event
@@ -586,17 +637,24 @@ class EtcdProvider:
     ) -> None:
         started = False
         need_range = True
+
+        async def take_range(created: int) -> None:
+            nonlocal need_range, started
+            if self._take_queried(run.state, created):
+                self._counts.watch_listings_taken += 1
+            else:
+                self._counts.watch_ranges += 1
+                await self._range_into(run.state, self._deadline())
+            need_range = False
+            self._publish(run)
+            if not started:
+                started = True
+                task_status.started()
+
         while True:
             try:
-                if need_range:
-                    self._counts.watch_ranges += 1
-                    await self._range_into(run.state, self._deadline())
-                    need_range = False
-                    self._publish(run)
-                    if not started:
-                        started = True
-                        task_status.started()
-                await self._follow(run)
+                # A range is taken inside a stream opened from now (see _follow).
+                await self._follow(run, first=take_range if need_range else None)
             except _Compacted:
                 self._counts.compaction_resyncs += 1
                 need_range = True
@@ -639,16 +697,34 @@ class EtcdProvider:
             run.backoff.reset()
             run.sink.refresh()
 
-    async def _follow(self, run: _Run) -> None:
-        """Follow one stream until it fails (raise) or is compacted (``_Compacted``)."""
+    async def _follow(
+        self, run: _Run, *, first: Callable[[int], Awaitable[None]] | None = None
+    ) -> None:
+        """Follow one stream until it fails (raise) or is compacted (``_Compacted``).
+
+        With ``first`` (the service's range), the stream is opened from now
+        and ``first()`` runs once it is created, before the stream is read:
+        the range is then at or past the stream's start, and the events it
+        already holds are ignored when they arrive. (etcd sends a watch from
+        now every change as it commits; a watch from a past revision waits
+        for the server's resync, every 100 ms.) Without it, the stream
+        resumes from ``revision + 1``."""
         head = self._layout.service_prefix(run.state.service)
         async with self._client.watch(
             head,
             prefix_range_end(head),
-            start_revision=run.state.revision + 1,
+            start_revision=0 if first is not None else run.state.revision + 1,
             open_deadline=self._deadline(),
         ) as stream:
             self._counts.watch_streams_opened += 1
+            if first is not None:
+                if not stream.created_revision:
+                    raise IncompleteSnapshot(
+                        f"etcd watch of {run.state.service!r}: the stream did not say its revision"
+                    )
+                # A linearizable range sent after the stream was created
+                # stands at or past its start: no event falls in between.
+                await first(stream.created_revision)
             run.failure = None
             compacted = False
             async with anyio.create_task_group() as group:
@@ -770,21 +846,43 @@ class EtcdProvider:
         member = fanout.join(run.state, run)
         started = False
         need_range = True
+
+        async def take_range(created: int | None = None) -> None:
+            """The member's range; ``created``: this member opened the stream
+            from now, created at that revision (a query listing read at it
+            is taken instead)."""
+            nonlocal need_range, started
+            if created is not None and self._take_queried(run.state, created):
+                self._counts.watch_listings_taken += 1
+                accepted = fanout.accept(member, run.state.revision)
+                assert accepted  # at the stream's own start
+            else:
+                self._counts.watch_ranges += 1
+                while True:
+                    await self._range_into(run.state, self._deadline())
+                    if fanout.accept(member, run.state.revision):
+                        break
+                    if fanout.opening:
+                        await self._opened(fanout, member)
+            need_range = False
+            self._publish(run)
+            if not started:
+                started = True
+                task_status.started()
+
         try:
             while True:
                 try:
                     if need_range:
-                        self._counts.watch_ranges += 1
                         fanout.begin_range(member)
-                        while True:
-                            await self._range_into(run.state, self._deadline())
-                            if fanout.accept(member, run.state.revision):
-                                break
-                        need_range = False
-                        self._publish(run)
-                        if not started:
-                            started = True
-                            task_status.started()
+                        if fanout.idle():
+                            # Nothing to resume: the stream opens from now,
+                            # then this member ranges (see Fanout.open_fresh).
+                            await self._host(fanout, member, first=take_range)
+                            if need_range:
+                                raise self._taken_failure(member)
+                        else:
+                            await take_range()
                     await self._follow_shared(fanout, run, member)
                 except _Compacted:
                     self._counts.compaction_resyncs += 1
@@ -801,6 +899,29 @@ class EtcdProvider:
                     self._counts.watch_resumes += 1
         finally:
             fanout.leave(member)
+
+    async def _opened(self, fanout: Fanout[_Run], member: Member[_Run]) -> None:
+        """Wait until the stream being opened from now was created (or its
+        opening ended)."""
+        woken = anyio.Event()
+        member.woken = False
+        member.waker = woken.set
+        try:
+            while fanout.opening and not member.woken:
+                await woken.wait()
+        finally:
+            member.waker = None
+
+    @staticmethod
+    def _taken_failure(member: Member[_Run]) -> ProviderFailure:
+        """Why a stream this member opened ended before its range was taken."""
+        if member.compacted:
+            member.compacted = False
+            return IncompleteSnapshot("the shared etcd watch was compacted while it opened")
+        failure, member.failure = member.failure, None
+        if isinstance(failure, ProviderFailure):
+            return failure
+        return IncompleteSnapshot(f"the shared etcd watch failed: {failure}")
 
     def _report(self, run: _Run, service: str, failure: ProviderFailure) -> None:
         self._counts.watch_failures += 1
@@ -840,10 +961,24 @@ class EtcdProvider:
             finally:
                 member.waker = None
 
-    async def _host(self, fanout: Fanout[_Run], member: Member[_Run]) -> None:
+    async def _host(
+        self,
+        fanout: Fanout[_Run],
+        member: Member[_Run],
+        *,
+        first: Callable[[int], Awaitable[None]] | None = None,
+    ) -> None:
         """Read the shared stream in this member's task until it ends; the
-        fan-out records how (every member is woken to look)."""
-        start = fanout.take_host(member)
+        fan-out records how (every member is woken to look). With ``first``
+        (the fan-out is idle), the stream is opened from now and ``first()``
+        (the member's range) runs once it is created, before it is read:
+        what arrives meanwhile waits on the stream, and events at or below
+        a member's range revision are ignored when applied."""
+        if first is None:
+            start = fanout.take_host(member)
+        else:
+            fanout.open_fresh(member)
+            start = 0
         head = fanout.head
         outcome: ProviderFailure | _Compacted | None = None
         try:
@@ -854,6 +989,14 @@ class EtcdProvider:
                 open_deadline=self._deadline(),
             ) as stream:
                 self._counts.watch_streams_opened += 1
+                if first is not None:
+                    if not stream.created_revision:
+                        raise IncompleteSnapshot(
+                            f"etcd shared watch of {head.decode('utf-8', 'replace')!r}: "
+                            "the stream did not say its revision"
+                        )
+                    fanout.opened(stream.created_revision)
+                    await first(stream.created_revision)
                 async with anyio.create_task_group() as group:
 
                     async def pump() -> None:
@@ -1224,6 +1367,8 @@ class EtcdProvider:
         if self._closed:
             return
         self._closed = True
+        self._queried.clear()
+        self._queried_records = 0
         await self._client.aclose()
 
 

@@ -12,6 +12,9 @@ the listing is and whether the stream can be trusted. No I/O, no clock.
                            │ compact_revision)          ▼
                            └──────── re-range ◄──── confirmed: nothing changed
 
+(The shell takes a first range inside a stream opened from now, so the
+stream starts at or before ``R + 1``; events at or below ``R`` are ignored.)
+
 ``revision`` is the newest revision whose effects are all applied, so a
 broken stream resumes from ``revision + 1`` with no event lost and none
 applied twice (an event at or below ``revision`` is ignored).
@@ -23,7 +26,8 @@ of k events costs O(k log n) plus the decoding of those k records, and
 the invalid records (cached while they do not change). A complete range
 (:meth:`~ServiceState.reset`) is O(n); records whose key and
 ``mod_revision`` a live state already decoded are taken over undecoded
-(in etcd a key's ``mod_revision`` names one value), and
+(in etcd a key's ``mod_revision`` names one value), the listing is built
+in bulk from the range's key order, and
 :meth:`~ServiceState.reset_steps` yields every few hundred records so the
 caller can give the event loop back in between.
 """
@@ -123,26 +127,43 @@ class ServiceState:
         decoded at the same ``mod_revision``."""
         known = reuse._entries if reuse is not None else {}
         entries: dict[bytes, _Entry] = {}
-        listing: IncrementalListing[bytes] = IncrementalListing()
+        # A range comes in key order: the listing is built in bulk at the end.
+        keys: list[bytes] = []
+        instances: list[Instance] = []
         invalid: dict[bytes, str] = {}
         step = self.RESET_STEP
+        decode = self._decode
         for count, kv in enumerate(kvs, 1):
-            entry = known.get(kv.key)
+            key = kv.key
+            entry = known.get(key)
             if entry is None or not kv.mod_revision or entry.mod_revision != kv.mod_revision:
-                entry = self._decode(kv)
-            entries[kv.key] = entry
+                entry = decode(kv)
+            entries[key] = entry
             if entry.instance is not None:
-                listing.put(kv.key, entry.instance)
+                keys.append(key)
+                instances.append(entry.instance)
             else:
-                invalid[kv.key] = entry.problem or "invalid record"
+                invalid[key] = entry.problem or "invalid record"
             if count % step == 0:
                 yield
         self._entries = entries
         self._version += 1
-        self._listing = listing
+        self._listing = IncrementalListing.from_sorted(keys, instances)
         self._invalid = invalid
         self._invalid_view = None
         self.revision = revision
+        self._lagging_since = None
+
+    def adopt(self, other: ServiceState) -> None:
+        """Take over ``other``'s complete listing and revision (a state of
+        the same service nobody uses afterwards), as :meth:`reset` from the
+        same range would."""
+        self._entries = other._entries
+        self._listing = other._listing
+        self._invalid = other._invalid
+        self._invalid_view = None
+        self._version += 1
+        self.revision = other.revision
         self._lagging_since = None
 
     def _store(self, key: bytes, entry: _Entry) -> None:

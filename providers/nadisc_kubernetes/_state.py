@@ -49,6 +49,7 @@ from nadisc import (
     InvalidSnapshot,
     ProviderSnapshot,
 )
+from nadisc._instance import trusted_instance
 
 from ._wire import EndpointSlice, Event, Service, SliceEndpoint
 
@@ -231,12 +232,16 @@ def _slice_result(
         ref = endpoint.targetRef
         identity = ref.uid if ref is not None and ref.uid else _identity(slice_, endpoint, number)
         try:
-            instance = Instance(
+            # Identity (a uid or built from parts) and port (checked above)
+            # are what the constructor would check: only the host is.
+            instance = trusted_instance(
                 identity,
                 addresses[0],
                 number,
-                metadata=metadata.of(slice_, endpoint, app_protocol),
-                draining=draining,
+                1.0,
+                metadata.of(slice_, endpoint, app_protocol),
+                (),
+                draining,
             )
         except ValueError as exc:
             invalid.append((f"{key}/{position}", str(exc)))
@@ -347,7 +352,9 @@ def build_snapshot(
                 f"{where}: more than max_instances_per_service={max_instances} endpoints"
             )
     instances = tuple(best[identity][1] for identity in sorted(best))
-    return ProviderSnapshot(alias, instances, evidence, invalid)
+    # Identities are unique (the keys of ``best``) and every host was
+    # checked when its instance was built: no per-instance pass again.
+    return ProviderSnapshot._assembled(alias, instances, evidence, invalid, -1)
 
 
 @dataclass(slots=True)

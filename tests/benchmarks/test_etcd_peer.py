@@ -26,6 +26,8 @@ def test_smoke_run_prints_every_row_against_the_peer(capsys: pytest.CaptureFixtu
         "CPU per change",
         f"{etcd_peer.SMOKE.keys:,}-key range wall",
         f"{etcd_peer.SMOKE.keys:,}-key range CPU",
+        "  of it, the wire wall",
+        "  of it, the wire CPU",
     ]
     assert "load average" in out
     for row in rows:

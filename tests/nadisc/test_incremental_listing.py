@@ -87,3 +87,56 @@ def test_a_snapshot_does_no_per_instance_work(monkeypatch: pytest.MonkeyPatch) -
     # Only the ten new instances are measured (removals and replaced ones
     # give back the size stored for their key; the snapshot's is known).
     assert calls == 10
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(KEYS, IDENTITIES, st.integers(1, 65535), st.text(max_size=5)), max_size=20),
+    st.booleans(),
+)
+def test_a_bulk_built_listing_equals_one_built_a_key_at_a_time(
+    pairs: list[tuple[str, str, int, str]], ordered: bool
+) -> None:
+    """``from_sorted`` (a range's records, in key order) is the listing that
+    ``put`` of each pair would build: instances, order, identity counts,
+    bytes, duplicates, and later changes on top of it. Keys out of order or
+    repeated (``ordered`` False keeps them as drawn) take the one-by-one path."""
+    if ordered:
+        pairs = sorted({pair[0]: pair for pair in pairs}.values())
+    keys = [key for key, *_ in pairs]
+    instances = [
+        Instance(identity, "10.0.0.1", port, metadata={"m": meta} if meta else {})
+        for _, identity, port, meta in pairs
+    ]
+    one_by_one: IncrementalListing[str] = IncrementalListing()
+    for key, instance in zip(keys, instances, strict=True):
+        one_by_one.put(key, instance)
+    bulk = IncrementalListing.from_sorted(list(keys), list(instances))
+    for change in ("none", "put", "discard"):
+        if change == "put":
+            for listing in (one_by_one, bulk):
+                listing.put("k05", Instance("a", "10.0.0.2", 1))
+        elif change == "discard" and keys:
+            for listing in (one_by_one, bulk):
+                listing.discard(keys[0])
+        assert len(bulk) == len(one_by_one)
+        assert bulk.approximate_bytes == one_by_one.approximate_bytes
+        assert [bulk.get(k) for k in KEYS_ALL] == [one_by_one.get(k) for k in KEYS_ALL]
+        try:
+            expected = one_by_one.snapshot("orders", EvidenceKind.LEASE)
+        except ValueError as exc:
+            with pytest.raises(ValueError, match="duplicate instance identity"):
+                bulk.snapshot("orders", EvidenceKind.LEASE)
+            assert "duplicate" in str(exc)
+            continue
+        snapshot = bulk.snapshot("orders", EvidenceKind.LEASE)
+        assert snapshot == expected
+        assert snapshot.approximate_bytes() == expected.approximate_bytes()
+
+
+KEYS_ALL = [f"k{n:02d}" for n in range(12)]
+
+
+def test_a_bulk_build_needs_one_instance_per_key() -> None:
+    with pytest.raises(ValueError, match="one instance per key"):
+        IncrementalListing.from_sorted(["a"], [])

@@ -4,13 +4,16 @@ constructor's checks still run, and instances stay out of the cyclic GC."""
 from __future__ import annotations
 
 import gc
+from collections.abc import Mapping
 from types import MappingProxyType
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nadisc import Instance
-from nadisc._instance import _trusted_instances
+from nadisc._instance import _EMPTY, _trusted_instances, trusted_instance
 
 FIELDS = ("identity", "host", "port", "weight", "metadata", "tags", "draining")
 
@@ -78,3 +81,61 @@ def test_hash_and_equality_follow_the_dataclass_rules_they_replace() -> None:
     assert len({base, Instance("i", "h", 1, metadata={"zone": "a"})}) == 1
     drained = msgspec.structs.replace(base, draining=True)
     assert drained.draining and drained != base and drained.metadata is base.metadata
+
+
+# ------------------------------------------------------------ trusted_instance
+
+#: Hosts valid and not: addresses, names, and text the constructor refuses.
+HOSTS = st.one_of(
+    st.sampled_from(["10.0.0.1", "::1", "fe80::1%eth0", "svc.local", "a_b-c", "-bad", "1.2.3"]),
+    st.text(max_size=12),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    identity=st.text(min_size=1, max_size=8),
+    host=HOSTS,
+    port=st.integers(1, 65535),
+    weight=st.floats(min_value=1e-9, max_value=1e9, allow_nan=False, allow_infinity=False),
+    metadata=st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
+    view=st.booleans(),
+    tags=st.lists(st.text(max_size=3), max_size=3).map(tuple),
+    draining=st.booleans(),
+)
+def test_trusted_instance_equals_the_validating_constructor(
+    identity: str,
+    host: str,
+    port: int,
+    weight: float,
+    metadata: dict[str, str],
+    view: bool,
+    tags: tuple[str, ...],
+    draining: bool,
+) -> None:
+    """For every input the trusted builder's callers guarantee (identity
+    non-empty, port in range, weight finite and positive), the same instance
+    as ``Instance(...)`` in every field, or the same error for a bad host."""
+    given_metadata: Mapping[str, str] = MappingProxyType(dict(metadata)) if view else metadata
+    try:
+        expected = Instance(identity, host, port, weight, given_metadata, tags, draining)
+    except ValueError as exc:
+        with pytest.raises(type(exc)) as caught:
+            trusted_instance(identity, host, port, weight, given_metadata, tags, draining)
+        assert str(caught.value) == str(exc)
+        return
+    built = trusted_instance(identity, host, port, weight, given_metadata, tags, draining)
+    assert type(built) is Instance and built == expected
+    assert [getattr(built, n) for n in FIELDS] == [getattr(expected, n) for n in FIELDS]
+    assert type(built.metadata) is MappingProxyType
+    assert (built.metadata is _EMPTY) == (expected.metadata is _EMPTY)
+    assert hash(built) == hash(expected) and repr(built) == repr(expected)
+    assert built.approximate_bytes() == expected.approximate_bytes()
+
+
+def test_trusted_instance_keeps_no_reference_to_the_callers_dict() -> None:
+    source = {"zone": "a"}
+    built = trusted_instance("i", "10.0.0.1", 80, 1.0, source)
+    source["zone"] = "b"
+    assert built.metadata == {"zone": "a"}
+    assert trusted_instance("i", "10.0.0.1", 80, 1.0, {}).metadata is _EMPTY

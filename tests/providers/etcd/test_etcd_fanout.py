@@ -145,6 +145,51 @@ def test_the_host_leaving_wakes_the_others_and_leaves_continuity() -> None:
     assert fanout.take_host(b) == 10
 
 
+def test_an_idle_fanout_opens_from_now_and_ranges_after_the_stream_is_created() -> None:
+    fanout: Fanout[str] = Fanout(LAYOUT.watch_prefix())
+    first = fanout.join(state("a"), "a")
+    fanout.begin_range(first)
+    assert fanout.idle()
+    fanout.open_fresh(first)
+    assert fanout.opening and not fanout.idle()
+    # A member whose range was answered while the stream was being opened
+    # cannot know whether the stream covers what followed its range.
+    other = fanout.join(state("b"), "b")
+    fanout.begin_range(other)
+    woken: list[str] = []
+    other.waker = lambda: woken.append("b")
+    assert not fanout.accept(other, 6)
+    assert not other.live and woken == []
+    fanout.opened(7)  # the stream delivers every event after 7
+    assert woken == ["b"] and not fanout.opening
+    assert (fanout.opened_from, fanout.revision) == (8, 7)
+    # Ranges sent after the stream was created (at 7 or later) are complete
+    # with it; the stream's events they already hold are ignored.
+    first.state.reset([kv("p/a/x", 7)], 9)
+    assert fanout.accept(first, 9)
+    other.state.reset([], 8)
+    assert fanout.accept(other, 8)
+    assert fanout.dispatch(response(("PUT", kv("p/b/y", 9)))) == [other]
+    assert fanout.dispatch(response(("PUT", kv("p/a/z", 10)))) == [first]
+    assert ids(first) == {"x", "z"} and ids(other) == {"y"}
+    # Live members hold continuity: the next stream resumes, not from now.
+    fanout.broke(RuntimeError("gone"))
+    assert not fanout.idle()
+
+
+def test_a_failed_open_from_now_wakes_the_members_waiting_for_it() -> None:
+    fanout: Fanout[str] = Fanout(LAYOUT.watch_prefix())
+    first = fanout.join(state("a"), "a")
+    other = fanout.join(state("b"), "b")
+    fanout.begin_range(other)
+    fanout.open_fresh(first)
+    assert not fanout.accept(other, 3)
+    fanout.broke(RuntimeError("refused"))
+    assert other.woken and not fanout.opening and fanout.idle()
+    assert fanout.accept(other, 4)  # no stream: the next one resumes from 5
+    assert fanout.take_host(other) == 5
+
+
 def test_progress_confirms_live_members_and_the_probe_judges_the_stream() -> None:
     fanout: Fanout[str] = Fanout(LAYOUT.watch_prefix())
     a = live_member(fanout, "a", 5)
@@ -283,6 +328,25 @@ class SharedWatch(RuleBasedStateMachine):
             return
         self.cursor = start
 
+    @precondition(lambda self: self.fanout.idle() and self.ranging)
+    @rule(data=st.data())
+    def open_stream_from_now(self, data: st.DataObject) -> None:
+        # The provider's first member (or the first after a compaction)
+        # opens the stream before its range and ranges once it is created.
+        waiting = [m for m in self.members if id(m) in self.ranging]
+        member = data.draw(st.sampled_from(waiting))
+        self.ranging.pop(id(member))
+        self.fanout.open_fresh(member)
+
+    @precondition(lambda self: self.fanout.opening)
+    @rule()
+    def created_from_now(self) -> None:
+        host = self.fanout.host
+        assert host is not None
+        self.fanout.opened(self.revision)
+        self.cursor = self.revision + 1
+        self.ranging[id(host)] = self.revision  # its range is sent now
+
     @precondition(lambda self: self.cursor is not None)
     @rule(count=st.integers(1, 4))
     def deliver(self, count: int) -> None:
@@ -308,6 +372,9 @@ class SharedWatch(RuleBasedStateMachine):
     @precondition(lambda self: self.fanout.host is not None)
     @rule()
     def break_stream(self) -> None:
+        host = self.fanout.host
+        if self.fanout.opening and host is not None:
+            self.ranging[id(host)] = self.revision  # it ranges again
         self.fanout.broke(RuntimeError("broken"))
         self.cursor = None
         for member in self.fanout.members():
@@ -320,6 +387,8 @@ class SharedWatch(RuleBasedStateMachine):
         """Deliver what the open stream has, answer every range (after the
         stream moved on: the race the buffer covers), open the stream if
         needed, deliver everything."""
+        if self.fanout.opening:
+            self.created_from_now()
         if self.cursor is not None:
             self.deliver(len(self.history) + 1)
         for member in list(self.members):

@@ -10,6 +10,7 @@ import base64
 import json
 import math
 import socket
+from typing import Any
 
 import anyio
 import httpx
@@ -125,6 +126,97 @@ async def test_watch_sees_put_and_delete_within_one_round_trip(
     assert sink.failures == []
     stats = provider.statistics()
     assert (stats.watch_ranges, stats.watch_streams_opened) == (1, 1)
+
+
+@both_wires
+@pytest.mark.parametrize("mode", ["shared", "per_service"])
+async def test_a_watch_opens_its_stream_from_now_before_its_first_range(
+    etcd_server: EtcdServer,
+    raw: RawEtcd,
+    make_provider: ProviderMaker,
+    mode: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """etcd sends a watch from now every change as it commits, while a watch
+    from a past revision waits for the server's resync (every 100 ms): the
+    first change after a range used to take that long whenever it committed
+    before the stream was created. So the stream is opened from now first,
+    then the range is taken. A change committed in between is listed once
+    (by the range; its event is ignored), a change after the range comes
+    on the stream, and nothing is published twice."""
+    provider = make_provider(etcd_server, probe_interval_ms=10_000, watch=mode)
+    head = f"{provider.settings.prefix}/orders"
+    await raw.put_record(f"{head}/a", "10.0.0.1:8080")
+    client = provider._client
+    calls: list[tuple[str, int]] = []
+    real_watch, real_range = client.watch, client.range
+
+    def watch(*args: Any, **kwargs: Any) -> Any:
+        calls.append(("watch", kwargs["start_revision"]))
+        return real_watch(*args, **kwargs)
+
+    async def range_(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("keys_only") or kwargs.get("count_only"):
+            return await real_range(*args, **kwargs)
+        first = not any(kind == "range" for kind, _ in calls)
+        if first:
+            await raw.put_record(f"{head}/b", "10.0.0.2:8080")  # before the range
+        answer = await real_range(*args, **kwargs)
+        calls.append(("range", answer.header.revision))
+        if first:
+            await raw.put_record(f"{head}/c", "10.0.0.3:8080")  # after it
+        return answer
+
+    monkeypatch.setattr(client, "watch", watch)
+    monkeypatch.setattr(client, "range", range_)
+    sink = RecordingSink()
+    async with anyio.create_task_group() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        assert sink.ids() == {"a", "b"}
+        await sink.wait_for(lambda: "c" in sink.ids(), 5.0)
+        assert [set(s.identities()) for s in sink.publishes] == [{"a", "b"}, {"a", "b", "c"}]
+        nursery.cancel_scope.cancel()
+    assert [kind for kind, _ in calls] == ["watch", "range"]
+    assert calls[0] == ("watch", 0)  # from now, not from a past revision
+    assert sink.failures == []
+    stats = provider.statistics()
+    assert (stats.watch_ranges, stats.watch_streams_opened) == (1, 1)
+
+
+@both_wires
+@pytest.mark.parametrize("mode", ["shared", "per_service"])
+async def test_a_watch_takes_the_query_listing_read_at_its_stream_s_start(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker, mode: str
+) -> None:
+    """The owner queries a service, then starts its watch. When the stream
+    (from now) is created at the very revision the query read, nothing
+    changed in between: the watch starts from the query's listing instead of
+    ranging again. A change in between makes it range."""
+    provider = make_provider(etcd_server, probe_interval_ms=10_000, watch=mode)
+    head = f"{provider.settings.prefix}/orders"
+    await raw.put_record(f"{head}/a", "10.0.0.1:8080")
+    queried = await provider.query("orders", soon())
+    sink = RecordingSink()
+    async with anyio.create_task_group() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        assert sink.publishes[0] == queried
+        stats = provider.statistics()
+        assert (stats.watch_ranges, stats.watch_listings_taken) == (0, 1)
+        await raw.put_record(f"{head}/b", "10.0.0.2:8080")
+        await sink.wait_for(lambda: sink.ids() == {"a", "b"}, 5.0)
+        nursery.cancel_scope.cancel()
+
+    # Changed after the query (anywhere: the revision is the store's): ranged.
+    await provider.query("orders", soon())
+    await raw.put_record(f"{head}/c", "10.0.0.3:8080")
+    sink = RecordingSink()
+    async with anyio.create_task_group() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        assert sink.ids() == {"a", "b", "c"}
+        nursery.cancel_scope.cancel()
+    stats = provider.statistics()
+    assert (stats.watch_ranges, stats.watch_listings_taken) == (1, 1)
+    assert sink.failures == []
 
 
 async def test_idle_watch_is_confirmed_by_progress(

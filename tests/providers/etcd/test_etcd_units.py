@@ -194,6 +194,10 @@ def test_decode_accepts_what_grpc_writers_write() -> None:
         (value({"Addr": "host"}), "host:port"),
         (value({"Addr": "host:0"}), "port"),
         (value({"Addr": "host:99999"}), "port"),
+        # Digits str.isdigit() admits and int() refuses (not a ValueError escaping).
+        (value({"Addr": "host:\u00b2"}), "port"),
+        (value({"Addr": "host:\u0661"}), "port"),
+        (value({"Addr": "[]:80"}), "empty host"),
         (value({"Addr": ":80"}), "host:port"),
         (value({"Addr": "::1:80"}), "bracketed"),
         (value({"Addr": "h:1", "Metadata": {"weight": 0}}), "weight"),
