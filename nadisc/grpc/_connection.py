@@ -35,7 +35,7 @@ import contextlib
 import math
 import socket
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -46,9 +46,10 @@ import h2.events
 import h2.exceptions
 import h2.settings
 import h2.stream
+from anyio._backends import _asyncio as anyio_asyncio
 from anyio.abc import SocketAttribute
 from h2.errors import ErrorCodes
-from hyperframe.frame import ContinuationFrame, Frame, HeadersFrame
+from hyperframe.frame import ContinuationFrame, Frame, HeadersFrame, RstStreamFrame
 
 from ._errors import RpcError, code_from_reset
 from ._wire import Deframer
@@ -58,6 +59,8 @@ __all__ = ["Connection", "Stream", "Unprocessed"]
 #: Bytes queued for the writer past which a sender waits for it to drain.
 _HIGH_WATER = 256 * 1024
 _READ_SIZE = 256 * 1024
+#: Reads in a row that found bytes waiting, after which the trio reader yields once.
+_READS_UNWAITED = 16
 #: Credit for messages taken is given back in steps of this much while more
 #: messages are queued (one WINDOW_UPDATE check per step, not per message).
 _CREDIT_BATCH = 16 * 1024
@@ -84,6 +87,34 @@ class _ClientH2(h2.connection.H2Connection):
         result = super()._receive_goaway_frame(frame)
         self.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
         return result
+
+    def _receive_frame(self, frame: Frame) -> list[h2.events.Event]:
+        """``h2``'s own, less its trace line, which formats every frame (``repr``)
+        whether or not anything logs it: 5-10 us of a unary call's four frames."""
+        events: list[h2.events.Event]
+        try:
+            frames, events = self._frame_dispatch_table[frame.__class__](frame)
+        except h2.exceptions.StreamClosedError as e:
+            if self._stream_is_closed_by_reset(e.stream_id):
+                f = RstStreamFrame(e.stream_id)
+                f.error_code = e.error_code
+                self._prepare_for_sending([f])
+                events = e._events
+            else:
+                raise
+        except h2.exceptions.StreamIDTooLowError as e:
+            if self._stream_is_closed_by_reset(e.stream_id):
+                f = RstStreamFrame(e.stream_id)
+                f.error_code = ErrorCodes.STREAM_CLOSED
+                self._prepare_for_sending([f])
+                events = []
+            elif self._stream_is_closed_by_end(e.stream_id):
+                raise h2.exceptions.StreamClosedError(e.stream_id) from e
+            else:
+                raise
+        else:
+            self._prepare_for_sending(frames)
+        return events
 
     def send_header_block(
         self, stream_id: int, block: bytes, *, authority: bytes, end_stream: bool
@@ -175,24 +206,75 @@ def _direct_sender(byte_stream: anyio.abc.ByteStream) -> Callable[[bytes], int] 
             return len(data)
 
         return transport_send
+    raw = _trio_socket(byte_stream)
+    if raw is not None:
+
+        def socket_send(data: bytes) -> int:
+            sent = 0
+            try:
+                sent = raw.send(data)  # almost always all of it at once
+                if sent < len(data):
+                    view = memoryview(data)
+                    while sent < len(view):
+                        sent += raw.send(view[sent:])
+            except (BlockingIOError, InterruptedError):
+                pass  # the socket is full: the writer task sends the rest
+            return sent
+
+        return socket_send
+    return None
+
+
+def _trio_socket(byte_stream: anyio.abc.ByteStream) -> socket.socket | None:
+    """The non-blocking socket under anyio's plain trio TCP stream, else ``None``."""
     if type(byte_stream).__module__.endswith("._trio"):
         raw = byte_stream.extra(SocketAttribute.raw_socket, None)
         if isinstance(raw, socket.socket) and not raw.getblocking():
-
-            def socket_send(data: bytes) -> int:
-                sent = 0
-                try:
-                    sent = raw.send(data)  # almost always all of it at once
-                    if sent < len(data):
-                        view = memoryview(data)
-                        while sent < len(view):
-                            sent += raw.send(view[sent:])
-                except (BlockingIOError, InterruptedError):
-                    pass  # the socket is full: the writer task sends the rest
-                return sent
-
-            return socket_send
+            return raw
     return None
+
+
+class _FeedProtocol(anyio_asyncio.StreamProtocol):
+    """anyio's asyncio stream protocol, but received bytes go to :attr:`feed`, when set,
+    from the event loop's callback: no reader task wakes per read, and the
+    transport is not paused and resumed around every read (two ``epoll_ctl``
+    calls each time) as anyio's ``receive`` does.
+    """
+
+    feed: Callable[[bytes], bool] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        feed = self.feed
+        if feed is None:
+            super().data_received(data)
+        elif not feed(bytes(data)):
+            self.feed = None
+
+
+def _feed(byte_stream: anyio.abc.ByteStream, feed: Callable[[bytes], bool]) -> _FeedProtocol | None:
+    """Route the bytes of anyio's plain asyncio TCP stream to ``feed``; ``None`` elsewhere.
+
+    The protocol object stays the one anyio's stream holds (its class becomes
+    :class:`_FeedProtocol`), so sending, end of stream and errors work as
+    before: ``receive`` then returns only at the end of the stream. Bytes
+    anyio queued before this are fed first.
+    """
+    found: Any = getattr(byte_stream, "_protocol", None)
+    transport = getattr(byte_stream, "_transport", None)
+    if type(found) is not anyio_asyncio.StreamProtocol or not isinstance(
+        transport, asyncio.Transport
+    ):
+        return None
+    found.__class__ = _FeedProtocol
+    protocol = cast(_FeedProtocol, found)
+    queued = protocol.read_queue
+    while queued:
+        if not feed(queued.popleft()):
+            return protocol
+    if not (protocol.is_at_eof or protocol.exception is not None):
+        protocol.read_event.clear()
+    protocol.feed = feed
+    return protocol
 
 
 class Stream:
@@ -610,27 +692,84 @@ class Connection:
                 return
 
     async def _reader(self) -> None:
-        receive = self._byte_stream.receive
+        raw = _trio_socket(self._byte_stream)
+        if raw is not None:
+            await self._read_trio(raw)
+            return
+        protocol = _feed(self._byte_stream, self._received)
+        try:
+            receive = self._byte_stream.receive
+            while True:
+                # With the feed installed, the loop hands the bytes to
+                # _received itself and this returns only at the end.
+                try:
+                    data = await receive(_READ_SIZE)
+                except anyio.EndOfStream:
+                    self._lost("the server closed the connection")
+                    return
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                    self._lost(f"the connection broke: {type(exc).__name__}")
+                    return
+                if not self._received(data):
+                    return
+        finally:
+            if protocol is not None:
+                protocol.feed = None
+
+    async def _read_trio(self, raw: socket.socket) -> None:
+        """Trio: ``recv`` on the socket, waiting for it only when it has nothing.
+
+        trio's own ``recv`` (under anyio's stream) yields to the scheduler
+        once more after every read that found bytes (a cancel-shielded
+        checkpoint): a task switch per read, and the callers a read woke run
+        before the next read. Here a read that finds bytes goes straight on to
+        the next (what arrived meanwhile joins the batch), yielding once per
+        ``_READS_UNWAITED`` such reads; the flow-control windows bound a flood.
+        """
+        import trio
+
+        unwaited = 0
         while True:
             try:
-                data = await receive(_READ_SIZE)
-            except anyio.EndOfStream:
-                self._lost("the server closed the connection")
-                return
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                data = raw.recv(_READ_SIZE)
+            except (BlockingIOError, InterruptedError):
+                unwaited = 0
+                try:
+                    await trio.lowlevel.wait_readable(raw)
+                except trio.ClosedResourceError as exc:
+                    self._lost(f"the connection broke: {type(exc).__name__}")
+                    return
+                continue
+            except (trio.ClosedResourceError, OSError) as exc:
                 self._lost(f"the connection broke: {type(exc).__name__}")
                 return
-            try:
-                events = self.h2.receive_data(data)
-            except h2.exceptions.ProtocolError as exc:
-                self.flush()  # h2's GOAWAY, if the socket takes it
-                self._lost(
-                    f"the server broke the HTTP/2 protocol ({type(exc).__name__})",
-                    grpc.StatusCode.INTERNAL,
-                )
+            if not data:
+                self._lost("the server closed the connection")
                 return
-            self._dispatch(events)
-            self.flush()
+            if not self._received(data):
+                return
+            unwaited += 1
+            if unwaited >= _READS_UNWAITED:
+                unwaited = 0
+                await trio.lowlevel.checkpoint()  # others run; a cancellation lands
+
+    def _received(self, data: bytes) -> bool:
+        """Hand ``data`` from the socket to ``h2`` and the streams (synchronous);
+        ``False`` once the connection is lost (a broken protocol)."""
+        if self.closed:
+            return False
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            self.flush()  # h2's GOAWAY, if the socket takes it
+            self._lost(
+                f"the server broke the HTTP/2 protocol ({type(exc).__name__})",
+                grpc.StatusCode.INTERNAL,
+            )
+            return False
+        self._dispatch(events)
+        self.flush()
+        return True
 
     def _dispatch(self, events: Iterable[h2.events.Event]) -> None:
         streams = self.streams

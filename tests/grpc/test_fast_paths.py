@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import anyio
 import grpc
@@ -170,3 +171,98 @@ async def test_code_before_the_await_of_a_written_call_keeps_the_response() -> N
             assert await call.code() == grpc.StatusCode.OK
             assert await call == b"only"
             assert await call == b"only"
+
+
+def test_received_frames_are_not_formatted() -> None:
+    """h2 formats every received frame for a trace line nothing reads; ours does not."""
+    import h2.config
+    import h2.connection
+    import hyperframe.frame
+
+    from nadisc.grpc._connection import client_h2
+
+    server = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    server.initiate_connection()
+    client = client_h2(stream_window=65535, connection_window=65535, max_header_list=16384)
+    client.receive_data(server.data_to_send())
+    server.receive_data(client.data_to_send())
+    block = _fixed_block(HEADERS)
+    client.send_header_block(1, block, authority=b"127.0.0.1:1", end_stream=True)
+    server.receive_data(client.data_to_send())
+    server.send_headers(1, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+    server.send_data(1, frame(b"one"))
+    server.send_headers(1, [(b"grpc-status", b"0")], end_stream=True)
+    answer = server.data_to_send()
+
+    def refuse(self: object) -> str:
+        raise AssertionError("a received frame was formatted")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hyperframe.frame.Frame, "__repr__", refuse)
+        events = client.receive_data(answer)
+    kinds = [type(e) for e in events]
+    assert kinds[:2] == [h2.events.SettingsAcknowledged, h2.events.ResponseReceived]
+    assert h2.events.StreamEnded in kinds
+
+
+async def test_the_reader_takes_bytes_from_the_socket_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reader takes bytes with no extra task switch or transport pause.
+
+    anyio's ``receive`` yields to the scheduler again after a trio read that
+    found bytes waiting, and resumes and pauses an asyncio transport around
+    every read. The reader reads trio's socket itself and has asyncio's
+    transport hand its bytes over as they come: past the first call, anyio's
+    ``receive`` is never entered again and the transport never paused.
+    """
+    from anyio._backends import _asyncio, _trio
+
+    entered = 0
+    ours: list[object] = []  # the client's stream (the test server's reads do not count)
+
+    def counting(original: Any) -> Any:
+        async def receive(self: Any, max_bytes: int = 65536) -> bytes:
+            nonlocal entered
+            entered += self in ours
+            data: bytes = await original(self, max_bytes)
+            return data
+
+        return receive
+
+    for module in (_asyncio, _trio):
+        monkeypatch.setattr(module.SocketStream, "receive", counting(module.SocketStream.receive))
+    async with h2_server(answer) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        method = channel.unary_stream(METHOD)
+        with anyio.fail_after(10):
+            assert len([m async for m in method(b"go", timeout=5)]) == 3
+        conn = await channel.connection()
+        ours.append(conn._byte_stream)
+        reads = 0
+        receive_data = conn.h2.receive_data
+
+        def counted(data: bytes) -> list[h2.events.Event]:
+            nonlocal reads
+            reads += 1
+            return receive_data(data)
+
+        conn.h2.receive_data = counted  # type: ignore[method-assign,assignment]
+        transport = getattr(conn._byte_stream, "_transport", None)
+        paused = 0
+        if transport is not None:
+            pause = transport.pause_reading
+
+            def counted_pause() -> None:
+                nonlocal paused
+                paused += 1
+                pause()
+
+            transport.pause_reading = counted_pause
+        entered = 0
+        with anyio.fail_after(10):
+            for _ in range(20):
+                assert len([m async for m in method(b"go", timeout=5)]) == 3
+        assert reads >= 20
+        assert (entered, paused) == (0, 0)
