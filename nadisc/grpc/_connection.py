@@ -49,6 +49,7 @@ import h2.stream
 from anyio._backends import _asyncio as anyio_asyncio
 from anyio.abc import SocketAttribute
 from h2.errors import ErrorCodes
+from hyperframe.exceptions import InvalidDataError, InvalidFrameError
 from hyperframe.frame import ContinuationFrame, Frame, HeadersFrame, RstStreamFrame
 
 from ._errors import RpcError, code_from_reset
@@ -76,6 +77,14 @@ class Unprocessed(Exception):
     """The connection takes no new streams (GOAWAY or closed): open on another one."""
 
 
+#: The stream states in which a response's HEADERS and DATA are read without ``h2``'s
+#: frame machinery (a state that would refuse them goes through ``h2``).
+_RECEIVING = frozenset({h2.stream.StreamState.OPEN, h2.stream.StreamState.HALF_CLOSED_LOCAL})
+#: RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE: one frame each, parsed here
+#: and handed to ``h2`` frame by frame.
+_WHOLE_FRAMES = frozenset({3, 4, 6, 7, 8})
+
+
 class _ClientH2(h2.connection.H2Connection):
     """``h2`` that lets streams below a received GOAWAY's last id finish, and that
     opens a stream from a header block its caller encoded (:meth:`send_header_block`).
@@ -87,6 +96,81 @@ class _ClientH2(h2.connection.H2Connection):
         result = super()._receive_goaway_frame(frame)
         self.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
         return result
+
+    def receive_data(self, data: bytes) -> list[h2.events.Event]:  # type: ignore[override]
+        """``h2``'s ``receive_data``, with the frames of a gRPC response read here.
+
+        HEADERS (one frame, no padding or priority) and DATA (no padding) on a
+        stream ``h2`` has open are parsed here and handed to the same ``h2``
+        stream methods ``h2`` calls for them (state machine, flow-control
+        windows, events), without building a ``hyperframe`` object per frame.
+        RST_STREAM, SETTINGS, PING, GOAWAY and WINDOW_UPDATE are parsed by
+        ``hyperframe`` and handled by ``h2`` frame by frame. Anything else (a
+        header block in several frames, padding, priority, a stream ``h2``
+        no longer has, unknown frame types, a partial frame), and everything
+        after it in ``data``, goes through ``h2``'s ``receive_data`` itself,
+        as does everything while ``h2`` holds a partial frame or an unfinished
+        header block, or its connection is not open: the frames keep their
+        order and ``h2`` stays the judge of every state and window.
+        """
+        buffer = self.incoming_buffer
+        if (
+            buffer._data
+            or buffer._headers_buffer
+            or self.state_machine.state is not h2.connection.ConnectionState.CLIENT_OPEN
+        ):
+            return super().receive_data(data)
+        events: list[h2.events.Event] = []
+        streams = self.streams
+        size = len(data)
+        pos = 0
+        try:
+            while size - pos >= 9:
+                length = int.from_bytes(data[pos : pos + 3])
+                kind = data[pos + 3]
+                flags = data[pos + 4]
+                end = pos + 9 + length
+                if end > size or length > self.max_inbound_frame_size:
+                    break
+                if kind in _WHOLE_FRAMES:
+                    try:
+                        frame, _ = Frame.parse_frame_header(memoryview(data[pos : pos + 9]))
+                        frame.parse_body(memoryview(data[pos + 9 : end]))
+                    except (InvalidDataError, InvalidFrameError):
+                        break  # h2 reads it again and says what is wrong
+                    events += self._receive_frame(frame)
+                    pos = end
+                    continue
+                if kind > 1:
+                    break
+                stream = streams.get(int.from_bytes(data[pos + 5 : pos + 9]) & 0x7FFFFFFF)
+                if stream is None or stream.state_machine.state not in _RECEIVING:
+                    break
+                if kind == 0:  # DATA
+                    if flags & 0x08:  # PADDED
+                        break
+                    self._inbound_flow_control_window_manager.window_consumed(length)
+                    frames, more = stream.receive_data(
+                        data[pos + 9 : end], bool(flags & 0x01), length
+                    )
+                else:  # HEADERS
+                    if flags & 0x28 or not flags & 0x04:  # PADDED, PRIORITY; no END_HEADERS
+                        break
+                    headers = h2.connection._decode_headers(self.decoder, data[pos + 9 : end])
+                    self.state_machine.process_input(h2.connection.ConnectionInputs.RECV_HEADERS)
+                    frames, more = stream.receive_headers(
+                        headers, bool(flags & 0x01), self.config.header_encoding
+                    )
+                if frames:
+                    self._prepare_for_sending(frames)
+                events += more
+                pos = end
+        except h2.exceptions.ProtocolError as e:
+            self._terminate_connection(e.error_code)
+            raise
+        if pos < size:
+            events += super().receive_data(data[pos:] if pos else data)
+        return events
 
     def _receive_frame(self, frame: Frame) -> list[h2.events.Event]:
         """``h2``'s own, less its trace line, which formats every frame (``repr``)
