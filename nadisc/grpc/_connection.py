@@ -35,7 +35,7 @@ import contextlib
 import math
 import socket
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import anyio
 import anyio.abc
@@ -46,6 +46,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 import h2.stream
+import sniffio
 from anyio._backends import _asyncio as anyio_asyncio
 from anyio.abc import SocketAttribute
 from h2.errors import ErrorCodes
@@ -60,8 +61,6 @@ __all__ = ["Connection", "Stream", "Unprocessed"]
 #: Bytes queued for the writer past which a sender waits for it to drain.
 _HIGH_WATER = 256 * 1024
 _READ_SIZE = 256 * 1024
-#: Reads in a row that found bytes waiting, after which the trio reader yields once.
-_READS_UNWAITED = 16
 #: Credit for messages taken is given back in steps of this much while more
 #: messages are queued (one WINDOW_UPDATE check per step, not per message).
 _CREDIT_BATCH = 16 * 1024
@@ -71,6 +70,17 @@ _PING_DATA = b"nadiscKA"
 #: woke queue their frames in the same turn of the loop, and one send carries
 #: them all (a send per call costs more than the one task switch).
 _DIRECT_STREAMS = 2
+
+
+class _Event(Protocol):
+    def set(self) -> None: ...
+    async def wait(self) -> Any: ...
+
+
+def _trio_event() -> Callable[[], _Event]:
+    import trio
+
+    return trio.Event
 
 
 class Unprocessed(Exception):
@@ -91,6 +101,8 @@ class _ClientH2(h2.connection.H2Connection):
     """
 
     _forget_at = 64
+    #: The start of a frame whose end has not arrived (see receive_data).
+    _held = b""
 
     def _receive_goaway_frame(self, frame: Any) -> Any:
         result = super()._receive_goaway_frame(frame)
@@ -108,11 +120,15 @@ class _ClientH2(h2.connection.H2Connection):
         ``hyperframe`` and handled by ``h2`` frame by frame. Anything else (a
         header block in several frames, padding, priority, a stream ``h2``
         no longer has, unknown frame types, a partial frame), and everything
-        after it in ``data``, goes through ``h2``'s ``receive_data`` itself,
+        after it in ``data``, goes through ``h2``'s ``receive_data`` itself
+        (a frame cut by the end of ``data`` waits here for the rest),
         as does everything while ``h2`` holds a partial frame or an unfinished
         header block, or its connection is not open: the frames keep their
         order and ``h2`` stays the judge of every state and window.
         """
+        if self._held:
+            data = self._held + data
+            self._held = b""
         buffer = self.incoming_buffer
         if (
             buffer._data
@@ -124,14 +140,19 @@ class _ClientH2(h2.connection.H2Connection):
         streams = self.streams
         size = len(data)
         pos = 0
+        partial = True  # the loop ends at a frame that has not all arrived yet
         try:
             while size - pos >= 9:
                 length = int.from_bytes(data[pos : pos + 3])
                 kind = data[pos + 3]
                 flags = data[pos + 4]
                 end = pos + 9 + length
-                if end > size or length > self.max_inbound_frame_size:
+                if length > self.max_inbound_frame_size:
+                    partial = False
                     break
+                if end > size:
+                    break
+                partial = False
                 if kind in _WHOLE_FRAMES:
                     try:
                         frame, _ = Frame.parse_frame_header(memoryview(data[pos : pos + 9]))
@@ -140,6 +161,7 @@ class _ClientH2(h2.connection.H2Connection):
                         break  # h2 reads it again and says what is wrong
                     events += self._receive_frame(frame)
                     pos = end
+                    partial = True
                     continue
                 if kind > 1:
                     break
@@ -165,11 +187,15 @@ class _ClientH2(h2.connection.H2Connection):
                     self._prepare_for_sending(frames)
                 events += more
                 pos = end
+                partial = True
         except h2.exceptions.ProtocolError as e:
             self._terminate_connection(e.error_code)
             raise
         if pos < size:
-            events += super().receive_data(data[pos:] if pos else data)
+            if partial:
+                self._held = data[pos:]  # the rest comes with the next read
+            else:
+                events += super().receive_data(data[pos:] if pos else data)
         return events
 
     def _receive_frame(self, frame: Frame) -> list[h2.events.Event]:
@@ -395,8 +421,8 @@ class Stream:
         #: Credit for messages taken and not yet given back (see _give_back).
         self._owed = 0
         # Made when the call waits (most calls never wait to send).
-        self._read_wake: anyio.Event | None = None
-        self._send_wake: anyio.Event | None = None
+        self._read_wake: _Event | None = None
+        self._send_wake: _Event | None = None
 
     # -- reader side (called by the connection) ------------------------------
 
@@ -434,7 +460,7 @@ class Stream:
                     "the server ended the stream without response headers",
                     where=self.conn.name,
                 )
-            self._read_wake = wake = anyio.Event()
+            self._read_wake = wake = self.conn.new_event()
             await wake.wait()
         return self.headers
 
@@ -475,7 +501,7 @@ class Stream:
                         where=self.conn.name,
                     )
                 return None
-            self._read_wake = wake = anyio.Event()
+            self._read_wake = wake = self.conn.new_event()
             await wake.wait()
 
     async def send(self, data: bytes, *, end: bool) -> None:
@@ -502,7 +528,7 @@ class Stream:
             window = min(h2c.local_flow_control_window(self.id), h2c.max_outbound_frame_size)
             if window <= 0:
                 conn.flush()
-                self._send_wake = wake = anyio.Event()
+                self._send_wake = wake = self.conn.new_event()
                 await wake.wait()
                 continue
             chunk = view[:window]
@@ -564,6 +590,11 @@ class Connection:
     ) -> None:
         self.name = name
         self._byte_stream = byte_stream
+        #: The loop's own event class for a stream's waits (anyio's Event wraps
+        #: one, and finds the loop on every construction).
+        self.new_event: Callable[[], _Event] = (
+            _trio_event() if sniffio.current_async_library() == "trio" else asyncio.Event
+        )
         self.h2 = client_h2(
             stream_window=stream_window,
             connection_window=connection_window,
@@ -801,28 +832,28 @@ class Connection:
                 protocol.feed = None
 
     async def _read_trio(self, raw: socket.socket) -> None:
-        """Trio: ``recv`` on the socket, waiting for it only when it has nothing.
+        """Trio: ``recv`` on the socket itself, waiting for it when it has nothing.
 
-        trio's own ``recv`` (under anyio's stream) yields to the scheduler
-        once more after every read that found bytes (a cancel-shielded
-        checkpoint): a task switch per read, and the callers a read woke run
-        before the next read. Here a read that finds bytes goes straight on to
-        the next (what arrived meanwhile joins the batch), yielding once per
-        ``_READS_UNWAITED`` such reads; the flow-control windows bound a flood.
+        The order of trio's own ``recv`` (under anyio's stream), less its
+        layers: a read that follows a wait goes straight on to the next
+        ``recv`` (at one call in flight that finds nothing and waits again); a
+        read that found bytes without a wait is followed by one yield to the
+        scheduler, so the callers it woke send their next requests before the
+        next read (more answers per read) and a flood cannot starve them.
         """
         import trio
 
-        unwaited = 0
+        waited = False
         while True:
             try:
                 data = raw.recv(_READ_SIZE)
             except (BlockingIOError, InterruptedError):
-                unwaited = 0
                 try:
                     await trio.lowlevel.wait_readable(raw)
                 except trio.ClosedResourceError as exc:
                     self._lost(f"the connection broke: {type(exc).__name__}")
                     return
+                waited = True
                 continue
             except (trio.ClosedResourceError, OSError) as exc:
                 self._lost(f"the connection broke: {type(exc).__name__}")
@@ -832,10 +863,9 @@ class Connection:
                 return
             if not self._received(data):
                 return
-            unwaited += 1
-            if unwaited >= _READS_UNWAITED:
-                unwaited = 0
-                await trio.lowlevel.checkpoint()  # others run; a cancellation lands
+            if not waited:
+                await trio.lowlevel.checkpoint()
+            waited = False
 
     def _received(self, data: bytes) -> bool:
         """Hand ``data`` from the socket to ``h2`` and the streams (synchronous);
