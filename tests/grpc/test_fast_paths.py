@@ -405,3 +405,56 @@ def test_response_frames_are_read_without_hyperframe() -> None:
         h2.events.TrailersReceived,
         h2.events.StreamEnded,
     ]
+
+
+async def test_a_read_in_the_middle_of_a_stream_waits_before_the_next(
+    mock_clock: Any,
+) -> None:
+    """After a read of nothing but DATA the reader waits ``_COALESCE`` seconds
+    before it reads again, so that a server writing message by message fills
+    one read with many (virtual clock: the next read comes only once it moved).
+    """
+    import trio.testing
+
+    from nadisc.grpc._connection import _COALESCE
+
+    go = [anyio.Event(), anyio.Event()]
+
+    async def scenario(conn: Conn, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.StreamEnded):
+            sid = event.stream_id or 0
+            conn.h2.send_headers(
+                sid, [(b":status", b"200"), (b"content-type", b"application/grpc")]
+            )
+            conn.h2.send_data(sid, frame(b"one"))
+            await conn.flush()  # headers and the first message in one write
+            await go[0].wait()
+            await conn.data(sid, frame(b"two"))  # a read of DATA alone
+            await go[1].wait()
+            await conn.data(sid, frame(b"three"))
+            await conn.trailers(sid)
+
+    async with h2_server(scenario) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        call = channel.unary_stream(METHOD)(b"go")
+        assert await call.read() == b"one"
+        conn = await channel.connection()
+        reads = 0
+        received = conn._received
+
+        def counted(data: bytes) -> bool:
+            nonlocal reads
+            reads += 1
+            return received(data)
+
+        conn._received = counted  # type: ignore[method-assign]
+        go[0].set()
+        assert await call.read() == b"two"
+        assert conn.coalesce
+        go[1].set()
+        await trio.testing.wait_all_tasks_blocked()
+        # The server sent the rest; the reader has not read it: the clock stood still.
+        assert server.record.data and reads == 1
+        mock_clock.jump(_COALESCE)
+        assert await call.read() == b"three"
+        assert await call.read() is grpc.aio.EOF
+        assert reads >= 2 and not conn.coalesce
