@@ -406,8 +406,7 @@ class _Call(Generic[Req, Resp]):
     ) -> None:
         self._owner = owner
         self._channel = owner._channel
-        now = anyio.current_time()
-        self.deadline = now + timeout if timeout is not None else math.inf
+        self.deadline = anyio.current_time() + timeout if timeout is not None else math.inf
         self._header_deadline = min(self.deadline, anyio.current_effective_deadline())
         self._metadata = metadata
         self._gzip = gzip
@@ -543,7 +542,9 @@ class _Call(Generic[Req, Resp]):
         cancel scope or a task switch per message; the deadline still holds.
         """
         stream = self.stream
-        if stream is None or self._initial is None or self.deadline <= anyio.current_time():
+        if stream is None or self._initial is None:
+            return _NOTHING
+        if self.deadline != math.inf and self.deadline <= anyio.current_time():
             return _NOTHING
         item = stream.take()
         return _NOTHING if item is None else self._decode(item)
@@ -722,6 +723,10 @@ class _CallHandle(Generic[Req, Resp]):
         """
         call = self._call
         try:
+            if call.deadline == math.inf:  # no deadline: no cancel scope to enter and leave
+                if not call.started:
+                    await call.start(self._first, self._requests)
+                return await fn()
             if call.deadline <= anyio.current_time():
                 raise _deadline_error(call)
             with anyio.CancelScope(deadline=call.deadline):

@@ -12,11 +12,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import struct
+from typing import Any
 
 import anyio
 import grpc
+import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
 import hpack
 import pytest
@@ -170,3 +174,287 @@ async def test_code_before_the_await_of_a_written_call_keeps_the_response() -> N
             assert await call.code() == grpc.StatusCode.OK
             assert await call == b"only"
             assert await call == b"only"
+
+
+def test_received_frames_are_not_formatted() -> None:
+    """h2 formats every received frame for a trace line nothing reads; ours does not."""
+    import h2.config
+    import h2.connection
+    import hyperframe.frame
+
+    from nadisc.grpc._connection import client_h2
+
+    server = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    server.initiate_connection()
+    client = client_h2(stream_window=65535, connection_window=65535, max_header_list=16384)
+    client.receive_data(server.data_to_send())
+    server.receive_data(client.data_to_send())
+    block = _fixed_block(HEADERS)
+    client.send_header_block(1, block, authority=b"127.0.0.1:1", end_stream=True)
+    server.receive_data(client.data_to_send())
+    server.send_headers(1, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+    server.send_data(1, frame(b"one"))
+    server.send_headers(1, [(b"grpc-status", b"0")], end_stream=True)
+    answer = server.data_to_send()
+
+    def refuse(self: object) -> str:
+        raise AssertionError("a received frame was formatted")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hyperframe.frame.Frame, "__repr__", refuse)
+        events = client.receive_data(answer)
+    kinds = [type(e) for e in events]
+    assert kinds[:2] == [h2.events.SettingsAcknowledged, h2.events.ResponseReceived]
+    assert h2.events.StreamEnded in kinds
+
+
+async def test_the_reader_takes_bytes_from_the_socket_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reader takes bytes with no extra task switch or transport pause.
+
+    anyio's ``receive`` yields to the scheduler again after a trio read that
+    found bytes waiting, and resumes and pauses an asyncio transport around
+    every read. The reader reads trio's socket itself and has asyncio's
+    transport hand its bytes over as they come: past the first call, anyio's
+    ``receive`` is never entered again and the transport never paused.
+    """
+    from anyio._backends import _asyncio, _trio
+
+    entered = 0
+    ours: list[object] = []  # the client's stream (the test server's reads do not count)
+
+    def counting(original: Any) -> Any:
+        async def receive(self: Any, max_bytes: int = 65536) -> bytes:
+            nonlocal entered
+            entered += self in ours
+            data: bytes = await original(self, max_bytes)
+            return data
+
+        return receive
+
+    for module in (_asyncio, _trio):
+        monkeypatch.setattr(module.SocketStream, "receive", counting(module.SocketStream.receive))
+    async with h2_server(answer) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        method = channel.unary_stream(METHOD)
+        with anyio.fail_after(10):
+            assert len([m async for m in method(b"go", timeout=5)]) == 3
+        conn = await channel.connection()
+        ours.append(conn._byte_stream)
+        reads = 0
+        receive_data = conn.h2.receive_data
+
+        def counted(data: bytes) -> list[h2.events.Event]:
+            nonlocal reads
+            reads += 1
+            return receive_data(data)
+
+        conn.h2.receive_data = counted  # type: ignore[method-assign]
+        transport = getattr(conn._byte_stream, "_transport", None)
+        paused = 0
+        if transport is not None:
+            pause = transport.pause_reading
+
+            def counted_pause() -> None:
+                nonlocal paused
+                paused += 1
+                pause()
+
+            transport.pause_reading = counted_pause
+        entered = 0
+        with anyio.fail_after(10):
+            for _ in range(20):
+                assert len([m async for m in method(b"go", timeout=5)]) == 3
+        assert reads >= 20
+        assert (entered, paused) == (0, 0)
+
+
+def _pair() -> tuple[Any, Any, Any]:
+    """Our client h2, plain h2 with the same settings, and a server, past the preface."""
+    import h2.config
+    import h2.connection
+
+    from nadisc.grpc._connection import _ClientH2, client_h2
+
+    def ours() -> Any:
+        return client_h2(stream_window=65535, connection_window=65535, max_header_list=65536)
+
+    plain = ours()
+    plain.__class__ = type("PlainClient", (_ClientH2,), {"receive_data": _PLAIN_RECEIVE})
+    mine = ours()
+    server = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    server.initiate_connection()
+    preface = mine.data_to_send()
+    assert plain.data_to_send() == preface
+    server.receive_data(preface)
+    return mine, plain, server
+
+
+#: h2's own receive_data (every frame through its FrameBuffer and _receive_frame).
+_PLAIN_RECEIVE = h2.connection.H2Connection.receive_data
+
+
+def _seen(events: list[h2.events.Event]) -> list[tuple[Any, ...]]:
+    """The events as comparable values (h2's events have no equality)."""
+    out: list[tuple[Any, ...]] = []
+    for event in events:
+        fields = {
+            k: (bytes(v) if isinstance(v, memoryview) else v)
+            for k, v in vars(event).items()
+            if k not in ("stream_ended", "priority_updated", "changed_settings")
+        }
+        out.append((type(event).__name__, sorted(fields.items(), key=lambda kv: kv[0])))
+    return out
+
+
+def _outcome(client: Any, chunk: bytes) -> tuple[str, Any]:
+    try:
+        return "events", _seen(client.receive_data(chunk))
+    except h2.exceptions.ProtocolError as exc:
+        return "error", (type(exc).__name__, str(exc))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_response_reader_agrees_with_h2(seed: int) -> None:
+    """Random server traffic, cut at random points: the same events and the same
+    frames to send as h2's own reader, padding, priority, CONTINUATION, resets,
+    pings, GOAWAY and window updates included, and the same error for a frame
+    over the size limit (priority added to a full HEADERS frame)."""
+    import random
+
+    import hyperframe.frame
+
+    rng = random.Random(seed)
+    mine, plain, server = _pair()
+    block = _fixed_block(HEADERS)
+    sids = [1, 3, 5, 7]
+    for sid in sids:
+        for client in (mine, plain):
+            client.send_header_block(sid, block, authority=b"127.0.0.1:1", end_stream=True)
+        sent = mine.data_to_send()
+        assert plain.data_to_send() == sent
+        server.receive_data(sent)
+    wire = bytearray(server.data_to_send())
+    for sid in sids:
+        big = rng.random() < 0.3
+        head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+        if big:  # over one frame: HEADERS + CONTINUATION
+            head.append((b"x-big", b"v" * 20000))
+        server.send_headers(sid, head)
+        if rng.random() < 0.3:  # h2 servers send no priority: add it to the frame
+            sent = server.data_to_send()
+            first, length = hyperframe.frame.Frame.parse_frame_header(memoryview(sent[:9]))
+            first.parse_body(memoryview(sent[9 : 9 + length]))
+            first.flags.add("PRIORITY")
+            first.stream_weight = 16  # type: ignore[attr-defined]
+            wire += first.serialize() + sent[9 + length :]
+        for _ in range(rng.randrange(4)):
+            server.send_data(
+                sid, frame(b"m" * rng.randrange(200)), pad_length=rng.choice([None, 3])
+            )
+        if rng.random() < 0.2:
+            server.reset_stream(sid)
+        else:
+            server.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+        if rng.random() < 0.3:
+            server.ping(b"12345678")
+        if rng.random() < 0.3:
+            server.increment_flow_control_window(100)
+        wire += server.data_to_send()
+    if rng.random() < 0.3:
+        server.close_connection(last_stream_id=sids[-1])
+        wire += server.data_to_send()
+    cuts = sorted(rng.sample(range(1, len(wire)), min(8, len(wire) - 1)))
+    for start, end in zip([0, *cuts], [*cuts, len(wire)], strict=True):
+        chunk = bytes(wire[start:end])
+        assert _outcome(mine, chunk) == _outcome(plain, chunk)
+        for sid in sids:  # credit, as the channel gives it back
+            for client in (mine, plain):
+                with contextlib.suppress(h2.exceptions.StreamClosedError):
+                    client.acknowledge_received_data(0, sid)
+        assert mine.data_to_send() == plain.data_to_send()
+
+
+def test_response_frames_are_read_without_hyperframe() -> None:
+    """A response's HEADERS, DATA and trailers are parsed by the channel's h2 reader."""
+    import hyperframe.frame
+
+    mine, _, server = _pair()
+    mine.send_header_block(1, _fixed_block(HEADERS), authority=b"127.0.0.1:1", end_stream=True)
+    server.receive_data(mine.data_to_send())
+    server.send_headers(1, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+    server.send_data(1, frame(b"one"))
+    server.send_headers(1, [(b"grpc-status", b"0")], end_stream=True)
+    answer = server.data_to_send()  # SETTINGS and its ACK, then the response
+
+    def refuse(self: object, data: object) -> None:
+        raise AssertionError(f"hyperframe parsed a {type(self).__name__}")
+
+    with pytest.MonkeyPatch.context() as patch:
+        for kind in (hyperframe.frame.HeadersFrame, hyperframe.frame.DataFrame):
+            patch.setattr(kind, "parse_body", refuse)
+        events = mine.receive_data(answer)
+    events = [e for e in events if getattr(e, "stream_id", None) == 1]
+    assert [type(e) for e in events] == [
+        h2.events.ResponseReceived,
+        h2.events.DataReceived,
+        h2.events.TrailersReceived,
+        h2.events.StreamEnded,
+    ]
+
+
+async def test_a_read_in_the_middle_of_a_stream_waits_before_the_next(
+    mock_clock: Any,
+) -> None:
+    """After a read of nothing but DATA the reader waits ``_COALESCE`` seconds
+    before it reads again, so that a server writing message by message fills
+    one read with many (virtual clock: the next read comes only once it moved).
+    """
+    import trio.testing
+
+    from nadisc.grpc._connection import _COALESCE
+
+    go = [anyio.Event(), anyio.Event()]
+
+    async def scenario(conn: Conn, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.StreamEnded):
+            sid = event.stream_id or 0
+            conn.h2.send_headers(
+                sid, [(b":status", b"200"), (b"content-type", b"application/grpc")]
+            )
+            conn.h2.send_data(sid, frame(b"one"))
+            await conn.flush()  # headers and the first message in one write
+            await go[0].wait()
+            await conn.data(sid, frame(b"two"))  # a read of DATA alone
+            await go[1].wait()
+            await conn.data(sid, frame(b"three"))
+            await conn.trailers(sid)
+
+    async with h2_server(scenario) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        call = channel.unary_stream(METHOD)(b"go")
+        assert await call.read() == b"one"
+        conn = await channel.connection()
+        reads = 0
+        received = conn._received
+
+        def counted(data: bytes) -> bool:
+            nonlocal reads
+            reads += 1
+            return received(data)
+
+        conn._received = counted  # type: ignore[method-assign]
+        go[0].set()
+        assert await call.read() == b"two"
+        assert conn.coalesce
+        go[1].set()
+        await trio.testing.wait_all_tasks_blocked()
+        # The server sent the rest; the reader has not read it: the clock stood still.
+        assert server.record.data and reads == 1
+        mock_clock.jump(_COALESCE)
+        assert await call.read() == b"three"
+        assert await call.read() is grpc.aio.EOF
+        assert reads >= 2 and not conn.coalesce
