@@ -4,8 +4,10 @@ An owner with one connection lists three instances of the service ``bench``
 (a static-evidence in-memory listing), so every request through discovery
 goes through the evidence check, the streaming balance (round robin over
 the three), the currency re-check and the guarded response body. The
-clients, interleaved in rounds (the table shows each one's best round), on
-trio and on asyncio (one table per loop):
+clients, interleaved in rounds (every client runs once per round, in the
+same order), on trio and on asyncio (one table per loop). Each ratio is the
+median over the rounds of that round's rate divided by its baseline's rate in
+the same round; the rates shown are each client's median round:
 
 In memory (the pool answers at once, so the difference between the rows is
 what the discovery layer itself costs per request):
@@ -55,13 +57,16 @@ The load average of the machine is printed with every table (the rates are
 only comparable within one run).
 
 Run: ``python -m benchmarks.transport_throughput [--smoke] [--requests N]
-[--rounds R] [--concurrency C] [--loop trio|asyncio|both]``
+[--rounds R] [--concurrency C] [--loop trio|asyncio|both]
+[--groups memory,mock,loopback]`` (``--groups`` leaves out the other rows;
+a ratio is printed only when its baseline was measured).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -86,6 +91,7 @@ TARGET_LOOPBACK_RATIO = 0.85
 SERVICE = "bench"
 ENDPOINTS = 3
 LOOPS = ("trio", "asyncio")
+GROUPS = ("memory", "mock", "loopback")
 
 Call = Callable[[], Awaitable[httpx.Response]]
 
@@ -142,10 +148,13 @@ class Result:
     loop: str = "trio"
     #: ``os.getloadavg()`` at the end of the run.
     load: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    #: Requests per CPU second per row name (best round).
+    #: Requests per CPU second per row name (median round).
     cpu_rps: dict[str, float] = field(default_factory=dict)
-    #: Wall-clock requests per second per row name (best round).
+    #: Wall-clock requests per second per row name (median round).
     wall_rps: dict[str, float] = field(default_factory=dict)
+    #: Per row name, its rate in each round (CPU rate in memory, wall over
+    #: loopback), in round order: the ratios pair them round by round.
+    rounds: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def rps(self) -> dict[str, float]:
@@ -156,8 +165,9 @@ class Result:
         }
 
     def ratio(self, row: str, baseline: str) -> float:
-        rps = self.rps
-        return rps[row] / rps[baseline]
+        """The median over the rounds of ``row``'s rate / ``baseline``'s rate that round."""
+        pairs = zip(self.rounds[row], self.rounds[baseline], strict=True)
+        return statistics.median(mine / theirs for mine, theirs in pairs)
 
     @property
     def memory_ratio(self) -> float:
@@ -185,7 +195,13 @@ class Result:
         return (1 / self.rps["memory transport"] - 1 / self.rps["memory plain"]) * 1e6
 
 
-async def measure(requests: int, rounds: int, concurrency: int, loop: str = "trio") -> Result:
+async def measure(
+    requests: int,
+    rounds: int,
+    concurrency: int,
+    loop: str = "trio",
+    groups: tuple[str, ...] = GROUPS,
+) -> Result:
     backends = [Backend(f"bench-{n}", 0.0) for n in range(ENDPOINTS)]
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with anyio.create_task_group() as servers:
@@ -226,24 +242,29 @@ async def measure(requests: int, rounds: int, concurrency: int, loop: str = "tri
                     "loopback transport": lambda: loop_through.get(through_url),
                     "loopback rest": lambda: loop_rest.get("/", service=SERVICE),
                 }
+                rows = {name: call for name, call in rows.items() if name.split()[0] in groups}
                 warm = min(requests // 2, 500)
                 for call in rows.values():
                     await _drive(call, warm, concurrency)
-                best = dict.fromkeys(rows, float("inf"))
-                best_wall = dict.fromkeys(rows, float("inf"))
+                cpu_rates: dict[str, list[float]] = {name: [] for name in rows}
+                wall_rates: dict[str, list[float]] = {name: [] for name in rows}
                 for _ in range(rounds):
                     for name, call in rows.items():
                         cpu, wall = await _drive(call, requests, concurrency)
-                        best[name] = min(best[name], cpu)
-                        best_wall[name] = min(best_wall[name], wall)
+                        cpu_rates[name].append(requests / cpu)
+                        wall_rates[name].append(requests / wall)
         servers.cancel_scope.cancel()
     return Result(
         requests=requests,
         concurrency=concurrency,
         loop=loop,
         load=os.getloadavg(),
-        cpu_rps={name: requests / seconds for name, seconds in best.items()},
-        wall_rps={name: requests / seconds for name, seconds in best_wall.items()},
+        cpu_rps={name: statistics.median(rates) for name, rates in cpu_rates.items()},
+        wall_rps={name: statistics.median(rates) for name, rates in wall_rates.items()},
+        rounds={
+            name: wall_rates[name] if name.startswith("loopback") else cpu_rates[name]
+            for name in rows
+        },
     )
 
 
@@ -262,7 +283,14 @@ _LABELS = (
 
 def format_table(result: Result) -> str:
     rows = [(f"client ({result.loop})", "req/CPU-s", "req/s wall", "ratio")]
+    rules = []
+    group = None
     for key, label, baseline in _LABELS:
+        if key not in result.cpu_rps:
+            continue
+        if group is not None and key.split()[0] != group:
+            rules.append(len(rows) - 1)
+        group = key.split()[0]
         rows.append(
             (
                 label,
@@ -278,26 +306,32 @@ def format_table(result: Result) -> str:
             f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}"
             f"  {row[3]:>{widths[3]}}"
         )
-        if n in (0, 4, 6):
+        if n == 0 or n in rules:
             lines.append("  ".join("-" * w for w in widths))
-    lines.append("ratios: in memory by CPU time, over loopback by wall clock")
     lines.append(
-        f"in memory the discovery transport adds about {result.overhead_us:,.0f} us per request; "
-        f"ratio {result.memory_ratio:.2f} (target >= {TARGET_MEMORY_RATIO}); "
-        f"owner.rest() / transport {result.rest_vs_transport:.2f} (target >= 1.0)"
+        "ratios: in memory by CPU time, over loopback by wall clock; "
+        f"median of {len(next(iter(result.rounds.values())))} per-round ratios"
     )
-    lines.append(
-        f"MockTransport ratio {result.mock_ratio:.2f} (target >= {TARGET_MEMORY_RATIO}); "
-        f"{ENDPOINTS} endpoints, round robin"
-    )
-    lines.append(
-        f"owner.rest() / plain httpx calling the pool directly {result.rest_vs_direct:.2f} "
-        "(for information: the like-for-like path)"
-    )
-    lines.append(
-        f"loopback ratio {result.loopback_ratio:.2f} (target >= {TARGET_LOOPBACK_RATIO}); "
-        f"{result.requests:,} requests per round, concurrency {result.concurrency}, best round"
-    )
+    if "memory plain" in result.cpu_rps:
+        lines.append(
+            f"in memory the discovery transport adds about {result.overhead_us:,.0f} us per "
+            f"request; ratio {result.memory_ratio:.2f} (target >= {TARGET_MEMORY_RATIO}); "
+            f"owner.rest() / transport {result.rest_vs_transport:.2f} (target >= 1.0)"
+        )
+        lines.append(
+            f"owner.rest() / plain httpx calling the pool directly {result.rest_vs_direct:.2f} "
+            "(for information: the like-for-like path)"
+        )
+    if "mock plain" in result.cpu_rps:
+        lines.append(
+            f"MockTransport ratio {result.mock_ratio:.2f} (target >= {TARGET_MEMORY_RATIO}); "
+            f"{ENDPOINTS} endpoints, round robin"
+        )
+    if "loopback plain" in result.cpu_rps:
+        lines.append(
+            f"loopback ratio {result.loopback_ratio:.2f} (target >= {TARGET_LOOPBACK_RATIO})"
+        )
+    lines.append(f"{result.requests:,} requests per round, concurrency {result.concurrency}")
     one, five, fifteen = result.load
     lines.append(f"load average {one:.2f} {five:.2f} {fifteen:.2f} (1, 5, 15 min)")
     return "\n".join(lines)
@@ -307,16 +341,27 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--smoke", action="store_true", help="a few hundred requests, one round")
     parser.add_argument("--requests", type=int, default=5000, help="requests per round")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per client")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per client")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent callers")
     parser.add_argument(
         "--loop", choices=(*LOOPS, "both"), default="both", help="event loop (default: both)"
     )
+    parser.add_argument(
+        "--groups",
+        default=",".join(GROUPS),
+        help=f"comma-separated row groups to run (default: {','.join(GROUPS)})",
+    )
     args = parser.parse_args(argv)
+    groups = tuple(args.groups.split(","))
+    unknown = set(groups) - set(GROUPS)
+    if unknown:
+        parser.error(f"unknown group(s): {', '.join(sorted(unknown))}")
     requests, rounds = (150, 1) if args.smoke else (args.requests, args.rounds)
     results = []
     for loop in LOOPS if args.loop == "both" else (args.loop,):
-        result: Result = anyio.run(measure, requests, rounds, args.concurrency, loop, backend=loop)
+        result: Result = anyio.run(
+            measure, requests, rounds, args.concurrency, loop, groups, backend=loop
+        )
         print(format_table(result), end="\n\n", flush=True)
         results.append(result)
     return results
