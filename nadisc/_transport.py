@@ -766,8 +766,15 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             # answer is needed up front; otherwise the attempt loop asks on
             # the rare paths that need it (None: not asked yet).
             own: bool | None = None
-            if not plain or not self._pool_enforces:
+            if not plain:
                 own = deadline < loop.effective_deadline()
+            elif not self._pool_enforces:
+                # A pool that may ignore the timeout extension gets the budget
+                # as one scope around the call whichever deadline is earlier:
+                # reading the caller's effective deadline walks its scopes and
+                # costs about what the scope does; a caller's scope that ends
+                # first still cancels the call through ours.
+                own = True
             response: httpx.Response | None = None
             try:
                 if own and not self._pool_enforces:

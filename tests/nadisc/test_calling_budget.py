@@ -208,6 +208,126 @@ async def test_a_deadline_extension_that_is_no_number_is_refused(autojump_clock:
             await http.get(URL, extensions={"nadisc.deadline": "soon"})
 
 
+# -- both event loops: a pool that ignores timeouts, no clock comparison -----------------
+
+
+class StuckPool:
+    """A MockTransport whose handler never answers (or raises ``error`` instead)."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self.sent = 0
+        self.arrived = anyio.Event()
+
+    async def answer(self, request: httpx.Request) -> httpx.Response:
+        self.sent += 1
+        self.arrived.set()
+        if self.error is not None:
+            raise self.error
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+@asynccontextmanager
+async def stuck(
+    pool: StuckPool, request_timeout_ms: int
+) -> AsyncIterator[tuple[DiscoveryTransport, httpx.AsyncClient]]:
+    rest = RestConfig(request_timeout_ms=request_timeout_ms, connect_timeout_ms=10)
+    async with memory_owner(
+        {"primary": provider()}, policies={"primary": policy(rest=rest)}
+    ) as owner:
+        transport = DiscoveryTransport(owner, transport=httpx.MockTransport(pool.answer))
+        async with httpx.AsyncClient(mounts={"nadisc://": transport}) as http:
+            yield transport, http
+
+
+async def test_the_budget_ends_a_pool_that_never_answers_on_either_loop() -> None:
+    # MockTransport ignores the timeout extension: the budget is the
+    # transport's own cancel scope around the call. Unbounded, the call would
+    # never return.
+    pool = StuckPool()
+    async with stuck(pool, 50) as (transport, http):
+        with pytest.raises(CallTimeout) as info:
+            await http.get(URL)
+        assert info.value.limit == "rest.request_timeout" and info.value.seconds == 0.05
+        assert pool.sent == 1
+        route = transport.route("primary", SERVICE)
+        assert route is not None
+        statistics = route.statistics()
+        assert statistics.in_flight == {"a": 0}
+        assert statistics.failures["timeout"] == 1
+
+
+async def test_the_callers_earlier_scope_cancels_through_the_bound_on_either_loop() -> None:
+    pool = StuckPool()
+    async with stuck(pool, 60_000) as (transport, http):
+
+        async def end_when_sent(scope: anyio.CancelScope) -> None:
+            await pool.arrived.wait()
+            scope.deadline = anyio.current_time()  # the caller's deadline: now
+
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(end_when_sent, scope)
+                await http.get(URL)
+        assert scope.cancelled_caught and pool.sent == 1
+        route = transport.route("primary", SERVICE)
+        assert route is not None
+        assert route.statistics().in_flight == {"a": 0}
+        assert route.statistics().failures["timeout"] == 0
+
+
+async def test_a_pools_own_timeout_error_is_not_the_budgets_end_on_either_loop() -> None:
+    # A TimeoutError raised by the pool itself (the handler's own fail_after,
+    # say) passes through as it is: the budget did not run out.
+    error = TimeoutError("the handler's own")
+    async with stuck(StuckPool(error), 60_000) as (transport, http):
+        with pytest.raises(TimeoutError) as info:
+            await http.get(URL)
+        assert info.value is error and not isinstance(info.value, CallTimeout)
+        route = transport.route("primary", SERVICE)
+        assert route is not None
+        assert route.statistics().failures["timeout"] == 0
+
+
+async def test_concurrent_budgets_each_end_their_own_call_on_either_loop() -> None:
+    # Each call's budget ends its own call only; a call with no deadline of
+    # its own (the 60 s default budget) is not touched.
+    release = anyio.Event()
+    ended: dict[str, object] = {}
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/slow":
+            await release.wait()
+            return httpx.Response(200, content=b"in time")
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with memory_owner({"primary": provider()}) as owner:
+        transport = DiscoveryTransport(owner, transport=httpx.MockTransport(answer))
+        async with httpx.AsyncClient(mounts={"nadisc://": transport}) as http:
+
+            async def call(name: str, path: str, seconds: float | None) -> None:
+                extensions = {}
+                if seconds is not None:
+                    extensions["nadisc.deadline"] = anyio.current_time() + seconds
+                try:
+                    response = await http.get(
+                        f"nadisc://primary/{SERVICE}{path}", extensions=extensions
+                    )
+                    ended[name] = response.status_code
+                except CallTimeout as exc:
+                    ended[name] = exc.limit
+                if "later" in ended and "sooner" in ended:
+                    release.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, "later", "/stuck", 0.1)
+                tg.start_soon(call, "sooner", "/stuck", 0.05)
+                tg.start_soon(call, "spared", "/slow", None)
+    assert ended == {"later": "nadisc.deadline", "sooner": "nadisc.deadline", "spared": 200}
+
+
 # -- httpx's own pool, a real loopback server, the real clock ---------------------------
 
 
