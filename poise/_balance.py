@@ -79,8 +79,8 @@ loop thread.
 from __future__ import annotations
 
 import logging
+import math
 import sys
-from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
@@ -88,7 +88,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from itertools import count, islice, repeat
 from operator import attrgetter
-from typing import Any, Generic, Never, Protocol, TypeVar, cast, overload
+from typing import Generic, Never, Protocol, TypeVar, cast, overload
 
 import anyio
 import anyio.lowlevel
@@ -103,8 +103,17 @@ from ._errors import (
     ReadinessError,
     SelectionError,
 )
-from ._flat import PickTable
+from ._flat import (
+    _INF,
+    _MIN_ESTIMATE,
+    PickTable,
+    _also_started,
+    _one_ended,
+    cancel_call,
+    complete_call,
+)
 from ._outlier import OutlierDetector, OutlierEvent
+from ._peak_ewma import PeakEwma, binds
 from ._policies import PowerOfTwoChoices
 from ._protocols import LoadGuard, Policy
 from ._service import release_reservation
@@ -122,7 +131,7 @@ ReadinessObserver = Callable[[int, Hashable, Exception], None]
 
 _by_index = attrgetter("_index")
 
-_Seq = TypeVar("_Seq", list[Any], "array[int]")
+_T = TypeVar("_T")
 # splice() renumbers with map(setattr, ...) drained by a zero-length deque:
 # the loop runs in C.
 _set_attr = setattr
@@ -134,6 +143,7 @@ _FEW = 16
 # while something is READY (see Balance._recheck_parked).
 _RECHECK_BATCH = 64
 _checkpoint = anyio.lowlevel.checkpoint
+_exp = math.exp
 
 
 @dataclass(frozen=True, slots=True)
@@ -829,22 +839,95 @@ class Balance(Generic[Req, Resp]):
             if checkpoint is _checkpoint or checkpoint == self._first_checkpoint:
                 raise
             await self._loop_changed()
-        now = self._clock()
-        # (An outlier detector has no length: it is true when present.)
-        if self._idle or self._consumed or not self._ready or self._parked_count or self._detector:
+        # A local: calling an instance attribute through `self` takes
+        # CPython's unspecialized method lookup every time.
+        clock = self._clock
+        now = clock()
+        if (
+            self._idle
+            or self._consumed
+            or not self._ready
+            or self._parked_count
+            or self._detector is not None
+        ):
             while True:
                 since = self._wake_count
                 if self._scan(now):
                     break
                 await self.wait_woken(since)
-                now = self._clock()
+                now = clock()
+            if self._consumed:
+                self._flush()
         # The selection of _select(), inlined: this is the hot path.
-        if self._consumed:
-            self._flush()
         ready = self._ready
+        table = self._table
         draw = self._draw
-        if draw is not None and not self._table.unbound and now - now == 0.0:
-            ep = ready[self._table.pick(self._rslots, draw, now)]
+        guard: LoadGuard | None
+        if draw is not None and not table.unbound and now - now == 0.0:
+            # The flat path: the pick, the start and the end of the call read
+            # and edit the picked endpoint's slot of the table in place (see
+            # poise._flat: PickTable.pick, start_call and complete_call,
+            # written out), with no guard; `vacated` tells whether the slot
+            # is still its own when the call ends.
+            rslots = self._rslots
+            n = len(rslots)
+            estimate = table.estimate
+            updated = table.updated
+            in_flight = table.in_flight
+            if n > 1:
+                first = int(draw() * n)
+                second = int(draw() * (n - 1))
+                if second >= first:
+                    second += 1
+                oldest = table.oldest
+                rate = table.rate
+                # The policy reads the second sample's load first.
+                slot = rslots[second]
+                gap = updated[slot] - now
+                if gap < 0.0:
+                    cost = estimate[slot] * _exp(gap * rate[slot])
+                    if cost < _MIN_ESTIMATE:
+                        cost = _MIN_ESTIMATE
+                else:
+                    if gap == _INF:
+                        updated[slot] = now  # the first use
+                    cost = estimate[slot]
+                age = now - oldest[slot]
+                if age > cost:
+                    cost = age
+                cost_second = cost * (in_flight[slot] + 1)
+                slot = rslots[first]
+                gap = updated[slot] - now
+                if gap < 0.0:
+                    cost = estimate[slot] * _exp(gap * rate[slot])
+                    if cost < _MIN_ESTIMATE:
+                        cost = _MIN_ESTIMATE
+                else:
+                    if gap == _INF:
+                        updated[slot] = now  # the first use
+                    cost = estimate[slot]
+                age = now - oldest[slot]
+                if age > cost:
+                    cost = age
+                if cost_second < cost * (in_flight[slot] + 1):
+                    first = second
+                    slot = rslots[second]
+            else:
+                first = 0
+                slot = rslots[0]
+                if updated[slot] == _INF:
+                    updated[slot] = now  # the first use
+            ep = ready[first]
+            k = in_flight[slot]
+            in_flight[slot] = k + 1
+            if table.floor[slot]:
+                if not k:
+                    table.oldest[slot] = now
+                else:
+                    _also_started(table, slot, now)
+            vacated = table.vacated
+            guard = None
+            call = table.calls[slot]
         else:
             n = len(ready)
             project = self._project
@@ -852,38 +935,99 @@ class Balance(Generic[Req, Resp]):
             if type(i) is not int or not 0 <= i < n:
                 raise _bad_pick(self._policy, i, n)
             ep = ready[i]
-        guard = ep._tracker.start(now)
-        if not ep._steady:
-            ep._state = IDLE
-            self._consumed.append(ep)
-            idle = self._idle
-            ep._slot = len(idle)
-            idle.append(ep)
+            guard = ep._tracker.start(now)
+            call = None
+        if call is None:
+            call = ep._service.call
+            if not ep._steady:
+                ep._state = IDLE
+                self._consumed.append(ep)
+                idle = self._idle
+                ep._slot = len(idle)
+                idle.append(ep)
         index = ep._index
         self._in_flight += 1
         try:
-            response = await ep._service.call(request)
+            response = await call(request)
         except CallDeclined:
             self._in_flight -= 1
-            guard.cancel(now)  # as of the dispatch: nothing was sent, no evidence
+            # As of the dispatch: nothing was sent, no evidence.
+            if guard is None:
+                self._end_flat(ep, now, now, None)
+            else:
+                guard.cancel(now)
             raise
         except Exception as exc:
             self._in_flight -= 1
-            end = self._clock()
-            guard.complete(end, failed=True)
+            end = clock()
+            if guard is None:
+                self._end_flat(ep, now, end, True)
+            else:
+                _complete(guard, now, end, True)
             if self._detector is not None:
                 self._outcome(ep._key, True, end)
             raise _endpoint_error(ep._key, index, exc) from exc
         except BaseException:
             self._in_flight -= 1
-            guard.cancel(self._clock())
+            if guard is None:
+                self._end_flat(ep, now, clock(), None)
+            else:
+                guard.cancel(clock())
             raise
         self._in_flight -= 1
-        end = self._clock()
-        guard.complete(end)
+        end = clock()
+        if guard is not None:
+            _complete(guard, now, end, False)
+        elif table.vacated == vacated and 0.0 <= end - now < _INF:
+            # complete_call(table, slot, now, end, False, ...), written out.
+            k = in_flight[slot] - 1
+            in_flight[slot] = k
+            if not k:
+                table.oldest[slot] = _INF
+            elif table.floor[slot]:
+                _one_ended(table, slot, now)
+            stored = estimate[slot]
+            last = updated[slot]
+            rtt = end - now
+            elapsed = end - last
+            weight = _exp(-elapsed * table.rate[slot]) if elapsed > 0.0 else 1.0
+            stored *= weight
+            if rtt > stored:
+                stored = rtt
+            else:
+                stored = stored * weight + rtt * (1.0 - weight)
+                if stored < _MIN_ESTIMATE:
+                    stored = _MIN_ESTIMATE
+            estimate[slot] = stored
+            if end > last:
+                updated[slot] = end
+            table.observations[slot] += 1
+        else:
+            self._end_flat(ep, now, end, False)
         if self._detector is not None:
             self._outcome(ep._key, False, end)
         return response
+
+    def _end_flat(
+        self, ep: Endpoint[Req, Resp], started: float, now: float, failed: bool | None
+    ) -> None:
+        """End a call of dispatch's flat path wherever its tracker's state is now.
+
+        ``failed`` None: cancelled. A completion at a time that is not
+        finite or before the start (a clock that went back) cancels the call
+        as of its start, which is no evidence, and raises InvalidInput.
+        """
+        tracker = cast(PeakEwma, ep._tracker)
+        table = tracker._table
+        assert table is not None
+        slot = tracker._slot
+        if failed is None:
+            cancel_call(table, slot, started, now, tracker._cancel_evidence)
+        elif 0.0 <= now - started < _INF:
+            complete_call(table, slot, started, now, failed, tracker._failure_penalty)
+        else:
+            cancel_call(table, slot, started, started, False)
+            raise _bad_end(started, now)
 
     async def dispatch_held(self, request: Req) -> Held[Resp]:
         """Like :meth:`dispatch`, but the load guard stays open in the result.
@@ -1383,7 +1527,10 @@ class Balance(Generic[Req, Resp]):
 
     def _attach_state(self, ep: Endpoint[Req, Resp]) -> None:
         ep._owner = self
-        ep._fslot = self._table.occupy(ep._tracker)
+        tracker = ep._tracker
+        table = self._table
+        slot = ep._fslot = table.occupy(tracker, binds(tracker))
+        table.calls[slot] = ep._service.call if ep._steady else None
         ep._state = IDLE
         ep._error = None
         ep._listed = False
@@ -1499,6 +1646,10 @@ class Balance(Generic[Req, Resp]):
             self._idle.append(ep)
             release_reservation(ep._service)
 
+    def _service_changed(self, ep: Endpoint[Req, Resp]) -> None:
+        """A new service: what dispatch calls for the endpoint's slot."""
+        self._table.calls[ep._fslot] = ep._service.call if ep._steady else None
+
     def _reset(self, ep: Endpoint[Req, Resp]) -> None:
         ep._state = IDLE
         ep._error = None
@@ -1556,15 +1707,15 @@ class Balance(Generic[Req, Resp]):
             self._notify()
 
 
-def _slots() -> array[int]:
-    """An empty list of pick-table slots, as a typed array (see _rslots)."""
-    return array("q")
+def _slots() -> list[int]:
+    """An empty list of pick-table slots (see _rslots)."""
+    return []
 
 
-def _without(items: _Seq, positions: list[int]) -> _Seq:
+def _without(items: list[_T], positions: list[int]) -> list[_T]:
     """``items`` without the entries at ``positions`` (distinct, any order).
 
-    A few deletions edit the list (or array) in place; more rebuild it from
+    A few deletions edit the list in place; more rebuild it from
     slices, one C-level copy instead of one memmove per deletion.
     """
     positions.sort()
@@ -1579,6 +1730,25 @@ def _without(items: _Seq, positions: list[int]) -> _Seq:
         start = at + 1
     kept += items[start:]
     return kept
+
+
+def _complete(guard: LoadGuard, started: float, now: float, failed: bool) -> None:
+    """``guard.complete``; if it refuses ``now`` (a clock that went back), cancel as of the start.
+
+    So a call never stays counted in flight after its dispatch ended.
+    """
+    try:
+        guard.complete(now, failed=failed)
+    except InvalidInput:
+        guard.cancel(started)
+        raise
+
+
+def _bad_end(started: float, now: float) -> InvalidInput:
+    return InvalidInput(
+        f"the balance's clock read {now!r} at the end of a call dispatched at "
+        f"{started!r}: a completion must come at a finite time, not before the start"
+    )
 
 
 def _bad_pick(policy: object, index: object, n: int) -> SelectionError:

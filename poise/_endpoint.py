@@ -246,6 +246,7 @@ class Endpoint(Generic[Req, Resp]):
         self._service = value
         self._steady = _steady(value)
         if owner is not None:
+            owner._service_changed(self)
             owner.wake()
 
     # -- readiness (maintained by the owning balance) ----------------------

@@ -171,13 +171,16 @@ async def until(predicate: Callable[[], bool]) -> None:
 
 
 def assert_flat_mirrors(balance: Balance[object, object]) -> None:
-    """The balance's pick table says what its endpoints and their trackers say.
+    """The balance's pick table holds what its endpoints' trackers say, and is consistent.
 
     Every endpoint holds its own slot; the ready slots follow the ready list;
-    a bound slot holds its PeakEwma tracker's estimate, last update (infinite
-    before the first use), calls in flight, oldest call in flight (infinite
-    when none or without the age floor) and decay rate; the unbound count is
-    the number of endpoints whose tracker is not mirrored.
+    a bound slot holds its PeakEwma tracker's state (the tracker points
+    there and reads it from there): its decay rate and age-floor flag, a
+    count of calls in flight, and, with the age floor, the oldest call's
+    start in ``oldest`` and the others' starts, sorted, in ``later``
+    (infinite and empty when nothing is in flight, or without the age
+    floor); the unbound count is the number of endpoints whose tracker's
+    state lives elsewhere. Free slots hold nothing.
     """
     table = balance._table
     members = list(balance.endpoints)
@@ -186,6 +189,9 @@ def assert_flat_mirrors(balance: Balance[object, object]) -> None:
     assert len(set(slots)) == len(slots)
     assert set(table.free).isdisjoint(slots)
     assert len(table.free) + len(slots) == len(table.estimate) == len(table.trackers)
+    for slot in table.free:
+        assert table.trackers[slot] is None and not table.bound[slot]
+        assert table.in_flight[slot] == 0 and table.later[slot] is None
     assert list(balance._rslots) == [ep._fslot for ep in balance._ready]
     unbound = 0
     for ep in members:
@@ -194,18 +200,28 @@ def assert_flat_mirrors(balance: Balance[object, object]) -> None:
         assert table.trackers[slot] is tracker
         if not table.bound[slot]:
             unbound += 1
-            # Not mirrored here (a tracker bound through another endpoint
-            # that shares it is mirrored in that endpoint's slot only).
-            assert not (isinstance(tracker, PeakEwma) and tracker._slot == slot)
+            # Its state lives elsewhere (a tracker bound through another
+            # endpoint that shares it lives in that endpoint's slot only).
+            assert not (
+                isinstance(tracker, PeakEwma) and tracker._table is table and tracker._slot == slot
+            )
             continue
         assert isinstance(tracker, PeakEwma)
-        assert tracker._table is table and tracker._slot == slot
-        oldest = tracker._oldest
-        assert table.row(slot) == (
+        assert tracker._table is table and tracker._slot == slot and tracker._bound
+        estimate, updated, in_flight, oldest, rate, observations = table.row(slot)
+        assert (estimate, in_flight, observations) == (
             tracker.rtt_estimate,
-            math.inf if tracker.updated_at is None else tracker.updated_at,
             tracker.in_flight,
-            oldest if oldest is not None and tracker.age_floor else math.inf,
-            1.0 / tracker.decay,
+            tracker.observations,
         )
+        assert updated == (math.inf if tracker.updated_at is None else tracker.updated_at)
+        assert rate == 1.0 / tracker.decay and table.floor[slot] == tracker.age_floor
+        assert estimate > 0.0 and in_flight >= 0
+        later = table.later[slot] or []
+        if tracker.age_floor and in_flight:
+            assert len(later) == in_flight - 1
+            assert later == sorted(later) and all(start >= oldest for start in later)
+            assert math.isfinite(oldest)
+        else:
+            assert oldest == math.inf and not later
     assert table.unbound == unbound
