@@ -881,7 +881,9 @@ class Balance(Generic[Req, Resp]):
                     second += 1
                 oldest = table.oldest
                 rate = table.rate
-                # The policy reads the second sample's load first.
+                # The policy reads the second sample's load first. With no
+                # call in flight the age floor and the factor (0 + 1) change
+                # nothing (oldest is infinite), so they are skipped.
                 slot = rslots[second]
                 gap = updated[slot] - now
                 if gap < 0.0:
@@ -892,10 +894,13 @@ class Balance(Generic[Req, Resp]):
                     if gap == _INF:
                         updated[slot] = now  # the first use
                     cost = estimate[slot]
-                age = now - oldest[slot]
-                if age > cost:
-                    cost = age
-                cost_second = cost * (in_flight[slot] + 1)
+                busy = in_flight[slot]
+                if busy:
+                    age = now - oldest[slot]
+                    if age > cost:
+                        cost = age
+                    cost *= busy + 1
+                cost_second = cost
                 slot = rslots[first]
                 gap = updated[slot] - now
                 if gap < 0.0:
@@ -906,10 +911,13 @@ class Balance(Generic[Req, Resp]):
                     if gap == _INF:
                         updated[slot] = now  # the first use
                     cost = estimate[slot]
-                age = now - oldest[slot]
-                if age > cost:
-                    cost = age
-                if cost_second < cost * (in_flight[slot] + 1):
+                busy = in_flight[slot]
+                if busy:
+                    age = now - oldest[slot]
+                    if age > cost:
+                        cost = age
+                    cost *= busy + 1
+                if cost_second < cost:
                     first = second
                     slot = rslots[second]
             else:
