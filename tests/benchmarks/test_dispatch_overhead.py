@@ -19,6 +19,8 @@ def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     # 1.3-1.8x, bounded at 10x that, so only a gross regression of the hot
     # path (an O(n) step per pick) fails it.
     assert "load average before" in out
+    assert "median of per-round ratios" in out
+    assert set(result.ratios) == set(result.ns)
     for n in result.sizes:
         assert result.ratio(n) < 18.0, out
         assert f"{result.ratio(n):.2f}" in out
