@@ -106,14 +106,15 @@ from ._errors import (
 from ._flat import (
     _INF,
     _MIN_ESTIMATE,
-    PickTable,
-    _also_started,
-    _one_ended,
+    Row,
+    also_started,
     cancel_call,
     complete_call,
+    one_ended,
+    pick,
 )
 from ._outlier import OutlierDetector, OutlierEvent
-from ._peak_ewma import PeakEwma, binds
+from ._peak_ewma import PeakEwma
 from ._policies import PowerOfTwoChoices
 from ._protocols import LoadGuard, Policy
 from ._service import release_reservation
@@ -295,9 +296,9 @@ class Balance(Generic[Req, Resp]):
         "_project",
         "_ready",
         "_recheck",
-        "_rslots",
+        "_rrows",
         "_scanning",
-        "_table",
+        "_unbound",
         "_wake_count",
     )
 
@@ -404,11 +405,12 @@ class Balance(Generic[Req, Resp]):
         # _consumed; _flush() drops the ones that did not become READY, and
         # runs before every pick.
         self._ready: list[Endpoint[Req, Resp]] = []
-        # The pick-table slot of every endpoint in _ready, in the same order:
-        # a power-of-two-choices pick reads these and the table's flat lists
-        # (see poise._flat) without touching an endpoint or tracker object.
-        self._rslots = _slots()
-        self._table = PickTable()
+        # The tracker row of every endpoint in _ready (None: a tracker
+        # without one), in the same order: a power-of-two-choices pick reads
+        # these (see poise._flat) without touching an endpoint or tracker
+        # object. _unbound counts the endpoints without a row.
+        self._rrows: list[Row | None] = []
+        self._unbound = 0
         # The inlined pick of dispatch(): the policy's generator when it is a
         # PowerOfTwoChoices and no context is projected (it reads none).
         self._draw: Callable[[], float] | None = (
@@ -711,12 +713,12 @@ class Balance(Generic[Req, Resp]):
                 self._list_ready(ep)
 
     def _list_ready(self, ep: Endpoint[Req, Resp]) -> None:
-        """Insert a READY endpoint in _ready (and its slot in _rslots), in order."""
+        """Insert a READY endpoint in _ready (and its row in _rrows), in order."""
         ep._listed = True
         ready = self._ready
         at = bisect_right(ready, ep._index, key=_by_index)
         ready.insert(at, ep)
-        self._rslots.insert(at, ep._fslot)
+        self._rrows.insert(at, ep._row)
 
     def _scan_time(self) -> float:
         """The clock for the scan's own bookkeeping; works outside an event loop.
@@ -860,82 +862,74 @@ class Balance(Generic[Req, Resp]):
                 self._flush()
         # The selection of _select(), inlined: this is the hot path.
         ready = self._ready
-        table = self._table
         draw = self._draw
         guard: LoadGuard | None
-        if draw is not None and not table.unbound and now - now == 0.0:
+        if draw is not None and not self._unbound and now - now == 0.0:
             # The flat path: the pick, the start and the end of the call read
-            # and edit the picked endpoint's slot of the table in place (see
-            # poise._flat: PickTable.pick, start_call and complete_call,
-            # written out), with no guard; `vacated` tells whether the slot
-            # is still its own when the call ends.
-            rslots = self._rslots
-            n = len(rslots)
-            estimate = table.estimate
-            updated = table.updated
-            in_flight = table.in_flight
+            # and edit the picked endpoint's tracker row in place (see
+            # poise._flat: pick, start_call and complete_call, written out),
+            # with no guard. The row is the tracker's own, so the call ends
+            # on the right state even if the endpoint leaves meanwhile.
+            rows = cast("list[Row]", self._rrows)
+            n = len(rows)
             if n > 1:
                 first = int(draw() * n)
                 second = int(draw() * (n - 1))
                 if second >= first:
                     second += 1
-                oldest = table.oldest
-                rate = table.rate
                 # The policy reads the second sample's load first. With no
                 # call in flight the age floor and the factor (0 + 1) change
                 # nothing (oldest is infinite), so they are skipped.
-                slot = rslots[second]
-                gap = updated[slot] - now
+                row = rows[second]
+                gap = row[1] - now
                 if gap < 0.0:
-                    cost = estimate[slot] * _exp(gap * rate[slot])
+                    cost = row[0] * _exp(gap * row[4])
                     if cost < _MIN_ESTIMATE:
                         cost = _MIN_ESTIMATE
                 else:
                     if gap == _INF:
-                        updated[slot] = now  # the first use
-                    cost = estimate[slot]
-                busy = in_flight[slot]
+                        row[1] = now  # the first use
+                    cost = row[0]
+                busy = row[2]
                 if busy:
-                    age = now - oldest[slot]
+                    age = now - row[3]
                     if age > cost:
                         cost = age
                     cost *= busy + 1
                 cost_second = cost
-                slot = rslots[first]
-                gap = updated[slot] - now
+                row = rows[first]
+                gap = row[1] - now
                 if gap < 0.0:
-                    cost = estimate[slot] * _exp(gap * rate[slot])
+                    cost = row[0] * _exp(gap * row[4])
                     if cost < _MIN_ESTIMATE:
                         cost = _MIN_ESTIMATE
                 else:
                     if gap == _INF:
-                        updated[slot] = now  # the first use
-                    cost = estimate[slot]
-                busy = in_flight[slot]
+                        row[1] = now  # the first use
+                    cost = row[0]
+                busy = row[2]
                 if busy:
-                    age = now - oldest[slot]
+                    age = now - row[3]
                     if age > cost:
                         cost = age
                     cost *= busy + 1
                 if cost_second < cost:
                     first = second
-                    slot = rslots[second]
+                    row = rows[second]
             else:
                 first = 0
-                slot = rslots[0]
-                if updated[slot] == _INF:
-                    updated[slot] = now  # the first use
+                row = rows[0]
+                if row[1] == _INF:
+                    row[1] = now  # the first use
             ep = ready[first]
-            k = in_flight[slot]
-            in_flight[slot] = k + 1
-            if table.floor[slot]:
+            k = row[2]
+            row[2] = k + 1
+            if row[6]:
                 if not k:
-                    table.oldest[slot] = now
+                    row[3] = now
                 else:
-                    _also_started(table, slot, now)
-            vacated = table.vacated
+                    also_started(row, now)
             guard = None
-            call = table.calls[slot]
         else:
             n = len(ready)
             project = self._project
@@ -944,7 +938,7 @@ class Balance(Generic[Req, Resp]):
                 raise _bad_pick(self._policy, i, n)
             ep = ready[i]
             guard = ep._tracker.start(now)
-            call = None
+        call = ep._call
         if call is None:
             call = ep._service.call
             if not ep._steady:
@@ -961,7 +955,7 @@ class Balance(Generic[Req, Resp]):
             self._in_flight -= 1
             # As of the dispatch: nothing was sent, no evidence.
             if guard is None:
-                self._end_flat(ep, now, now, None)
+                self._end_flat(ep, row, now, now, None)
             else:
                 guard.cancel(now)
             raise
@@ -969,7 +963,7 @@ class Balance(Generic[Req, Resp]):
             self._in_flight -= 1
             end = clock()
             if guard is None:
-                self._end_flat(ep, now, end, True)
+                self._end_flat(ep, row, now, end, True)
             else:
                 _complete(guard, now, end, True)
             if self._detector is not None:
@@ -978,7 +972,7 @@ class Balance(Generic[Req, Resp]):
         except BaseException:
             self._in_flight -= 1
             if guard is None:
-                self._end_flat(ep, now, clock(), None)
+                self._end_flat(ep, row, now, clock(), None)
             else:
                 guard.cancel(clock())
             raise
@@ -986,19 +980,19 @@ class Balance(Generic[Req, Resp]):
         end = clock()
         if guard is not None:
             _complete(guard, now, end, False)
-        elif table.vacated == vacated and 0.0 <= end - now < _INF:
-            # complete_call(table, slot, now, end, False, ...), written out.
-            k = in_flight[slot] - 1
-            in_flight[slot] = k
+        elif 0.0 <= end - now < _INF:
+            # complete_call(row, now, end, False, ...), written out.
+            k = row[2] - 1
+            row[2] = k
             if not k:
-                table.oldest[slot] = _INF
-            elif table.floor[slot]:
-                _one_ended(table, slot, now)
-            stored = estimate[slot]
-            last = updated[slot]
+                row[3] = _INF
+            elif row[6]:
+                one_ended(row, now)
+            stored = row[0]
+            last = row[1]
             rtt = end - now
             elapsed = end - last
-            weight = _exp(-elapsed * table.rate[slot]) if elapsed > 0.0 else 1.0
+            weight = _exp(-elapsed * row[4]) if elapsed > 0.0 else 1.0
             stored *= weight
             if rtt > stored:
                 stored = rtt
@@ -1006,35 +1000,32 @@ class Balance(Generic[Req, Resp]):
                 stored = stored * weight + rtt * (1.0 - weight)
                 if stored < _MIN_ESTIMATE:
                     stored = _MIN_ESTIMATE
-            estimate[slot] = stored
+            row[0] = stored
             if end > last:
-                updated[slot] = end
-            table.observations[slot] += 1
+                row[1] = end
+            row[5] += 1
         else:
-            self._end_flat(ep, now, end, False)
+            self._end_flat(ep, row, now, end, False)
         if self._detector is not None:
             self._outcome(ep._key, False, end)
         return response
 
     def _end_flat(
-        self, ep: Endpoint[Req, Resp], started: float, now: float, failed: bool | None
+        self, ep: Endpoint[Req, Resp], row: Row, started: float, now: float, failed: bool | None
     ) -> None:
-        """End a call of dispatch's flat path wherever its tracker's state is now.
+        """End a call of dispatch's flat path on its tracker's row; ``failed`` None: cancelled.
 
-        ``failed`` None: cancelled. A completion at a time that is not
-        finite or before the start (a clock that went back) cancels the call
-        as of its start, which is no evidence, and raises InvalidInput.
+        A completion at a time that is not finite or before the start (a
+        clock that went back) cancels the call as of its start, which is no
+        evidence, and raises InvalidInput.
         """
         tracker = cast(PeakEwma, ep._tracker)
-        table = tracker._table
-        assert table is not None
-        slot = tracker._slot
         if failed is None:
-            cancel_call(table, slot, started, now, tracker._cancel_evidence)
+            cancel_call(row, started, now, tracker._cancel_evidence)
         elif 0.0 <= now - started < _INF:
-            complete_call(table, slot, started, now, failed, tracker._failure_penalty)
+            complete_call(row, started, now, failed, tracker._failure_penalty)
         else:
-            cancel_call(table, slot, started, started, False)
+            cancel_call(row, started, started, False)
             raise _bad_end(started, now)
 
     async def dispatch_held(self, request: Req) -> Held[Resp]:
@@ -1186,8 +1177,8 @@ class Balance(Generic[Req, Resp]):
                 "no endpoint holds a readiness reservation; await ready() before call()"
             )
         draw = self._draw
-        if draw is not None and not self._table.unbound and now - now == 0.0:
-            ep = ready[self._table.pick(self._rslots, draw, now)]
+        if draw is not None and not self._unbound and now - now == 0.0:
+            ep = ready[pick(cast("list[Row]", self._rrows), draw, now)]
         else:
             project = self._project
             i = self._policy.pick(ready, None if project is None else project(request), now)
@@ -1280,7 +1271,7 @@ class Balance(Generic[Req, Resp]):
             if id(ep) not in kept:
                 self._detach(ep)
         ready: list[Endpoint[Req, Resp]] = []
-        rslots = _slots()
+        rrows: list[Row | None] = []
         idle: list[Endpoint[Req, Resp]] = []
         for index, ep in enumerate(new):
             if ep._owner is not self:
@@ -1289,7 +1280,7 @@ class Balance(Generic[Req, Resp]):
             ep._listed = ep._state is READY
             if ep._listed:
                 ready.append(ep)
-                rslots.append(ep._fslot)
+                rrows.append(ep._row)
             elif ep._state is IDLE and ep._eligible and not ep._ejected and ep._parked < 0:
                 ep._slot = len(idle)
                 idle.append(ep)
@@ -1298,7 +1289,7 @@ class Balance(Generic[Req, Resp]):
         self._endpoints = new
         self._by_key = keys
         self._ready = ready
-        self._rslots = rslots
+        self._rrows = rrows
         self._idle = idle
         self._consumed.clear()
         if self._detector is not None:
@@ -1405,7 +1396,7 @@ class Balance(Generic[Req, Resp]):
                 # not, _flush() drops it before any pick.
                 at = self._ready_position(old, slack)
                 ready[at] = new
-                self._rslots[at] = new._fslot
+                self._rrows[at] = new._row
                 old._listed = False
                 new._listed = True
                 consumed.append(new)
@@ -1413,20 +1404,19 @@ class Balance(Generic[Req, Resp]):
             by_key[new._key] = new
         if unlisted:
             self._ready = _without(ready, unlisted)
-            self._rslots = _without(self._rslots, unlisted)
+            self._rrows = _without(self._rrows, unlisted)
         if gone:
             positions = [ep._index for ep in gone]
             endpoints = self._endpoints = _without(endpoints, positions)
             first = min(positions)
             # Renumber the endpoints behind the first removal, in C.
             _consume(map(_set_attr, islice(endpoints, first, None), _INDEX, count(first)))
-        table = self._table
         for ep in leaving.values():
             ep._owner = None
             ep._index = -1
             ep._slot = -1
-            table.vacate(ep._fslot, ep._tracker)
-            ep._fslot = -1
+            if ep._row is None:
+                self._unbound -= 1
         for new in added:
             self._attach(new, len(endpoints))
             endpoints.append(new)
@@ -1535,10 +1525,8 @@ class Balance(Generic[Req, Resp]):
 
     def _attach_state(self, ep: Endpoint[Req, Resp]) -> None:
         ep._owner = self
-        tracker = ep._tracker
-        table = self._table
-        slot = ep._fslot = table.occupy(tracker, binds(tracker))
-        table.calls[slot] = ep._service.call if ep._steady else None
+        if ep._row is None:
+            self._unbound += 1
         ep._state = IDLE
         ep._error = None
         ep._listed = False
@@ -1590,8 +1578,8 @@ class Balance(Generic[Req, Resp]):
         ep._owner = None
         ep._index = -1
         ep._slot = -1
-        self._table.vacate(ep._fslot, ep._tracker)
-        ep._fslot = -1
+        if ep._row is None:
+            self._unbound -= 1
         if state is READY:
             release_reservation(ep._service)
 
@@ -1601,10 +1589,10 @@ class Balance(Generic[Req, Resp]):
             self._drop_ready(ep)
 
     def _drop_ready(self, ep: Endpoint[Req, Resp]) -> None:
-        """Take one endpoint (and its slot) out of _ready and _rslots."""
+        """Take one endpoint (and its row) out of _ready and _rrows."""
         at = self._ready.index(ep)
         del self._ready[at]
-        del self._rslots[at]
+        del self._rrows[at]
 
     def _flush(self) -> None:
         """Drop consumed endpoints that did not become READY again from _ready."""
@@ -1627,7 +1615,7 @@ class Balance(Generic[Req, Resp]):
                 slack = len(self._endpoints) - len(ready)
                 at = [self._ready_position(ep, slack) for ep in dropped]
                 self._ready = _without(ready, at)
-                self._rslots = _without(self._rslots, at)
+                self._rrows = _without(self._rrows, at)
 
     def _leave_scan(self, ep: Endpoint[Req, Resp]) -> None:
         """Take an IDLE endpoint out of the scan (the idle list or the parking)."""
@@ -1653,10 +1641,6 @@ class Balance(Generic[Req, Resp]):
             ep._slot = len(self._idle)
             self._idle.append(ep)
             release_reservation(ep._service)
-
-    def _service_changed(self, ep: Endpoint[Req, Resp]) -> None:
-        """A new service: what dispatch calls for the endpoint's slot."""
-        self._table.calls[ep._fslot] = ep._service.call if ep._steady else None
 
     def _reset(self, ep: Endpoint[Req, Resp]) -> None:
         ep._state = IDLE
@@ -1713,11 +1697,6 @@ class Balance(Generic[Req, Resp]):
                 self._rejoin(ep)
         if events:
             self._notify()
-
-
-def _slots() -> list[int]:
-    """An empty list of pick-table slots (see _rslots)."""
-    return []
 
 
 def _without(items: list[_T], positions: list[int]) -> list[_T]:

@@ -1,319 +1,167 @@
-"""Flat load state: where a PeakEwma tracker keeps its numbers, one slot per endpoint.
+"""Flat load state: a PeakEwma tracker's numbers in one small list, its *row*.
 
-A :class:`PickTable` holds the state of :class:`~poise.PeakEwma` trackers in
-flat, typed per-slot arrays: the stored estimate ``E``, the time ``u`` it was
-last set, the calls in flight, the start of the oldest call in flight, the
-decay rate, the number of observations and whether the age floor applies.
-A tracker's state lives in exactly one slot of one table, and nowhere else:
+A :class:`~poise.PeakEwma` keeps its whole state in one plain list, made
+with the tracker and never replaced::
 
-* a :class:`~poise.Balance` gives every endpoint it holds a slot in the
-  balance's table when the endpoint joins, and a ``PeakEwma`` tracker it can
-  take (no slow start, not already held by another balance, such as a
-  tracker shared by two endpoints) is *bound* there: its state moves into
-  the slot, and moves out again, to a one-slot table of its own, when the
-  endpoint leaves;
-* a tracker in no balance keeps its state in a one-slot table of its own,
-  made at its first use.
+    row = [estimate, updated, in_flight, oldest, rate, observations, floor, later]
+           0         1        2          3       4     5             6      7
 
-So a power-of-two-choices pick reads two slots of a few arrays, and a call
-dispatched by the balance starts and ends by editing its slot in place, with
-no endpoint, tracker, guard or dictionary object in between. The cost of a
-slot is::
+``estimate`` is the stored estimate ``E``; ``updated`` the time ``u`` it was
+last set (infinite before the tracker's first use, which the first reader
+records); ``in_flight`` the calls in flight; ``oldest`` the earliest start
+among them (infinite when none is in flight, or without the age floor);
+``rate`` is ``1 / decay``; ``observations`` counts completed calls;
+``floor`` is ``age_floor``; ``later`` holds the starts of the other calls in
+flight, sorted (made when an endpoint first has two calls in flight at
+once; with the age floor only).
+
+A :class:`~poise.Balance` keeps, beside its list of READY endpoints, the
+list of their trackers' rows (``_rrows``). A power-of-two-choices pick then
+reads two rows, and a call that ``Balance.dispatch`` makes starts and ends
+by editing its row in place, with no endpoint, tracker, guard or dictionary
+object in between. A row stays the tracker's wherever the endpoint goes, so
+a call still in flight when its endpoint leaves the balance ends on the
+right state. The cost of a row is::
 
     cost = max(fade(estimate, now - updated), now - oldest) x (in_flight + 1)
 
-exactly as :meth:`PeakEwma.load` computes it (``oldest`` is infinite when no
-call is in flight or the tracker has ``age_floor=False``; ``updated`` is
-infinite before the tracker's first use, which the reader then records).
-:func:`cost` is that formula; :meth:`PickTable.pick` and
-``Balance.dispatch`` repeat it (and the start and end of a call) inline, on
-purpose: they are the hot path. ``tests/poise/test_flat_pick.py`` checks
-every copy against a plain reference model of the rules at every step.
+exactly as :meth:`PeakEwma.load` computes it. :func:`pick` and
+``Balance.dispatch`` (and ``PeakEwma.load``) write that formula out, and
+dispatch also the start and the end of a call, on purpose: they are the hot
+path. ``tests/poise/test_flat_pick.py`` checks every copy against a plain
+reference model of the rules at every step.
 
-Calls in flight: a slot counts them, and with the age floor it keeps the
-start of the oldest one in ``oldest`` and the starts of the others, sorted,
-in a list of its own (``later``; made when an endpoint first has two calls
-in flight at once). Starting or ending the only call in flight of an
-endpoint is O(1); with ``k`` calls in flight it is a C-level insertion or
+Why a list per tracker and not one array per field: CPython reads and
+writes a list item in one specialized bytecode, where a typed array item
+goes through the generic item protocol, argument parsing and a new float
+or int object; and with one list per field a pick touched a cache line in
+each of them, where a row keeps a tracker's numbers together.
+
+A balance picks through its policy instead while any READY endpoint has a
+tracker without a row it can read (another kind of tracker, or a
+``PeakEwma`` with ``slow_start``, whose cost the row does not describe).
+
+Cost: O(1) per pick, start and end while an endpoint has at most one call
+in flight; with ``k`` in flight, a start or end adds a C-level insertion or
 deletion in a list of ``k - 1`` floats.
-
-A balance picks through its policy instead while any endpoint's tracker is
-not bound in its table (another kind of tracker, a ``PeakEwma`` with
-``slow_start``, or one held by another balance): ``unbound`` counts them.
-
-Cost: ``occupy`` and ``vacate`` are O(1) (a departing tracker gets a
-one-slot table); a freed slot is reused by the next endpoint that joins, so
-the arrays stay as long as the most endpoints held at once.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import Any
 
-if TYPE_CHECKING:
-    from ._peak_ewma import PeakEwma
+__all__ = ["Row", "cancel_call", "complete_call", "faded", "new_row", "pick", "start_call"]
 
-__all__ = ["PickTable", "cost"]
+Row = list[Any]
+"""``[estimate, updated, in_flight, oldest, rate, observations, floor, later]``."""
 
 _INF = math.inf
 _exp = math.exp
 # The estimate never reaches zero: a zero estimate would make the cost ignore
 # the calls in flight and pull every request to one endpoint.
 _MIN_ESTIMATE = 1e-6
+# One float object per distinct decay rate, so that rows of trackers with
+# the same decay share it (fewer objects for a pick to touch).
+_RATES: dict[float, float] = {}
 
 
-class PickTable:
-    """Per-slot PeakEwma state: a balance's table, or a tracker's own one-slot table.
+def new_row(default_rtt: float, rate: float, floor: bool) -> Row:
+    """A fresh state: ``default_rtt``, never used, nothing in flight."""
+    rate = _RATES.setdefault(rate, rate)
+    return [default_rtt, _INF, 0, _INF, rate, 0, floor, None]
 
-    ``estimate``, ``updated``, ``in_flight``, ``oldest``, ``rate``,
-    ``observations``, ``floor`` and ``later`` are indexed by slot (see the
-    module docs); ``trackers`` holds each occupied slot's tracker and
-    ``bound`` whether that tracker's state lives in the slot; ``unbound``
-    counts the occupied slots whose tracker's state does not. ``vacated``
-    grows by one whenever a slot is freed, so a call that remembered it can
-    tell that its slot still belongs to its tracker.
+
+def pick(rows: list[Row], draw: Callable[[], float], now: float) -> int:
+    """:class:`~poise.PowerOfTwoChoices` over ``rows``.
+
+    The same draws, costs and comparison as the policy with the trackers'
+    ``load(now)``, read from the rows: returns the position the policy
+    would return for the same generator state. The row at that position
+    has been used (its first use recorded). ``now`` must be finite.
     """
-
-    __slots__ = (
-        "_rates",
-        "bound",
-        "calls",
-        "estimate",
-        "floor",
-        "free",
-        "in_flight",
-        "later",
-        "observations",
-        "oldest",
-        "rate",
-        "trackers",
-        "unbound",
-        "updated",
-        "vacated",
-    )
-
-    def __init__(self) -> None:
-        # Plain lists, not typed arrays: CPython reads and writes a list
-        # item in one specialized bytecode, where an array item goes through
-        # the generic item protocol, argument parsing and a new float or int
-        # object (measured: about a third of a dispatch's extra instructions).
-        self.estimate: list[float] = []
-        self.updated: list[float] = []
-        self.in_flight: list[int] = []
-        self.oldest: list[float] = []
-        self.rate: list[float] = []
-        self.observations: list[int] = []
-        self.floor: list[bool] = []
-        self.later: list[list[float] | None] = []
-        # For the balance: the service's call of a steady endpoint (always
-        # ready, reserving nothing), else None. Kept here so a dispatch to
-        # such an endpoint reads no service object.
-        self.calls: list[Callable[[Any], Awaitable[Any]] | None] = []
-        self.bound: list[bool] = []
-        self.trackers: list[object] = []
-        self.free: list[int] = []
-        self.unbound = 0
-        self.vacated = 0
-        # One float object per distinct decay rate: slots read the same
-        # object rather than one each, which keeps the data a pick touches
-        # small when thousands of trackers share a decay.
-        self._rates: dict[float, float] = {}
-
-    def occupy(self, tracker: object, bind: bool) -> int:
-        """A slot for a joining endpoint's tracker; with ``bind``, its state moves in.
-
-        ``bind`` only for a tracker that ``poise._peak_ewma.binds``.
-        """
-        slot = self._slot_for(tracker)
-        if bind:
-            self.bound[slot] = True
-            cast("PeakEwma", tracker)._move(self, slot, bound=True)
-        else:
-            self.unbound += 1
-        return slot
-
-    def vacate(self, slot: int, tracker: object) -> None:
-        """Free a departing endpoint's slot; a bound tracker takes its state along."""
-        if self.bound[slot]:
-            self.bound[slot] = False
-            cast("PeakEwma", tracker)._move(PickTable(), -1, bound=False)
-        else:
-            self.unbound -= 1
-        self.trackers[slot] = None
-        self.in_flight[slot] = 0
-        self.oldest[slot] = _INF
-        self.updated[slot] = _INF
-        self.later[slot] = None
-        self.calls[slot] = None
-        self.vacated += 1
-        self.free.append(slot)
-
-    def _slot_for(self, tracker: object) -> int:
-        free = self.free
-        if free:
-            slot = free.pop()
-        else:
-            slot = len(self.estimate)
-            self.estimate.append(0.0)
-            self.updated.append(_INF)
-            self.in_flight.append(0)
-            self.oldest.append(_INF)
-            self.rate.append(0.0)
-            self.observations.append(0)
-            self.floor.append(False)
-            self.later.append(None)
-            self.calls.append(None)
-            self.bound.append(False)
-            self.trackers.append(None)
-        self.trackers[slot] = tracker
-        return slot
-
-    def fill(self, slot: int, tracker: PeakEwma, source: PickTable | None, at: int) -> None:
-        """Write ``tracker``'s state into ``slot``: row ``at`` of ``source``, or a fresh one."""
-        rate = tracker._rate
-        self.rate[slot] = self._rates.setdefault(rate, rate)
-        self.floor[slot] = tracker._age_floor
-        if source is None:
-            self.estimate[slot] = tracker._default_rtt
-            self.updated[slot] = _INF
-            self.in_flight[slot] = 0
-            self.oldest[slot] = _INF
-            self.observations[slot] = 0
-            self.later[slot] = None
-        else:
-            self.estimate[slot] = source.estimate[at]
-            self.updated[slot] = source.updated[at]
-            self.in_flight[slot] = source.in_flight[at]
-            self.oldest[slot] = source.oldest[at]
-            self.observations[slot] = source.observations[at]
-            self.later[slot] = source.later[at]
-
-    def pick(self, slots: list[int], draw: Callable[[], float], now: float) -> int:
-        """:class:`~poise.PowerOfTwoChoices` over ``slots`` (every one bound).
-
-        The same draws, costs and comparison as the policy with the
-        trackers' ``load(now)``, read from the lists: returns the position
-        in ``slots`` the policy would return for the same generator state.
-        The slot at that position has been used (its first use recorded).
-        ``now`` must be finite.
-        """
-        n = len(slots)
-        if n <= 1:
-            if n and self.updated[slots[0]] == _INF:
-                self.updated[slots[0]] = now
-            return 0
-        first = int(draw() * n)
-        second = int(draw() * (n - 1))
-        if second >= first:
-            second += 1
-        estimate = self.estimate
-        updated = self.updated
-        oldest = self.oldest
-        rate = self.rate
-        in_flight = self.in_flight
-        # The policy reads the second sample's load first. Both costs are
-        # cost(self, slot, now), written out: this runs on every dispatch.
-        slot = slots[second]
-        gap = updated[slot] - now
-        if gap < 0.0:
-            cost = estimate[slot] * _exp(gap * rate[slot])
-            if cost < _MIN_ESTIMATE:
-                cost = _MIN_ESTIMATE
-        else:
-            if gap == _INF:
-                updated[slot] = now  # the first use
-            cost = estimate[slot]
-        age = now - oldest[slot]
-        if age > cost:
-            cost = age
-        cost_second = cost * (in_flight[slot] + 1)
-        slot = slots[first]
-        gap = updated[slot] - now
-        if gap < 0.0:
-            cost = estimate[slot] * _exp(gap * rate[slot])
-            if cost < _MIN_ESTIMATE:
-                cost = _MIN_ESTIMATE
-        else:
-            if gap == _INF:
-                updated[slot] = now  # the first use
-            cost = estimate[slot]
-        age = now - oldest[slot]
-        if age > cost:
-            cost = age
-        if cost_second < cost * (in_flight[slot] + 1):
-            return second
-        return first
-
-    def row(self, slot: int) -> tuple[float, float, int, float, float, int]:
-        """One slot's numbers: (estimate, updated, in_flight, oldest, rate, observations)."""
-        return (
-            self.estimate[slot],
-            self.updated[slot],
-            self.in_flight[slot],
-            self.oldest[slot],
-            self.rate[slot],
-            self.observations[slot],
-        )
-
-    def __repr__(self) -> str:
-        used = len(self.estimate) - len(self.free)
-        return f"<PickTable slots={used} unbound={self.unbound} free={len(self.free)}>"
-
-
-# -- the rules over one slot (see poise._peak_ewma for what they mean) ---------
-
-
-def cost(table: PickTable, slot: int, now: float) -> float:
-    """``max(estimate(now), oldest call's age) x (in_flight + 1)``; records a first use."""
-    gap = table.updated[slot] - now
+    n = len(rows)
+    if n <= 1:
+        if n and rows[0][1] == _INF:
+            rows[0][1] = now
+        return 0
+    first = int(draw() * n)
+    second = int(draw() * (n - 1))
+    if second >= first:
+        second += 1
+    # The policy reads the second sample's load first. Both costs are the
+    # formula of the module docs, written out; with no call in flight the
+    # age floor and the factor (0 + 1) change nothing and are skipped.
+    row = rows[second]
+    gap = row[1] - now
     if gap < 0.0:
-        estimate = table.estimate[slot] * _exp(gap * table.rate[slot])
-        if estimate < _MIN_ESTIMATE:
-            estimate = _MIN_ESTIMATE
+        cost = row[0] * _exp(gap * row[4])
+        if cost < _MIN_ESTIMATE:
+            cost = _MIN_ESTIMATE
     else:
         if gap == _INF:
-            table.updated[slot] = now  # the first use
-        estimate = table.estimate[slot]
-    age = now - table.oldest[slot]
-    if age > estimate:
-        estimate = age
-    return estimate * (table.in_flight[slot] + 1)
+            row[1] = now  # the first use
+        cost = row[0]
+    busy = row[2]
+    if busy:
+        age = now - row[3]
+        if age > cost:
+            cost = age
+        cost *= busy + 1
+    cost_second = cost
+    row = rows[first]
+    gap = row[1] - now
+    if gap < 0.0:
+        cost = row[0] * _exp(gap * row[4])
+        if cost < _MIN_ESTIMATE:
+            cost = _MIN_ESTIMATE
+    else:
+        if gap == _INF:
+            row[1] = now  # the first use
+        cost = row[0]
+    busy = row[2]
+    if busy:
+        age = now - row[3]
+        if age > cost:
+            cost = age
+        cost *= busy + 1
+    if cost_second < cost:
+        return second
+    return first
 
 
-def faded(table: PickTable, slot: int, now: float) -> float:
+def faded(row: Row, now: float) -> float:
     """The stored estimate faded by the time since it was set (no first use recorded)."""
-    estimate = table.estimate[slot]
-    gap = now - table.updated[slot]
+    estimate: float = row[0]
+    gap = now - row[1]
     if gap > 0.0:
-        estimate *= _exp(-gap * table.rate[slot])
+        estimate *= _exp(-gap * row[4])
         if estimate < _MIN_ESTIMATE:
             estimate = _MIN_ESTIMATE
     return estimate
 
 
-def start_call(table: PickTable, slot: int, now: float) -> None:
-    """Count a call started at ``now`` (its slot has been used)."""
-    in_flight = table.in_flight
-    k = in_flight[slot]
-    in_flight[slot] = k + 1
-    if table.floor[slot]:
+def start_call(row: Row, now: float) -> None:
+    """Count a call started at ``now`` (the row has been used)."""
+    k = row[2]
+    row[2] = k + 1
+    if row[6]:
         if not k:
-            table.oldest[slot] = now
+            row[3] = now
         else:
-            _also_started(table, slot, now)
+            also_started(row, now)
 
 
-def _also_started(table: PickTable, slot: int, now: float) -> None:
+def also_started(row: Row, now: float) -> None:
     """A call started while others are in flight (age floor on): keep the starts sorted."""
-    later = table.later[slot]
+    later: list[float] | None = row[7]
     if later is None:
-        later = table.later[slot] = []
-    oldest = table.oldest[slot]
+        later = row[7] = []
+    oldest = row[3]
     if now < oldest:
-        table.oldest[slot] = now
+        row[3] = now
         later.insert(0, oldest)
     elif not later or now >= later[-1]:
         later.append(now)
@@ -321,43 +169,38 @@ def _also_started(table: PickTable, slot: int, now: float) -> None:
         insort(later, now)
 
 
-def end_in_flight(table: PickTable, slot: int, started: float) -> None:
+def end_in_flight(row: Row, started: float) -> None:
     """Stop counting a call started at ``started``; the oldest call moves on if it was it."""
-    in_flight = table.in_flight
-    k = in_flight[slot] - 1
-    in_flight[slot] = k
-    if table.floor[slot]:
-        if not k:
-            table.oldest[slot] = _INF
-        else:
-            _one_ended(table, slot, started)
+    k = row[2] - 1
+    row[2] = k
+    if not k:
+        row[3] = _INF
+    elif row[6]:
+        one_ended(row, started)
 
 
-def _one_ended(table: PickTable, slot: int, started: float) -> None:
+def one_ended(row: Row, started: float) -> None:
     """One of several calls in flight ended (age floor on)."""
-    later = table.later[slot]
-    assert later
-    if started == table.oldest[slot]:
-        table.oldest[slot] = later.pop(0)
+    later: list[float] = row[7]
+    if started == row[3]:
+        row[3] = later.pop(0)
     else:
         del later[bisect_left(later, started)]
 
 
-def complete_call(
-    table: PickTable, slot: int, started: float, now: float, failed: bool, penalty: float
-) -> None:
+def complete_call(row: Row, started: float, now: float, failed: bool, penalty: float) -> None:
     """A call started at ``started`` completed at ``now``: the peak rule (see PeakEwma).
 
     ``now`` is finite and not before ``started`` (the caller checked).
     """
     rtt = now - started
-    end_in_flight(table, slot, started)
-    estimate = table.estimate[slot]
-    updated = table.updated[slot]
+    end_in_flight(row, started)
+    estimate: float = row[0]
+    updated: float = row[1]
     # Completions may be reported slightly out of order; a negative gap
     # counts as no time at all (the prior keeps its full weight, unfaded).
     elapsed = now - updated
-    weight = _exp(-elapsed * table.rate[slot]) if elapsed > 0.0 else 1.0
+    weight = _exp(-elapsed * row[4]) if elapsed > 0.0 else 1.0
     estimate *= weight
     if failed and penalty > 0.0:
         # A failure is never evidence of speed (see "Failures" in PeakEwma).
@@ -379,19 +222,19 @@ def complete_call(
         estimate = estimate * weight + rtt * (1.0 - weight)
         if estimate < _MIN_ESTIMATE:
             estimate = _MIN_ESTIMATE
-    table.estimate[slot] = estimate
+    row[0] = estimate
     if now > updated:
-        table.updated[slot] = now
-    table.observations[slot] += 1
+        row[1] = now
+    row[5] += 1
 
 
-def cancel_call(table: PickTable, slot: int, started: float, now: float, evidence: bool) -> None:
+def cancel_call(row: Row, started: float, now: float, evidence: bool) -> None:
     """A call started at ``started`` was abandoned at ``now``; maybe raise the estimate."""
-    end_in_flight(table, slot, started)
+    end_in_flight(row, started)
     age = now - started
-    if evidence and age > 0.0 and age > faded(table, slot, now):
+    if evidence and age > 0.0 and age > faded(row, now):
         # A call outstanding this long proves an RTT of at least its age:
         # raise the estimate as a completion of that age would.
-        table.estimate[slot] = age
-        if now > table.updated[slot]:
-            table.updated[slot] = now
+        row[0] = age
+        if now > row[1]:
+            row[1] = now

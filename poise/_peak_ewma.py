@@ -93,11 +93,10 @@ records the first ``now`` it sees, for slow start and the fade).
 
 Where the state lives
     The numbers (stored estimate, its time, calls in flight, oldest call in
-    flight, observations) sit in one slot of a :class:`~poise._flat.PickTable`:
-    the table of the :class:`~poise.Balance` whose endpoint holds the
-    tracker, so that a dispatch reads and edits them in place, or else a
-    one-slot table of the tracker's own (see ``poise._flat``). Moving
-    between them changes nothing a caller can see.
+    flight, observations) sit in one small list, the tracker's *row* (see
+    ``poise._flat``). A :class:`~poise.Balance` reads and edits the rows of
+    its endpoints' trackers in place when it picks and dispatches, so the
+    tracker and the balance never hold two copies of one number.
 
 Cost: ``start`` allocates one small guard; ``load``, ``complete`` and
 ``cancel`` are O(1) (one ``exp`` each) while at most one call is in flight,
@@ -110,15 +109,7 @@ from __future__ import annotations
 import math
 
 from ._errors import InvalidInput
-from ._flat import (
-    _INF,
-    _MIN_ESTIMATE,
-    PickTable,
-    cancel_call,
-    complete_call,
-    faded,
-    start_call,
-)
+from ._flat import _INF, _MIN_ESTIMATE, Row, cancel_call, complete_call, faded, new_row, start_call
 
 __all__ = ["PeakEwma", "PeakEwmaGuard"]
 
@@ -152,13 +143,14 @@ def _time(what: str, now: float) -> float:
     return now
 
 
-def binds(tracker: object) -> bool:
-    """True if a balance's table can hold ``tracker``'s state (see poise._flat).
+def row_of(tracker: object) -> Row | None:
+    """The row a balance may pick and dispatch on (see poise._flat), or None.
 
-    A ``PeakEwma`` without slow start whose state is not already in another
-    balance's table.
+    A ``PeakEwma`` without slow start: its row says its whole cost.
     """
-    return type(tracker) is PeakEwma and not tracker._bound and tracker._slow_start == 0.0
+    if type(tracker) is PeakEwma and tracker._slow_start == 0.0:
+        return tracker._row
+    return None
 
 
 class PeakEwma:
@@ -180,17 +172,15 @@ class PeakEwma:
 
     __slots__ = (
         "_age_floor",
-        "_bound",
         "_cancel_evidence",
         "_decay",
         "_default_rtt",
         "_epoch",
         "_failure_penalty",
         "_rate",
-        "_slot",
+        "_row",
         "_slow_start",
         "_slow_start_scale",
-        "_table",
     )
 
     def __init__(
@@ -223,12 +213,8 @@ class PeakEwma:
         self._rate = 1.0 / self._decay
         # The first now seen (the start of the slow-start window).
         self._epoch: float | None = None
-        # Where the state lives (see poise._flat): None until the first use
-        # (a fresh state), then a table of its own or, while _bound, the
-        # table of the balance that holds the tracker's endpoint.
-        self._table: PickTable | None = None
-        self._slot = -1
-        self._bound = False
+        # The whole state (see poise._flat); balances read and edit it in place.
+        self._row = new_row(self._default_rtt, self._rate, age_floor)
 
     # -- read-only view -------------------------------------------------------
 
@@ -263,8 +249,7 @@ class PeakEwma:
     @property
     def in_flight(self) -> int:
         """Calls started and not yet completed or cancelled."""
-        table = self._table
-        return 0 if table is None else table.in_flight[self._slot]
+        return self._row[2]  # type: ignore[no-any-return]
 
     @property
     def rtt_estimate(self) -> float:
@@ -273,16 +258,12 @@ class PeakEwma:
         ``default_rtt`` before any evidence. What the cost uses is
         :meth:`estimate`, this value faded by the time since.
         """
-        table = self._table
-        return self._default_rtt if table is None else table.estimate[self._slot]
+        return self._row[0]  # type: ignore[no-any-return]
 
     @property
     def updated_at(self) -> float | None:
         """When the stored estimate was last set (``None`` before the first use)."""
-        table = self._table
-        if table is None:
-            return None
-        updated = table.updated[self._slot]
+        updated: float = self._row[1]
         return None if updated == _INF else updated
 
     def estimate(self, now: float) -> float:
@@ -292,19 +273,15 @@ class PeakEwma:
         """
         if now - now != 0.0:
             _time("PeakEwma.estimate", now)
-        table = self._table
-        if table is None:
-            table = self._own()
-        slot = self._slot
-        if table.updated[slot] == _INF:
-            self._first_use(table, slot, now)
-        return faded(table, slot, now)
+        row = self._row
+        if row[1] == _INF:
+            self._first_use(now)
+        return faded(row, now)
 
     @property
     def observations(self) -> int:
         """How many completed calls (successful or failed) have been observed."""
-        table = self._table
-        return 0 if table is None else table.observations[self._slot]
+        return self._row[5]  # type: ignore[no-any-return]
 
     # -- the LoadTracker protocol ----------------------------------------------
 
@@ -316,25 +293,20 @@ class PeakEwma:
         """
         if now - now != 0.0:
             _time("PeakEwma.load", now)
-        table = self._table
-        if table is None:
-            table = self._own()
-        slot = self._slot
-        # poise._flat.cost(table, slot, now), written out: policies call
-        # this for every candidate.
-        gap = table.updated[slot] - now
+        row = self._row
+        gap = row[1] - now
         if gap < 0.0:
-            estimate = table.estimate[slot] * _exp(gap * table.rate[slot])
+            estimate = row[0] * _exp(gap * row[4])
             if estimate < _MIN_ESTIMATE:
                 estimate = _MIN_ESTIMATE
         else:
             if gap == _INF:
-                self._first_use(table, slot, now)
-            estimate = table.estimate[slot]
-        age = now - table.oldest[slot]
+                self._first_use(now)
+            estimate = row[0]
+        age = now - row[3]
         if age > estimate:
             estimate = age
-        cost = estimate * (table.in_flight[slot] + 1)
+        cost: float = estimate * (row[2] + 1)
         if self._slow_start > 0.0:
             age = now - self._epoch  # type: ignore[operator]
             if age < self._slow_start:
@@ -346,13 +318,10 @@ class PeakEwma:
         """Count one dispatched call and return the guard that will end it."""
         if now - now != 0.0:
             _time("PeakEwma.start", now)
-        table = self._table
-        if table is None:
-            table = self._own()
-        slot = self._slot
-        if table.updated[slot] == _INF:
-            self._first_use(table, slot, now)
-        start_call(table, slot, now)
+        row = self._row
+        if row[1] == _INF:
+            self._first_use(now)
+        start_call(row, now)
         # The guard's __init__, inlined (no Python frame): once per call.
         guard = _new_guard(PeakEwmaGuard)
         guard._tracker = self
@@ -361,25 +330,8 @@ class PeakEwma:
 
     # -- internals ------------------------------------------------------------
 
-    def _own(self) -> PickTable:
-        """The first use outside any balance: a fresh state in a table of its own."""
-        self._move(PickTable(), -1, bound=False)
-        table = self._table
-        assert table is not None
-        return table
-
-    def _move(self, table: PickTable, slot: int, *, bound: bool) -> None:
-        """Move the state to ``slot`` of ``table`` (a new slot there if ``slot`` < 0)."""
-        if slot < 0:
-            slot = table._slot_for(self)
-            table.bound[slot] = True
-        table.fill(slot, self, self._table, self._slot)
-        self._table = table
-        self._slot = slot
-        self._bound = bound
-
-    def _first_use(self, table: PickTable, slot: int, now: float) -> None:
-        table.updated[slot] = now
+    def _first_use(self, now: float) -> None:
+        self._row[1] = now
         if self._epoch is None:
             self._epoch = now
 
@@ -428,9 +380,7 @@ class PeakEwmaGuard:
                 f"at {self._started_at!r} (negative RTT)"
             )
         self._tracker = None
-        table = tracker._table
-        assert table is not None  # a started call has a state
-        complete_call(table, tracker._slot, self._started_at, now, failed, tracker._failure_penalty)
+        complete_call(tracker._row, self._started_at, now, failed, tracker._failure_penalty)
 
     def cancel(self, now: float) -> None:
         tracker = self._tracker
@@ -439,9 +389,7 @@ class PeakEwmaGuard:
         if now - now != 0.0:
             _time("PeakEwmaGuard.cancel", now)
         self._tracker = None
-        table = tracker._table
-        assert table is not None
-        cancel_call(table, tracker._slot, self._started_at, now, tracker._cancel_evidence)
+        cancel_call(tracker._row, self._started_at, now, tracker._cancel_evidence)
 
     def __repr__(self) -> str:
         state = "ended" if self._tracker is None else "open"

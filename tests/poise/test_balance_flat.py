@@ -96,7 +96,6 @@ async def test_a_dispatch_in_flight_when_its_endpoint_leaves_ends_on_its_own_tra
         PowerOfTwoChoices(random.Random(1)),
         [Endpoint("a", service_fn(slow), tracker=leaving_tracker)],
     )
-    slot = balance.endpoint("a")._fslot
     newcomer = PeakEwma(default_rtt=0.5)
     async with anyio.create_task_group() as tg:
         tg.start_soon(balance.dispatch, "x")
@@ -104,8 +103,9 @@ async def test_a_dispatch_in_flight_when_its_endpoint_leaves_ends_on_its_own_tra
         assert leaving_tracker.in_flight == 1
         balance.remove("a")
         balance.push(Endpoint("b", service_fn(_echo), tracker=newcomer))
-        # The newcomer took the freed slot: the call must not end there.
-        assert balance.endpoint("b")._fslot == slot
+        # The newcomer is READY in the place the leaving endpoint had: the
+        # call must not end on its row.
+        assert balance.ready_nowait() and balance._rrows == [newcomer._row]
         assert leaving_tracker.in_flight == 1
         release.set()
     assert leaving_tracker.in_flight == 0 and leaving_tracker.observations == 1
