@@ -881,35 +881,35 @@ class Balance(Generic[Req, Resp]):
                 # call in flight the age floor and the factor (0 + 1) change
                 # nothing (oldest is infinite), so they are skipped.
                 row = rows[second]
-                gap = row[1] - now
+                gap = row.updated - now
                 if gap < 0.0:
-                    cost = row[0] * _exp(gap * row[4])
+                    cost = row.estimate * _exp(gap * row.rate)
                     if cost < _MIN_ESTIMATE:
                         cost = _MIN_ESTIMATE
                 else:
                     if gap == _INF:
-                        row[1] = now  # the first use
-                    cost = row[0]
-                busy = row[2]
+                        row.updated = now  # the first use
+                    cost = row.estimate
+                busy = row.in_flight
                 if busy:
-                    age = now - row[3]
+                    age = now - row.oldest
                     if age > cost:
                         cost = age
                     cost *= busy + 1
                 cost_second = cost
                 row = rows[first]
-                gap = row[1] - now
+                gap = row.updated - now
                 if gap < 0.0:
-                    cost = row[0] * _exp(gap * row[4])
+                    cost = row.estimate * _exp(gap * row.rate)
                     if cost < _MIN_ESTIMATE:
                         cost = _MIN_ESTIMATE
                 else:
                     if gap == _INF:
-                        row[1] = now  # the first use
-                    cost = row[0]
-                busy = row[2]
+                        row.updated = now  # the first use
+                    cost = row.estimate
+                busy = row.in_flight
                 if busy:
-                    age = now - row[3]
+                    age = now - row.oldest
                     if age > cost:
                         cost = age
                     cost *= busy + 1
@@ -919,14 +919,14 @@ class Balance(Generic[Req, Resp]):
             else:
                 first = 0
                 row = rows[0]
-                if row[1] == _INF:
-                    row[1] = now  # the first use
+                if row.updated == _INF:
+                    row.updated = now  # the first use
             ep = ready[first]
-            k = row[2]
-            row[2] = k + 1
-            if row[6]:
+            k = row.in_flight
+            row.in_flight = k + 1
+            if row.floor:
                 if not k:
-                    row[3] = now
+                    row.oldest = now
                 else:
                     also_started(row, now)
             guard = None
@@ -982,17 +982,17 @@ class Balance(Generic[Req, Resp]):
             _complete(guard, now, end, False)
         elif 0.0 <= end - now < _INF:
             # complete_call(row, now, end, False, ...), written out.
-            k = row[2] - 1
-            row[2] = k
+            k = row.in_flight - 1
+            row.in_flight = k
             if not k:
-                row[3] = _INF
-            elif row[6]:
+                row.oldest = _INF
+            elif row.floor:
                 one_ended(row, now)
-            stored = row[0]
-            last = row[1]
+            stored = row.estimate
+            last = row.updated
             rtt = end - now
             elapsed = end - last
-            weight = _exp(-elapsed * row[4]) if elapsed > 0.0 else 1.0
+            weight = _exp(-elapsed * row.rate) if elapsed > 0.0 else 1.0
             stored *= weight
             if rtt > stored:
                 stored = rtt
@@ -1000,10 +1000,10 @@ class Balance(Generic[Req, Resp]):
                 stored = stored * weight + rtt * (1.0 - weight)
                 if stored < _MIN_ESTIMATE:
                     stored = _MIN_ESTIMATE
-            row[0] = stored
+            row.estimate = stored
             if end > last:
-                row[1] = end
-            row[5] += 1
+                row.updated = end
+            row.observations += 1
         else:
             self._end_flat(ep, row, now, end, False)
         if self._detector is not None:

@@ -93,7 +93,7 @@ records the first ``now`` it sees, for slow start and the fade).
 
 Where the state lives
     The numbers (stored estimate, its time, calls in flight, oldest call in
-    flight, observations) sit in one small list, the tracker's *row* (see
+    flight, observations) sit in one small record, the tracker's *row* (see
     ``poise._flat``). A :class:`~poise.Balance` reads and edits the rows of
     its endpoints' trackers in place when it picks and dispatches, so the
     tracker and the balance never hold two copies of one number.
@@ -249,7 +249,7 @@ class PeakEwma:
     @property
     def in_flight(self) -> int:
         """Calls started and not yet completed or cancelled."""
-        return self._row[2]  # type: ignore[no-any-return]
+        return self._row.in_flight
 
     @property
     def rtt_estimate(self) -> float:
@@ -258,12 +258,12 @@ class PeakEwma:
         ``default_rtt`` before any evidence. What the cost uses is
         :meth:`estimate`, this value faded by the time since.
         """
-        return self._row[0]  # type: ignore[no-any-return]
+        return self._row.estimate
 
     @property
     def updated_at(self) -> float | None:
         """When the stored estimate was last set (``None`` before the first use)."""
-        updated: float = self._row[1]
+        updated: float = self._row.updated
         return None if updated == _INF else updated
 
     def estimate(self, now: float) -> float:
@@ -274,14 +274,14 @@ class PeakEwma:
         if now - now != 0.0:
             _time("PeakEwma.estimate", now)
         row = self._row
-        if row[1] == _INF:
+        if row.updated == _INF:
             self._first_use(now)
         return faded(row, now)
 
     @property
     def observations(self) -> int:
         """How many completed calls (successful or failed) have been observed."""
-        return self._row[5]  # type: ignore[no-any-return]
+        return self._row.observations
 
     # -- the LoadTracker protocol ----------------------------------------------
 
@@ -294,19 +294,19 @@ class PeakEwma:
         if now - now != 0.0:
             _time("PeakEwma.load", now)
         row = self._row
-        gap = row[1] - now
+        gap = row.updated - now
         if gap < 0.0:
-            estimate = row[0] * _exp(gap * row[4])
+            estimate = row.estimate * _exp(gap * row.rate)
             if estimate < _MIN_ESTIMATE:
                 estimate = _MIN_ESTIMATE
         else:
             if gap == _INF:
                 self._first_use(now)
-            estimate = row[0]
-        age = now - row[3]
+            estimate = row.estimate
+        age = now - row.oldest
         if age > estimate:
             estimate = age
-        cost: float = estimate * (row[2] + 1)
+        cost: float = estimate * (row.in_flight + 1)
         if self._slow_start > 0.0:
             age = now - self._epoch  # type: ignore[operator]
             if age < self._slow_start:
@@ -319,7 +319,7 @@ class PeakEwma:
         if now - now != 0.0:
             _time("PeakEwma.start", now)
         row = self._row
-        if row[1] == _INF:
+        if row.updated == _INF:
             self._first_use(now)
         start_call(row, now)
         # The guard's __init__, inlined (no Python frame): once per call.
@@ -331,7 +331,7 @@ class PeakEwma:
     # -- internals ------------------------------------------------------------
 
     def _first_use(self, now: float) -> None:
-        self._row[1] = now
+        self._row.updated = now
         if self._epoch is None:
             self._epoch = now
 

@@ -194,7 +194,8 @@ def assert_flat_mirrors(balance: Balance[object, object]) -> None:
             unbound += 1
             continue
         assert row is tracker._row
-        estimate, updated, in_flight, oldest, rate, observations, floor, later = row
+        estimate, updated, in_flight, oldest = row.estimate, row.updated, row.in_flight, row.oldest
+        rate, observations, floor, later = row.rate, row.observations, row.floor, row.later
         assert (estimate, in_flight, observations) == (
             tracker.rtt_estimate,
             tracker.in_flight,
