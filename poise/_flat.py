@@ -39,8 +39,8 @@ of them, where a row keeps a tracker's numbers together, the ones a pick
 reads next to the row's header (measured against a plain list per row:
 about 5% less CPU per dispatch among 10,000 endpoints).
 
-A balance picks through its policy instead while any READY endpoint has a
-tracker without a row it can read (another kind of tracker, or a
+A balance picks through its policy instead while any of its endpoints has
+a tracker without a row it can read (another kind of tracker, or a
 ``PeakEwma`` with ``slow_start``, whose cost the row does not describe).
 
 Cost: O(1) per pick, start and end while an endpoint has at most one call
