@@ -19,9 +19,11 @@ Every endpoint is a ``ConcurrencyLimit(service_fn(no-op), 1)`` with a
 
 Cost is CPU time per dispatch (``time.process_time``, so other processes on
 the machine disturb it less). Every pool is built first and all are measured
-in interleaved rounds, each pool's figure its best round: the base and the
-rows compared with it see the same machine. The target: the drained and
-busy rows cost at most 1.5x the 10-endpoint all-ready row, whatever the size.
+in interleaved rounds; a pool's figure is its median round, and every ratio
+is the median over the rounds of that round's ratio, so the base and the
+rows compared with it see the same machine. The load average is printed
+before and after. The target: the drained and busy rows cost at most 1.5x
+the 10-endpoint all-ready row, whatever the size.
 
 A busy pool of n endpoints still has n/2 ready ones, and sampling two at
 random from a large ready set costs memory traffic by itself (the all-ready
@@ -36,8 +38,9 @@ Run: ``python -m benchmarks.dispatch_scale [--smoke] [--ops N] [--rounds R]``
 from __future__ import annotations
 
 import argparse
-import math
+import os
 import random
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -93,14 +96,21 @@ async def _round(balance: Balance[int, int], ops: int) -> float:
 class Result:
     ops: int
     sizes: tuple[int, ...]
+    #: (shape, endpoints) -> median CPU ns per dispatch over the rounds
     ns: dict[tuple[str, int], float]
+    #: (shape, endpoints) -> median per-round ratio to the base
+    to_base: dict[tuple[str, int], float]
+    #: endpoints -> median per-round ratio of 50% busy to all ready at n/2
+    to_matched: dict[int, float]
+    load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
     def base(self) -> float:
         return self.ns[("all ready", self.sizes[0])]
 
     def ratio(self, shape: str, n: int) -> float:
-        return self.ns[(shape, n)] / self.base
+        return self.to_base[(shape, n)]
 
     @property
     def worst_ratio(self) -> float:
@@ -108,17 +118,19 @@ class Result:
 
     def busy_to_matched(self, n: int) -> float:
         """50% busy at n against all ready at n/2: the cost of the busy half alone."""
-        return self.ns[("50% busy", n)] / self.ns[(MATCHED, n)]
+        return self.to_matched[n]
 
 
 async def measure(ops: int, rounds: int, sizes: tuple[int, ...]) -> Result:
     """Every pool is built first, then measured in interleaved rounds.
 
-    Each round runs every (shape, size) once, in a shuffled order, and a
-    pool's figure is its best round: the base and the rows it is compared
-    with see the same machine, which on a shared or virtual machine varies
-    by as much as 2x from one second to the next.
+    Each round runs every (shape, size) once, in a shuffled order; a
+    pool's figure is its median round and a ratio the median of the
+    per-round ratios: the base and the rows it is compared with see the
+    same machine, which on a shared or virtual machine varies by as much as
+    2x from one second to the next.
     """
+    before = os.getloadavg()
     pools = {(shape, n): build(n, shape, seed=n) for shape in SHAPES for n in sizes}
     # All-ready pools with as many ready endpoints as the busy ones have:
     # what sampling a ready set of that size costs by itself.
@@ -126,17 +138,32 @@ async def measure(ops: int, rounds: int, sizes: tuple[int, ...]) -> Result:
         pools[(MATCHED, n)] = build(n // 2, "all ready", seed=n + 1)
     for balance in pools.values():
         await _warm(balance, ops)
-    best = dict.fromkeys(pools, math.inf)
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in pools}
+    to_base: dict[tuple[str, int], list[float]] = {key: [] for key in pools}
+    to_matched: dict[int, list[float]] = {n: [] for n in sizes}
     order = list(pools)
     shuffle = random.Random(0).shuffle
     for _ in range(rounds):
         shuffle(order)
-        for key in order:
-            best[key] = min(best[key], await _round(pools[key], ops))
+        got = {key: await _round(pools[key], ops) for key in order}
+        base = got[("all ready", sizes[0])]
+        for key, seconds in got.items():
+            times[key].append(seconds)
+            to_base[key].append(seconds / base)
+        for n in sizes:
+            to_matched[n].append(got[("50% busy", n)] / got[(MATCHED, n)])
     for balance in pools.values():
         assert balance.statistics().in_flight == 0
-    ns = {key: seconds / ops * 1e9 for key, seconds in best.items()}
-    return Result(ops=ops, sizes=sizes, ns=ns)
+    median = statistics.median
+    return Result(
+        ops=ops,
+        sizes=sizes,
+        ns={key: median(seconds) / ops * 1e9 for key, seconds in times.items()},
+        to_base={key: median(values) for key, values in to_base.items()},
+        to_matched={n: median(values) for n, values in to_matched.items()},
+        load_before=before,
+        load_after=os.getloadavg(),
+    )
 
 
 def format_table(result: Result, sizes: tuple[int, ...]) -> str:
@@ -160,9 +187,15 @@ def format_table(result: Result, sizes: tuple[int, ...]) -> str:
     )
     lines.append(
         f"CPU ns per Balance.dispatch (P2C + PeakEwma, ConcurrencyLimit(1) services), "
-        f"{result.ops:,} dispatches per round, best round; base = all ready at "
-        f"{sizes[0]} endpoints ({result.base:,.0f} ns); target: drained and busy rows "
-        f"<= {TARGET_RATIO} x base"
+        f"{result.ops:,} dispatches per round, median round; ratios: median of per-round "
+        f"ratios; base = all ready at {sizes[0]} endpoints ({result.base:,.0f} ns); "
+        f"target: drained and busy rows <= {TARGET_RATIO} x base"
+    )
+    lines.append(
+        "load average before "
+        + " ".join(f"{x:.2f}" for x in result.load_before)
+        + ", after "
+        + " ".join(f"{x:.2f}" for x in result.load_after)
     )
     return "\n".join(lines)
 

@@ -79,8 +79,8 @@ loop thread.
 from __future__ import annotations
 
 import logging
+import math
 import sys
-from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
@@ -88,7 +88,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from itertools import count, islice, repeat
 from operator import attrgetter
-from typing import Any, Generic, Never, Protocol, TypeVar, cast, overload
+from typing import Generic, Never, Protocol, TypeVar, cast, overload
 
 import anyio
 import anyio.lowlevel
@@ -103,8 +103,18 @@ from ._errors import (
     ReadinessError,
     SelectionError,
 )
-from ._flat import PickTable
+from ._flat import (
+    _INF,
+    _MIN_ESTIMATE,
+    Row,
+    also_started,
+    cancel_call,
+    complete_call,
+    one_ended,
+    pick,
+)
 from ._outlier import OutlierDetector, OutlierEvent
+from ._peak_ewma import PeakEwma
 from ._policies import PowerOfTwoChoices
 from ._protocols import LoadGuard, Policy
 from ._service import release_reservation
@@ -122,7 +132,7 @@ ReadinessObserver = Callable[[int, Hashable, Exception], None]
 
 _by_index = attrgetter("_index")
 
-_Seq = TypeVar("_Seq", list[Any], "array[int]")
+_T = TypeVar("_T")
 # splice() renumbers with map(setattr, ...) drained by a zero-length deque:
 # the loop runs in C.
 _set_attr = setattr
@@ -134,6 +144,7 @@ _FEW = 16
 # while something is READY (see Balance._recheck_parked).
 _RECHECK_BATCH = 64
 _checkpoint = anyio.lowlevel.checkpoint
+_exp = math.exp
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,9 +296,9 @@ class Balance(Generic[Req, Resp]):
         "_project",
         "_ready",
         "_recheck",
-        "_rslots",
+        "_rrows",
         "_scanning",
-        "_table",
+        "_unbound",
         "_wake_count",
     )
 
@@ -394,11 +405,12 @@ class Balance(Generic[Req, Resp]):
         # _consumed; _flush() drops the ones that did not become READY, and
         # runs before every pick.
         self._ready: list[Endpoint[Req, Resp]] = []
-        # The pick-table slot of every endpoint in _ready, in the same order:
-        # a power-of-two-choices pick reads these and the table's flat lists
-        # (see poise._flat) without touching an endpoint or tracker object.
-        self._rslots = _slots()
-        self._table = PickTable()
+        # The tracker row of every endpoint in _ready (None: a tracker
+        # without one), in the same order: a power-of-two-choices pick reads
+        # these (see poise._flat) without touching an endpoint or tracker
+        # object. _unbound counts the endpoints without a row.
+        self._rrows: list[Row | None] = []
+        self._unbound = 0
         # The inlined pick of dispatch(): the policy's generator when it is a
         # PowerOfTwoChoices and no context is projected (it reads none).
         self._draw: Callable[[], float] | None = (
@@ -701,12 +713,12 @@ class Balance(Generic[Req, Resp]):
                 self._list_ready(ep)
 
     def _list_ready(self, ep: Endpoint[Req, Resp]) -> None:
-        """Insert a READY endpoint in _ready (and its slot in _rslots), in order."""
+        """Insert a READY endpoint in _ready (and its row in _rrows), in order."""
         ep._listed = True
         ready = self._ready
         at = bisect_right(ready, ep._index, key=_by_index)
         ready.insert(at, ep)
-        self._rslots.insert(at, ep._fslot)
+        self._rrows.insert(at, ep._row)
 
     def _scan_time(self) -> float:
         """The clock for the scan's own bookkeeping; works outside an event loop.
@@ -829,22 +841,95 @@ class Balance(Generic[Req, Resp]):
             if checkpoint is _checkpoint or checkpoint == self._first_checkpoint:
                 raise
             await self._loop_changed()
-        now = self._clock()
-        # (An outlier detector has no length: it is true when present.)
-        if self._idle or self._consumed or not self._ready or self._parked_count or self._detector:
+        # A local: calling an instance attribute through `self` takes
+        # CPython's unspecialized method lookup every time.
+        clock = self._clock
+        now = clock()
+        if (
+            self._idle
+            or self._consumed
+            or not self._ready
+            or self._parked_count
+            or self._detector is not None
+        ):
             while True:
                 since = self._wake_count
                 if self._scan(now):
                     break
                 await self.wait_woken(since)
-                now = self._clock()
+                now = clock()
+            if self._consumed:
+                self._flush()
         # The selection of _select(), inlined: this is the hot path.
-        if self._consumed:
-            self._flush()
         ready = self._ready
         draw = self._draw
-        if draw is not None and not self._table.unbound and now - now == 0.0:
-            ep = ready[self._table.pick(self._rslots, draw, now)]
+        guard: LoadGuard | None
+        if draw is not None and not self._unbound and now - now == 0.0:
+            # The flat path: the pick, the start and the end of the call read
+            # and edit the picked endpoint's tracker row in place (see
+            # poise._flat: pick, start_call and complete_call, written out),
+            # with no guard. The row is the tracker's own, so the call ends
+            # on the right state even if the endpoint leaves meanwhile.
+            rows = cast("list[Row]", self._rrows)
+            n = len(rows)
+            if n > 1:
+                first = int(draw() * n)
+                second = int(draw() * (n - 1))
+                if second >= first:
+                    second += 1
+                # The policy reads the second sample's load first. With no
+                # call in flight the age floor and the factor (0 + 1) change
+                # nothing (oldest is infinite), so they are skipped.
+                row = rows[second]
+                gap = row.updated - now
+                if gap < 0.0:
+                    cost = row.estimate * _exp(gap * row.rate)
+                    if cost < _MIN_ESTIMATE:
+                        cost = _MIN_ESTIMATE
+                else:
+                    if gap == _INF:
+                        row.updated = now  # the first use
+                    cost = row.estimate
+                busy = row.in_flight
+                if busy:
+                    age = now - row.oldest
+                    if age > cost:
+                        cost = age
+                    cost *= busy + 1
+                cost_second = cost
+                row = rows[first]
+                gap = row.updated - now
+                if gap < 0.0:
+                    cost = row.estimate * _exp(gap * row.rate)
+                    if cost < _MIN_ESTIMATE:
+                        cost = _MIN_ESTIMATE
+                else:
+                    if gap == _INF:
+                        row.updated = now  # the first use
+                    cost = row.estimate
+                busy = row.in_flight
+                if busy:
+                    age = now - row.oldest
+                    if age > cost:
+                        cost = age
+                    cost *= busy + 1
+                if cost_second < cost:
+                    first = second
+                    row = rows[second]
+            else:
+                first = 0
+                row = rows[0]
+                if row.updated == _INF:
+                    row.updated = now  # the first use
+            ep = ready[first]
+            k = row.in_flight
+            row.in_flight = k + 1
+            if row.floor:
+                if not k:
+                    row.oldest = now
+                else:
+                    also_started(row, now)
+            guard = None
         else:
             n = len(ready)
             project = self._project
@@ -852,38 +937,96 @@ class Balance(Generic[Req, Resp]):
             if type(i) is not int or not 0 <= i < n:
                 raise _bad_pick(self._policy, i, n)
             ep = ready[i]
-        guard = ep._tracker.start(now)
-        if not ep._steady:
-            ep._state = IDLE
-            self._consumed.append(ep)
-            idle = self._idle
-            ep._slot = len(idle)
-            idle.append(ep)
+            guard = ep._tracker.start(now)
+        call = ep._call
+        if call is None:
+            call = ep._service.call
+            if not ep._steady:
+                ep._state = IDLE
+                self._consumed.append(ep)
+                idle = self._idle
+                ep._slot = len(idle)
+                idle.append(ep)
         index = ep._index
         self._in_flight += 1
         try:
-            response = await ep._service.call(request)
+            response = await call(request)
         except CallDeclined:
             self._in_flight -= 1
-            guard.cancel(now)  # as of the dispatch: nothing was sent, no evidence
+            # As of the dispatch: nothing was sent, no evidence.
+            if guard is None:
+                self._end_flat(ep, row, now, now, None)
+            else:
+                guard.cancel(now)
             raise
         except Exception as exc:
             self._in_flight -= 1
-            end = self._clock()
-            guard.complete(end, failed=True)
+            end = clock()
+            if guard is None:
+                self._end_flat(ep, row, now, end, True)
+            else:
+                _complete(guard, now, end, True)
             if self._detector is not None:
                 self._outcome(ep._key, True, end)
             raise _endpoint_error(ep._key, index, exc) from exc
         except BaseException:
             self._in_flight -= 1
-            guard.cancel(self._clock())
+            if guard is None:
+                self._end_flat(ep, row, now, clock(), None)
+            else:
+                guard.cancel(clock())
             raise
         self._in_flight -= 1
-        end = self._clock()
-        guard.complete(end)
+        end = clock()
+        if guard is not None:
+            _complete(guard, now, end, False)
+        elif 0.0 <= end - now < _INF:
+            # complete_call(row, now, end, False, ...), written out.
+            k = row.in_flight - 1
+            row.in_flight = k
+            if not k:
+                row.oldest = _INF
+            elif row.floor:
+                one_ended(row, now)
+            stored = row.estimate
+            last = row.updated
+            rtt = end - now
+            elapsed = end - last
+            weight = _exp(-elapsed * row.rate) if elapsed > 0.0 else 1.0
+            stored *= weight
+            if rtt > stored:
+                stored = rtt
+            else:
+                stored = stored * weight + rtt * (1.0 - weight)
+                if stored < _MIN_ESTIMATE:
+                    stored = _MIN_ESTIMATE
+            row.estimate = stored
+            if end > last:
+                row.updated = end
+            row.observations += 1
+        else:
+            self._end_flat(ep, row, now, end, False)
         if self._detector is not None:
             self._outcome(ep._key, False, end)
         return response
+
+    def _end_flat(
+        self, ep: Endpoint[Req, Resp], row: Row, started: float, now: float, failed: bool | None
+    ) -> None:
+        """End a call of dispatch's flat path on its tracker's row; ``failed`` None: cancelled.
+
+        A completion at a time that is not finite or before the start (a
+        clock that went back) cancels the call as of its start, which is no
+        evidence, and raises InvalidInput.
+        """
+        tracker = cast(PeakEwma, ep._tracker)
+        if failed is None:
+            cancel_call(row, started, now, tracker._cancel_evidence)
+        elif 0.0 <= now - started < _INF:
+            complete_call(row, started, now, failed, tracker._failure_penalty)
+        else:
+            cancel_call(row, started, started, False)
+            raise _bad_end(started, now)
 
     async def dispatch_held(self, request: Req) -> Held[Resp]:
         """Like :meth:`dispatch`, but the load guard stays open in the result.
@@ -1034,8 +1177,8 @@ class Balance(Generic[Req, Resp]):
                 "no endpoint holds a readiness reservation; await ready() before call()"
             )
         draw = self._draw
-        if draw is not None and not self._table.unbound and now - now == 0.0:
-            ep = ready[self._table.pick(self._rslots, draw, now)]
+        if draw is not None and not self._unbound and now - now == 0.0:
+            ep = ready[pick(cast("list[Row]", self._rrows), draw, now)]
         else:
             project = self._project
             i = self._policy.pick(ready, None if project is None else project(request), now)
@@ -1128,7 +1271,7 @@ class Balance(Generic[Req, Resp]):
             if id(ep) not in kept:
                 self._detach(ep)
         ready: list[Endpoint[Req, Resp]] = []
-        rslots = _slots()
+        rrows: list[Row | None] = []
         idle: list[Endpoint[Req, Resp]] = []
         for index, ep in enumerate(new):
             if ep._owner is not self:
@@ -1137,7 +1280,7 @@ class Balance(Generic[Req, Resp]):
             ep._listed = ep._state is READY
             if ep._listed:
                 ready.append(ep)
-                rslots.append(ep._fslot)
+                rrows.append(ep._row)
             elif ep._state is IDLE and ep._eligible and not ep._ejected and ep._parked < 0:
                 ep._slot = len(idle)
                 idle.append(ep)
@@ -1146,7 +1289,7 @@ class Balance(Generic[Req, Resp]):
         self._endpoints = new
         self._by_key = keys
         self._ready = ready
-        self._rslots = rslots
+        self._rrows = rrows
         self._idle = idle
         self._consumed.clear()
         if self._detector is not None:
@@ -1253,7 +1396,7 @@ class Balance(Generic[Req, Resp]):
                 # not, _flush() drops it before any pick.
                 at = self._ready_position(old, slack)
                 ready[at] = new
-                self._rslots[at] = new._fslot
+                self._rrows[at] = new._row
                 old._listed = False
                 new._listed = True
                 consumed.append(new)
@@ -1261,20 +1404,19 @@ class Balance(Generic[Req, Resp]):
             by_key[new._key] = new
         if unlisted:
             self._ready = _without(ready, unlisted)
-            self._rslots = _without(self._rslots, unlisted)
+            self._rrows = _without(self._rrows, unlisted)
         if gone:
             positions = [ep._index for ep in gone]
             endpoints = self._endpoints = _without(endpoints, positions)
             first = min(positions)
             # Renumber the endpoints behind the first removal, in C.
             _consume(map(_set_attr, islice(endpoints, first, None), _INDEX, count(first)))
-        table = self._table
         for ep in leaving.values():
             ep._owner = None
             ep._index = -1
             ep._slot = -1
-            table.vacate(ep._fslot, ep._tracker)
-            ep._fslot = -1
+            if ep._row is None:
+                self._unbound -= 1
         for new in added:
             self._attach(new, len(endpoints))
             endpoints.append(new)
@@ -1383,7 +1525,8 @@ class Balance(Generic[Req, Resp]):
 
     def _attach_state(self, ep: Endpoint[Req, Resp]) -> None:
         ep._owner = self
-        ep._fslot = self._table.occupy(ep._tracker)
+        if ep._row is None:
+            self._unbound += 1
         ep._state = IDLE
         ep._error = None
         ep._listed = False
@@ -1435,8 +1578,8 @@ class Balance(Generic[Req, Resp]):
         ep._owner = None
         ep._index = -1
         ep._slot = -1
-        self._table.vacate(ep._fslot, ep._tracker)
-        ep._fslot = -1
+        if ep._row is None:
+            self._unbound -= 1
         if state is READY:
             release_reservation(ep._service)
 
@@ -1446,10 +1589,10 @@ class Balance(Generic[Req, Resp]):
             self._drop_ready(ep)
 
     def _drop_ready(self, ep: Endpoint[Req, Resp]) -> None:
-        """Take one endpoint (and its slot) out of _ready and _rslots."""
+        """Take one endpoint (and its row) out of _ready and _rrows."""
         at = self._ready.index(ep)
         del self._ready[at]
-        del self._rslots[at]
+        del self._rrows[at]
 
     def _flush(self) -> None:
         """Drop consumed endpoints that did not become READY again from _ready."""
@@ -1472,7 +1615,7 @@ class Balance(Generic[Req, Resp]):
                 slack = len(self._endpoints) - len(ready)
                 at = [self._ready_position(ep, slack) for ep in dropped]
                 self._ready = _without(ready, at)
-                self._rslots = _without(self._rslots, at)
+                self._rrows = _without(self._rrows, at)
 
     def _leave_scan(self, ep: Endpoint[Req, Resp]) -> None:
         """Take an IDLE endpoint out of the scan (the idle list or the parking)."""
@@ -1556,15 +1699,10 @@ class Balance(Generic[Req, Resp]):
             self._notify()
 
 
-def _slots() -> array[int]:
-    """An empty list of pick-table slots, as a typed array (see _rslots)."""
-    return array("q")
-
-
-def _without(items: _Seq, positions: list[int]) -> _Seq:
+def _without(items: list[_T], positions: list[int]) -> list[_T]:
     """``items`` without the entries at ``positions`` (distinct, any order).
 
-    A few deletions edit the list (or array) in place; more rebuild it from
+    A few deletions edit the list in place; more rebuild it from
     slices, one C-level copy instead of one memmove per deletion.
     """
     positions.sort()
@@ -1579,6 +1717,25 @@ def _without(items: _Seq, positions: list[int]) -> _Seq:
         start = at + 1
     kept += items[start:]
     return kept
+
+
+def _complete(guard: LoadGuard, started: float, now: float, failed: bool) -> None:
+    """``guard.complete``; if it refuses ``now`` (a clock that went back), cancel as of the start.
+
+    So a call never stays counted in flight after its dispatch ended.
+    """
+    try:
+        guard.complete(now, failed=failed)
+    except InvalidInput:
+        guard.cancel(started)
+        raise
+
+
+def _bad_end(started: float, now: float) -> InvalidInput:
+    return InvalidInput(
+        f"the balance's clock read {now!r} at the end of a call dispatched at "
+        f"{started!r}: a completion must come at a finite time, not before the start"
+    )
 
 
 def _bad_pick(policy: object, index: object, n: int) -> SelectionError:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ._errors import InvalidInput
 from ._load import InFlight
+from ._peak_ewma import row_of
 from ._protocols import LoadTracker, Service
 from ._service import ServiceFn
 
@@ -111,16 +112,17 @@ class Endpoint(Generic[Req, Resp]):
     """
 
     __slots__ = (
+        "_call",
         "_ejected",
         "_eligible",
         "_error",
-        "_fslot",
         "_index",
         "_key",
         "_listed",
         "_metadata",
         "_owner",
         "_parked",
+        "_row",
         "_service",
         "_slot",
         "_state",
@@ -160,7 +162,13 @@ class Endpoint(Generic[Req, Resp]):
         self._metadata = metadata
         self._service = service
         self._steady = _steady(service)
+        # What Balance.dispatch awaits for a steady service (None: any other),
+        # and the tracker's row it picks on (None: a tracker without one);
+        # see poise._flat. _call sorts first among the slots, so it shares
+        # the object's first cache line with the reference count.
+        self._call = service.call if self._steady else None
         self._tracker: LoadTracker = InFlight() if tracker is None else tracker
+        self._row = row_of(self._tracker)
         self.load = self._tracker.load
         self._state = IDLE
         self._error: Exception | None = None
@@ -169,8 +177,6 @@ class Endpoint(Generic[Req, Resp]):
         self._index = -1
         self._slot = -1
         self._listed = False
-        # The owner's pick-table slot (see poise._flat), -1 when detached.
-        self._fslot = -1
         # Kept by the owning balance: this endpoint's own wake function (made
         # when it joins a balance), how many times it fired, the sequence
         # number of its parking while it waits for one (-1: not parked), and
@@ -245,6 +251,7 @@ class Endpoint(Generic[Req, Resp]):
             owner._invalidate(self)
         self._service = value
         self._steady = _steady(value)
+        self._call = value.call if self._steady else None
         if owner is not None:
             owner.wake()
 

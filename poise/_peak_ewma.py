@@ -43,7 +43,8 @@ Fairness at low load
 
 The age floor (``age_floor=True``, the default)
     A call that has been in flight for ``a`` seconds proves the endpoint's
-    RTT is at least ``a`` *now*, before the call ends. Without this bound an
+    RTT is at least ``a`` *now*, before the call ends (``a`` is the age of
+    the call with the earliest start among those in flight). Without this bound an
     endpoint that stops answering (a black hole) never produces a slow
     observation, and its cost grows only with its in-flight count, so it
     keeps receiving traffic. The floor only raises the cost while such a
@@ -90,28 +91,30 @@ Time is always passed in (seconds on the event-loop clock); the tracker never
 reads a clock. ``load`` is a pure function of the state and ``now`` (it only
 records the first ``now`` it sees, for slow start and the fade).
 
-Cost: ``start`` allocates one small guard and one dict entry; ``load``,
-``complete`` and ``cancel`` are O(1) (one ``exp`` each).
+Where the state lives
+    The numbers (stored estimate, its time, calls in flight, oldest call in
+    flight, observations) sit in one small record, the tracker's *row* (see
+    ``poise._flat``). A :class:`~poise.Balance` reads and edits the rows of
+    its endpoints' trackers in place when it picks and dispatches, so the
+    tracker and the balance never hold two copies of one number.
+
+Cost: ``start`` allocates one small guard; ``load``, ``complete`` and
+``cancel`` are O(1) (one ``exp`` each) while at most one call is in flight,
+and add a C-level list insertion or deletion of O(calls in flight) with
+more. A call that ``Balance.dispatch`` makes opens no guard at all.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, cast
 
 from ._errors import InvalidInput
-
-if TYPE_CHECKING:
-    from ._flat import PickTable
+from ._flat import _INF, _MIN_ESTIMATE, Row, cancel_call, complete_call, faded, new_row, start_call
 
 __all__ = ["PeakEwma", "PeakEwmaGuard"]
 
-# The estimate never reaches zero: a zero estimate would make the cost ignore
-# the calls in flight and pull every request to one endpoint.
-_MIN_ESTIMATE = 1e-6
 _exp = math.exp
 _new_guard = object.__new__
-_INF = math.inf
 
 
 def _positive(name: str, value: float) -> float:
@@ -133,11 +136,21 @@ def _non_negative(name: str, value: float) -> float:
 
 
 def _time(what: str, now: float) -> float:
-    # `now - now == 0.0` is False exactly for NaN and the infinities, and is
+    # `now - now != 0.0` is True exactly for NaN and the infinities, and is
     # cheaper than a call on the hot path.
     if now - now != 0.0:
         raise InvalidInput(f"{what}: now must be a finite time, got {now!r}")
     return now
+
+
+def row_of(tracker: object) -> Row | None:
+    """The row a balance may pick and dispatch on (see poise._flat), or None.
+
+    A ``PeakEwma`` without slow start: its row says its whole cost.
+    """
+    if type(tracker) is PeakEwma and tracker._slow_start == 0.0:
+        return tracker._row
+    return None
 
 
 class PeakEwma:
@@ -163,17 +176,11 @@ class PeakEwma:
         "_decay",
         "_default_rtt",
         "_epoch",
-        "_estimate",
         "_failure_penalty",
-        "_observations",
-        "_oldest",
-        "_outstanding",
         "_rate",
-        "_slot",
+        "_row",
         "_slow_start",
         "_slow_start_scale",
-        "_table",
-        "_updated_at",
     )
 
     def __init__(
@@ -204,18 +211,10 @@ class PeakEwma:
             raise InvalidInput(f"PeakEwma cancel_evidence must be a bool, got {cancel_evidence!r}")
         self._cancel_evidence = cancel_evidence
         self._rate = 1.0 / self._decay
-        self._estimate = self._default_rtt
-        # Calls in flight, in start order, with their start times; the first
-        # entry is the oldest (calls start in time order on one clock).
-        self._outstanding: dict[PeakEwmaGuard, float] = {}
-        self._oldest: float | None = None
-        self._observations = 0
+        # The first now seen (the start of the slow-start window).
         self._epoch: float | None = None
-        self._updated_at = 0.0
-        # The balance's pick table this tracker mirrors its cost inputs into
-        # (see poise._flat), and its slot there; None while in no balance.
-        self._table: PickTable | None = None
-        self._slot = -1
+        # The whole state (see poise._flat); balances read and edit it in place.
+        self._row = new_row(self._default_rtt, self._rate, age_floor)
 
     # -- read-only view -------------------------------------------------------
 
@@ -250,7 +249,7 @@ class PeakEwma:
     @property
     def in_flight(self) -> int:
         """Calls started and not yet completed or cancelled."""
-        return len(self._outstanding)
+        return self._row.in_flight
 
     @property
     def rtt_estimate(self) -> float:
@@ -259,12 +258,13 @@ class PeakEwma:
         ``default_rtt`` before any evidence. What the cost uses is
         :meth:`estimate`, this value faded by the time since.
         """
-        return self._estimate
+        return self._row.estimate
 
     @property
     def updated_at(self) -> float | None:
         """When the stored estimate was last set (``None`` before the first use)."""
-        return None if self._epoch is None else self._updated_at
+        updated: float = self._row.updated
+        return None if updated == _INF else updated
 
     def estimate(self, now: float) -> float:
         """The RTT estimate at ``now``: the stored one faded by the time since.
@@ -273,14 +273,15 @@ class PeakEwma:
         """
         if now - now != 0.0:
             _time("PeakEwma.estimate", now)
-        if self._epoch is None:
+        row = self._row
+        if row.updated == _INF:
             self._first_use(now)
-        return self._faded(now)
+        return faded(row, now)
 
     @property
     def observations(self) -> int:
         """How many completed calls (successful or failed) have been observed."""
-        return self._observations
+        return self._row.observations
 
     # -- the LoadTracker protocol ----------------------------------------------
 
@@ -292,21 +293,22 @@ class PeakEwma:
         """
         if now - now != 0.0:
             _time("PeakEwma.load", now)
-        if self._epoch is None:
-            self._first_use(now)
-        gap = self._updated_at - now
+        row = self._row
+        gap = row.updated - now
         if gap < 0.0:
-            estimate = self._estimate * _exp(gap * self._rate)
+            estimate = row.estimate * _exp(gap * row.rate)
             if estimate < _MIN_ESTIMATE:
                 estimate = _MIN_ESTIMATE
         else:
-            estimate = self._estimate
-        oldest = self._oldest
-        if oldest is not None and self._age_floor and now - oldest > estimate:
-            estimate = now - oldest
-        cost = estimate * (len(self._outstanding) + 1)
+            if gap == _INF:
+                self._first_use(now)
+            estimate = row.estimate
+        age = now - row.oldest
+        if age > estimate:
+            estimate = age
+        cost: float = estimate * (row.in_flight + 1)
         if self._slow_start > 0.0:
-            age = now - cast(float, self._epoch)
+            age = now - self._epoch  # type: ignore[operator]
             if age < self._slow_start:
                 remaining = 1.0 - max(age, 0.0) / self._slow_start
                 cost *= 1.0 + (self._slow_start_scale - 1.0) * remaining
@@ -316,67 +318,27 @@ class PeakEwma:
         """Count one dispatched call and return the guard that will end it."""
         if now - now != 0.0:
             _time("PeakEwma.start", now)
-        if self._epoch is None:
+        row = self._row
+        if row.updated == _INF:
             self._first_use(now)
+        start_call(row, now)
         # The guard's __init__, inlined (no Python frame): once per call.
         guard = _new_guard(PeakEwmaGuard)
         guard._tracker = self
         guard._started_at = now
-        outstanding = self._outstanding
-        table = self._table
-        if not outstanding:
-            self._oldest = now
-            if table is not None and self._age_floor:
-                table.oldest[self._slot] = now
-        outstanding[guard] = now
-        if table is not None:
-            table.in_flight[self._slot] = len(outstanding)
         return guard
 
     # -- internals ------------------------------------------------------------
 
-    def _faded(self, now: float) -> float:
-        estimate = self._estimate
-        gap = now - self._updated_at
-        if gap > 0.0:
-            estimate *= _exp(-gap * self._rate)
-            if estimate < _MIN_ESTIMATE:
-                estimate = _MIN_ESTIMATE
-        return estimate
-
-    def _first_use(self, now: float) -> float:
-        self._epoch = now
-        self._updated_at = now
-        table = self._table
-        if table is not None:
-            table.updated[self._slot] = now
-        return now
-
-    def _mirror(self) -> None:
-        """Write every cost input into the bound pick table's slot."""
-        table = self._table
-        assert table is not None
-        slot = self._slot
-        table.estimate[slot] = self._estimate
-        table.updated[slot] = _INF if self._epoch is None else self._updated_at
-        table.in_flight[slot] = len(self._outstanding)
-        oldest = self._oldest
-        table.oldest[slot] = oldest if oldest is not None and self._age_floor else _INF
-
-    def _end(self, guard: PeakEwmaGuard) -> None:
-        outstanding = self._outstanding
-        started = outstanding.pop(guard)
-        if not outstanding:
-            self._oldest = None
-        elif started == self._oldest:
-            self._oldest = next(iter(outstanding.values()))
-        if self._table is not None:
-            self._mirror()
+    def _first_use(self, now: float) -> None:
+        self._row.updated = now
+        if self._epoch is None:
+            self._epoch = now
 
     def __repr__(self) -> str:
         return (
-            f"<PeakEwma rtt_estimate={self._estimate * 1e3:.3f}ms "
-            f"in_flight={len(self._outstanding)} observations={self._observations} "
+            f"<PeakEwma rtt_estimate={self.rtt_estimate * 1e3:.3f}ms "
+            f"in_flight={self.in_flight} observations={self.observations} "
             f"decay={self._decay}s>"
         )
 
@@ -412,62 +374,13 @@ class PeakEwmaGuard:
             return
         if now - now != 0.0:
             _time("PeakEwmaGuard.complete", now)
-        rtt = now - self._started_at
-        if rtt < 0.0:
+        if now < self._started_at:
             raise InvalidInput(
                 f"PeakEwmaGuard.complete: now={now!r} is before the call started "
                 f"at {self._started_at!r} (negative RTT)"
             )
         self._tracker = None
-        # Written out inline (no helper calls): this runs once per call.
-        outstanding = tracker._outstanding
-        started = outstanding.pop(self)
-        if not outstanding:
-            tracker._oldest = None
-        elif started == tracker._oldest:
-            tracker._oldest = next(iter(outstanding.values()))
-        estimate = tracker._estimate
-        updated_at = tracker._updated_at
-        # Completions may be reported slightly out of order; a negative gap
-        # counts as no time at all (the prior keeps its full weight, unfaded).
-        elapsed = now - updated_at
-        weight = _exp(-elapsed * tracker._rate) if elapsed > 0.0 else 1.0
-        estimate *= weight
-        penalty = tracker._failure_penalty
-        if failed and penalty > 0.0:
-            # A failure is never evidence of speed (see "Failures" above).
-            cap = 10.0 * penalty
-            if rtt > cap:
-                cap = rtt
-            doubled = 2.0 * estimate
-            if doubled > cap:
-                doubled = cap
-            if rtt < penalty:
-                rtt = penalty
-            if rtt < doubled:
-                rtt = doubled
-            if rtt < estimate:
-                rtt = estimate  # above the cap already: kept, not lowered
-        if rtt > estimate:
-            estimate = rtt
-        else:
-            estimate = estimate * weight + rtt * (1.0 - weight)
-            if estimate < _MIN_ESTIMATE:
-                estimate = _MIN_ESTIMATE
-        tracker._estimate = estimate
-        if now > updated_at:
-            tracker._updated_at = now
-            updated_at = now
-        tracker._observations += 1
-        table = tracker._table
-        if table is not None:
-            slot = tracker._slot
-            table.estimate[slot] = estimate
-            table.updated[slot] = updated_at
-            table.in_flight[slot] = len(outstanding)
-            if tracker._age_floor:
-                oldest = tracker._oldest
-                table.oldest[slot] = _INF if oldest is None else oldest
+        complete_call(tracker._row, self._started_at, now, failed, tracker._failure_penalty)
 
     def cancel(self, now: float) -> None:
         tracker = self._tracker
@@ -475,17 +388,8 @@ class PeakEwmaGuard:
             return
         if now - now != 0.0:
             _time("PeakEwmaGuard.cancel", now)
-        age = now - self._started_at
         self._tracker = None
-        tracker._end(self)
-        if tracker._cancel_evidence and age > 0.0 and age > tracker._faded(now):
-            # A call outstanding this long proves an RTT of at least its age:
-            # raise the estimate as a completion of that age would.
-            tracker._estimate = age
-            if now > tracker._updated_at:
-                tracker._updated_at = now
-            if tracker._table is not None:
-                tracker._mirror()
+        cancel_call(tracker._row, self._started_at, now, tracker._cancel_evidence)
 
     def __repr__(self) -> str:
         state = "ended" if self._tracker is None else "open"

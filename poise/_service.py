@@ -69,7 +69,11 @@ class ServiceFn(Generic[Req, Resp]):
     __slots__ = ("_fn", "call")
 
     call: Callable[[Req], Coroutine[object, object, Resp]]
-    """The wrapped callable itself: a call through the adapter adds no frame."""
+    """The wrapped callable itself: a call through the adapter adds no frame.
+
+    Set once, here; a balance reads it when the endpoint joins or gets this
+    service, not on every call.
+    """
 
     def __init__(self, fn: Callable[[Req], Coroutine[object, object, Resp]]) -> None:
         if not callable(fn):

@@ -19,6 +19,7 @@ def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     # endpoints would cost ~n times more at 1,000.
     assert result.worst_ratio < 16.0, out
     assert "as many ready endpoints" in out
+    assert "load average before" in out and "median of per-round" in out
     assert all(result.busy_to_matched(n) < 15.0 for n in result.sizes), out
 
 

@@ -171,41 +171,44 @@ async def until(predicate: Callable[[], bool]) -> None:
 
 
 def assert_flat_mirrors(balance: Balance[object, object]) -> None:
-    """The balance's pick table says what its endpoints and their trackers say.
+    """The balance's rows are its endpoints' trackers' rows, and each row is consistent.
 
-    Every endpoint holds its own slot; the ready slots follow the ready list;
-    a bound slot holds its PeakEwma tracker's estimate, last update (infinite
-    before the first use), calls in flight, oldest call in flight (infinite
-    when none or without the age floor) and decay rate; the unbound count is
-    the number of endpoints whose tracker is not mirrored.
+    The ready rows follow the ready list, each the very row of that
+    endpoint's tracker (None for a tracker without one: another kind, or a
+    PeakEwma with slow start); the unbound count is the number of endpoints
+    without a row. A row says what its tracker says (estimate, last update,
+    calls in flight, observations, decay rate, age floor), and with the age
+    floor it keeps the oldest call's start in ``oldest`` and the others'
+    starts, sorted, in ``later`` (infinite and empty when nothing is in
+    flight, or without the age floor).
     """
-    table = balance._table
     members = list(balance.endpoints)
-    slots = [ep._fslot for ep in members]
-    assert all(slot >= 0 for slot in slots)
-    assert len(set(slots)) == len(slots)
-    assert set(table.free).isdisjoint(slots)
-    assert len(table.free) + len(slots) == len(table.estimate) == len(table.trackers)
-    assert list(balance._rslots) == [ep._fslot for ep in balance._ready]
+    assert len(balance._rrows) == len(balance._ready)
+    assert all(row is ep._row for row, ep in zip(balance._rrows, balance._ready, strict=True))
     unbound = 0
     for ep in members:
-        slot = ep._fslot
         tracker = ep.tracker
-        assert table.trackers[slot] is tracker
-        if not table.bound[slot]:
+        row = ep._row
+        if not isinstance(tracker, PeakEwma) or tracker.slow_start > 0.0:
+            assert row is None
             unbound += 1
-            # Not mirrored here (a tracker bound through another endpoint
-            # that shares it is mirrored in that endpoint's slot only).
-            assert not (isinstance(tracker, PeakEwma) and tracker._slot == slot)
             continue
-        assert isinstance(tracker, PeakEwma)
-        assert tracker._table is table and tracker._slot == slot
-        oldest = tracker._oldest
-        assert table.row(slot) == (
+        assert row is tracker._row
+        estimate, updated, in_flight, oldest = row.estimate, row.updated, row.in_flight, row.oldest
+        rate, observations, floor, later = row.rate, row.observations, row.floor, row.later
+        assert (estimate, in_flight, observations) == (
             tracker.rtt_estimate,
-            math.inf if tracker.updated_at is None else tracker.updated_at,
             tracker.in_flight,
-            oldest if oldest is not None and tracker.age_floor else math.inf,
-            1.0 / tracker.decay,
+            tracker.observations,
         )
-    assert table.unbound == unbound
+        assert updated == (math.inf if tracker.updated_at is None else tracker.updated_at)
+        assert rate == 1.0 / tracker.decay and floor == tracker.age_floor
+        assert estimate > 0.0 and in_flight >= 0
+        later = later or []
+        if tracker.age_floor and in_flight:
+            assert len(later) == in_flight - 1
+            assert later == sorted(later) and all(start >= oldest for start in later)
+            assert math.isfinite(oldest)
+        else:
+            assert oldest == math.inf and not later
+    assert balance._unbound == unbound
