@@ -61,14 +61,6 @@ __all__ = ["Connection", "Stream", "Unprocessed"]
 #: Bytes queued for the writer past which a sender waits for it to drain.
 _HIGH_WATER = 256 * 1024
 _READ_SIZE = 256 * 1024
-#: After a read in the middle of a response stream (only DATA, less than
-#: ``_COALESCE_BELOW`` bytes), the next read waits this long (seconds): a
-#: server writing message by message then fills a read with many messages,
-#: where a reader as fast as the server would take them one or two at a time
-#: and pay a read and a wake-up for each (3x the client CPU per message). A
-#: read with headers, trailers or anything but DATA is followed at once.
-_COALESCE = 0.0003
-_COALESCE_BELOW = 16 * 1024
 #: Credit for messages taken is given back in steps of this much while more
 #: messages are queued (one WINDOW_UPDATE check per step, not per message).
 _CREDIT_BATCH = 16 * 1024
@@ -356,9 +348,7 @@ class _FeedProtocol(anyio_asyncio.StreamProtocol):
     """anyio's asyncio stream protocol, but received bytes go to :attr:`conn`, when set,
     from the event loop's callback: no reader task wakes per read, and the
     transport is not paused and resumed around every read (two ``epoll_ctl``
-    calls each time) as anyio's ``receive`` does. After a read in the middle
-    of a stream (see :attr:`Connection.coalesce`) reading pauses for
-    ``_COALESCE`` seconds.
+    calls each time) as anyio's ``receive`` does.
     """
 
     conn: Connection | None = None
@@ -370,9 +360,6 @@ class _FeedProtocol(anyio_asyncio.StreamProtocol):
             super().data_received(data)
         elif not conn._received(bytes(data)):
             self.conn = None
-        elif conn.coalesce:
-            self.transport.pause_reading()
-            asyncio.get_running_loop().call_later(_COALESCE, self.transport.resume_reading)
 
 
 def _feed(byte_stream: anyio.abc.ByteStream, conn: Connection) -> _FeedProtocol | None:
@@ -605,11 +592,6 @@ class Connection:
     ) -> None:
         self.name = name
         self._byte_stream = byte_stream
-        #: The last read carried DATA and nothing else, under ``_COALESCE_BELOW``
-        #: bytes: the middle of a response stream. The reader waits
-        #: ``_COALESCE`` seconds before the next read, so that one read takes
-        #: many messages (and the caller wakes once for them), not one each.
-        self.coalesce = False
         #: The loop's own event class for a stream's waits (anyio's Event wraps
         #: one, and finds the loop on every construction).
         self.new_event: Callable[[], _Event] = (
@@ -860,8 +842,6 @@ class Connection:
         read that found bytes without a wait is followed by one yield to the
         scheduler, so the callers it woke send their next requests before the
         next read (more answers per read) and a flood cannot starve them.
-        After a read in the middle of a response stream (:attr:`coalesce`)
-        the reader sleeps ``_COALESCE`` seconds instead.
         """
         import trio
 
@@ -885,9 +865,7 @@ class Connection:
                 return
             if not self._received(data):
                 return
-            if self.coalesce:
-                await trio.sleep(_COALESCE)
-            elif not waited:
+            if not waited:
                 await trio.lowlevel.checkpoint()
             waited = False
 
@@ -907,11 +885,6 @@ class Connection:
             return False
         self._dispatch(events)
         self.flush()
-        self.coalesce = (
-            bool(events)
-            and len(data) < _COALESCE_BELOW
-            and all(type(e) is h2.events.DataReceived for e in events)
-        )
         return True
 
     def _dispatch(self, events: Iterable[h2.events.Event]) -> None:
