@@ -745,7 +745,7 @@ def parse_nameserver(value: str) -> tuple[str, int]:
 
 
 def _port(text: str) -> int:
-    if not text.isdigit() or not (1 <= int(text) <= 65535):
+    if not (text.isascii() and text.isdigit()) or not (1 <= int(text) <= 65535):
         raise ValueError("nameserver port must be 1-65535")
     return int(text)
 

@@ -106,7 +106,7 @@ def _split_target(target: str) -> tuple[str, int]:
         name, sep, port = host.rpartition(":")
         if not sep or not name:
             raise ValueError(f"gRPC target {target!r} is not host:port")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"gRPC target {target!r} has no valid port")
     return name, int(port)
 

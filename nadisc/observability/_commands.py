@@ -107,7 +107,8 @@ def _positive(name: str, value: float) -> float:
 def _bind(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+    digits = port.isascii() and port.isdigit()
+    if not sep or not host or not digits or not 0 <= int(port) < 65536:
         raise ConfigError("--bind", f"expected HOST:PORT, got {text!r}")
     return host, int(port)
 

@@ -609,3 +609,11 @@ async def test_a_server_that_sends_goaway_on_every_connection_is_unavailable() -
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "GOAWAY before processing" in (caught.value.details() or "")
         assert record.connections == 1 + channel.transparent_retries
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1:\u00b2", "127.0.0.1:\u0664\u0664", "[::1]:\u00b9"])
+def test_a_target_whose_port_has_non_ascii_digits_is_refused(target: str) -> None:
+    # str.isdigit() accepts superscripts and other scripts' digits, which
+    # int() then refuses: the channel's own error, not int()'s.
+    with pytest.raises(ValueError, match="has no valid port"):
+        Channel(target)

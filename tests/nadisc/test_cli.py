@@ -154,3 +154,14 @@ def test_check_does_not_warn_for_static_connections(tmp_path: Path) -> None:
     path = tmp_path / "app.yaml"
     path.write_text(CONFIG)
     assert run(["check", str(path)], {"ORDERS_HOST": "10.0.0.1"})[2] == ""
+
+
+@pytest.mark.parametrize("text", ["127.0.0.1:\u00b2", "127.0.0.1:", ":8080", "127.0.0.1:70000"])
+def test_a_console_bind_that_is_not_host_port_is_a_config_error(text: str) -> None:
+    from nadisc.observability._commands import _bind
+
+    # A superscript two passes str.isdigit() and then fails int(): the error
+    # must still be the typed one that names the option.
+    with pytest.raises(ConfigError) as caught:
+        _bind(text)
+    assert caught.value.path == "--bind"

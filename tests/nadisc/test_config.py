@@ -428,6 +428,9 @@ def test_dns_block() -> None:
     assert block.services["api"].port is None
     assert DnsConfig().nameservers is None
     assert parse_nameserver("[fe80::1]") == ("fe80::1", 53)
+    # str.isdigit() accepts a superscript two, which int() refuses.
+    with pytest.raises(ValueError, match="nameserver port must be 1-65535"):
+        parse_nameserver("10.0.0.1:\u00b2")
 
 
 @pytest.mark.parametrize(
