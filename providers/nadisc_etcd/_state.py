@@ -141,13 +141,14 @@ class ServiceState:
             return _Entry(kv.mod_revision, None, str(exc))
         return _Entry(kv.mod_revision, instance, None)
 
-    def _decode_all(self, kvs: Sequence[KeyValue]) -> list[_Entry] | None:
-        """The entries of ``kvs`` (each what :meth:`_decode` makes of it),
-        all valid, decoded column-wise (:func:`~._layout.decode_records`);
-        None when any of them is not valid (each is then decoded by itself)."""
+    def _decode_all(self, kvs: Sequence[KeyValue], keys: list[bytes]) -> list[_Entry] | None:
+        """The entries of ``kvs`` (whose keys are ``keys``), each what
+        :meth:`_decode` makes of it, decoded column-wise
+        (:func:`~._layout.decode_records`); None when any of them is not
+        valid (each is then decoded by itself)."""
         if not kvs:
             return []
-        identities = instance_ids_after(self._head, list(map(_key_of, kvs)))
+        identities = instance_ids_after(self._head, keys)
         if identities is None:
             return None
         raws = list(map(_raw_of, kvs))
@@ -191,19 +192,17 @@ class ServiceState:
             # What the live state decoded at the same mod_revision is taken
             # over; the rest is decoded in bulk.
             fresh = [kv for kv in chunk if _reused(known, kv) is None] if known else chunk
-            decoded = self._decode_all(fresh)
+            fresh_keys = list(map(_key_of, fresh))
+            decoded = self._decode_all(fresh, fresh_keys)
             if decoded is not None and len(fresh) == len(chunk):
                 # Every record of the chunk new and valid (the common case).
-                chunk_keys = list(map(_key_of, chunk))
-                entries.update(zip(chunk_keys, decoded, strict=True))
-                keys += chunk_keys
+                entries.update(zip(fresh_keys, decoded, strict=True))
+                keys += fresh_keys
                 instances += map(_instance_of, decoded)
             else:
                 # Record by record: reused, decoded in bulk above, or (a
                 # chunk holding an invalid record) decoded by itself.
-                done = (
-                    {} if decoded is None else dict(zip(map(_key_of, fresh), decoded, strict=True))
-                )
+                done = {} if decoded is None else dict(zip(fresh_keys, decoded, strict=True))
                 for kv in chunk:
                     key = kv.key
                     entry = done.get(key) or _reused(known, kv) or self._decode(kv)
