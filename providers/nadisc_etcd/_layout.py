@@ -27,7 +27,12 @@ has ``Op`` other than 0 (Add), lacks ``Addr``, has an ``Addr`` without a port
 in 1-65535 (gRPC allows a bare host, we cannot dial one), or carries a
 ``weight``/``tags`` of the wrong shape.
 
-Decoding is pure and synchronous; it costs O(len(value)).
+Decoding is pure and synchronous; it costs O(len(value)). A range's
+records are decoded column-wise by :func:`decode_records`: each value by
+a typed msgspec decoder called from C (no Python per field), the
+addresses split in one loop, the hosts checked as one set, the instances
+built in one ``map``; a page holding a record that is invalid, or of a
+rare shape, is decoded record by record instead, with the same outcome.
 """
 
 from __future__ import annotations
@@ -35,12 +40,18 @@ from __future__ import annotations
 import binascii
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from itertools import repeat
+from operator import attrgetter
+from types import MappingProxyType
+from typing import Annotated, Any, Literal, cast
 
 import msgspec
 
 from nadisc import Instance, RegistrationRecord
-from nadisc._instance import trusted_instance
+from nadisc._instance import _EMPTY, _VALID_HOSTS, _trusted_instances, trusted_instance, valid_host
 
 __all__ = [
     "RESERVED_METADATA",
@@ -49,8 +60,11 @@ __all__ = [
     "check_record",
     "decode_record",
     "decode_record_bytes",
+    "decode_records",
+    "decode_records_b64",
     "encode_record",
     "instance_id_after",
+    "instance_ids_after",
 ]
 
 
@@ -92,8 +106,56 @@ def instance_id_after(head: bytes, key: bytes) -> str | None:
         return None
 
 
+def instance_ids_after(head: bytes, keys: Sequence[bytes]) -> list[str] | None:
+    """:func:`instance_id_after` of every key at once, or None when any key
+    has none, or holds a newline (the caller then looks at each key by
+    itself).
+
+    In C, without a step per key: the keys are joined by newlines and
+    decoded as one text (a newline byte never occurs inside a multi-byte
+    UTF-8 character, so the text decodes exactly when every key does),
+    then split at every newline followed by the head: that makes one piece
+    per key only when each newline is followed by the head, that is when
+    every key starts with it."""
+    if not keys:
+        return []
+    joined = b"\n".join(keys)
+    if b"\n" in head or joined.count(b"\n") != len(keys) - 1:
+        return None
+    try:
+        text = joined.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    pieces = ("\n" + text).split("\n" + head.decode("utf-8", "surrogateescape"))
+    if len(pieces) != len(keys) + 1 or pieces[0]:
+        return None
+    del pieces[0]
+    # An empty piece is a key equal to the head: it names no instance.
+    return pieces if all(pieces) else None
+
+
 #: Record values are decoded untyped (Metadata is open-ended), then checked.
 _JSON = msgspec.json.Decoder()
+
+
+class _Record(msgspec.Struct, frozen=True, gc=False):
+    """The record shape :func:`decode_records` takes, checked by msgspec in
+    C: ``Op`` exactly the integer 0 (or absent), ``Addr`` a non-empty
+    string, ``Metadata`` an object or null (or absent). Anything else
+    (including what :func:`decode_record_bytes` would accept, such as a
+    bare ``Metadata`` string) fails here and is decoded record by record."""
+
+    Addr: Annotated[str, msgspec.Meta(min_length=1)]
+    Op: Literal[0] = 0
+    Metadata: dict[str, Any] | None = None
+
+
+_RECORDS = msgspec.json.Decoder(_Record)
+_addr_of = attrgetter("Addr")
+_metadata_of = attrgetter("Metadata")
+_a2b = partial(binascii.a2b_base64, strict_mode=True)
+#: Empty metadata (the one view every instance without metadata shares).
+_NO_METADATA = cast("MappingProxyType[str, str]", _EMPTY)
 
 
 def _split_addr(addr: str) -> tuple[str, int]:
@@ -138,6 +200,23 @@ def _text(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
+def _extras(extra: dict[str, Any]) -> tuple[float, tuple[str, ...], dict[str, str]]:
+    """The weight, tags and metadata of a record's ``Metadata`` object."""
+    weight = 1.0
+    tags: tuple[str, ...] = ()
+    metadata: dict[str, str] = {}
+    for name, item in extra.items():
+        if name == "weight":
+            weight = _weight(item)
+        elif name == "tags":
+            if not isinstance(item, list) or not all(isinstance(t, str) for t in item):
+                raise RecordError("Metadata.tags must be a list of strings")
+            tags = tuple(item)
+        else:
+            metadata[name] = _text(item)
+    return weight, tags, metadata
+
+
 def decode_record(identity: str, value_b64: str, *, max_record_bytes: int) -> Instance:
     """Decode one record value into an :class:`Instance` (``RecordError`` if invalid)."""
     # base64 grows 4/3: refuse an oversized value before decoding it.
@@ -176,15 +255,7 @@ def decode_record_bytes(identity: str, raw: bytes, *, max_record_bytes: int) -> 
     metadata: dict[str, str] = {}
     extra = document.get("Metadata")
     if isinstance(extra, dict):
-        for name, item in extra.items():
-            if name == "weight":
-                weight = _weight(item)
-            elif name == "tags":
-                if not isinstance(item, list) or not all(isinstance(t, str) for t in item):
-                    raise RecordError("Metadata.tags must be a list of strings")
-                tags = tuple(item)
-            else:
-                metadata[name] = _text(item)
+        weight, tags, metadata = _extras(extra)
     elif extra is not None:
         metadata["Metadata"] = _text(extra)
     if not identity:
@@ -196,6 +267,91 @@ def decode_record_bytes(identity: str, raw: bytes, *, max_record_bytes: int) -> 
         return trusted_instance(identity, host, port, weight, metadata, tags)
     except ValueError as exc:
         raise RecordError(str(exc)) from None
+
+
+def decode_records(
+    identities: Sequence[str], raws: Sequence[bytes], *, max_record_bytes: int
+) -> list[Instance] | None:
+    """``decode_record_bytes(identities[i], raws[i])`` of every record at
+    once, or None when any of them is invalid (or of a shape this path does
+    not take): the caller then decodes each by itself, which says which
+    record is bad and why. Equal results, at a fraction of the cost: the
+    values are decoded by a typed msgspec decoder called from C, the
+    addresses split in one loop, the hosts checked as one set and the
+    instances built in one ``map``; only records with ``Metadata`` take a
+    Python step of their own."""
+    if not raws:
+        return []
+    if len(identities) != len(raws) or max(map(len, raws)) > max_record_bytes:
+        return None
+    if not all(identities):
+        return None
+    try:
+        # Each value by itself (no joined document whose split could
+        # shift): one C call per value, no Python frame.
+        records = list(map(_RECORDS.decode, raws))
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    hosts: list[str] = []
+    ports: list[int] = []
+    try:
+        for addr in map(_addr_of, records):
+            host, _, text = addr.rpartition(":")
+            if (
+                host
+                and host[0] != "["
+                and ":" not in host
+                and len(text) <= 5
+                and text.isdigit()
+                and text.isascii()
+            ):
+                port = int(text)
+                if not 0 < port < 65536:
+                    return None
+            else:  # a bracketed IPv6 host, or not host:port at all
+                host, port = _split_addr(addr)
+            hosts.append(host)
+            ports.append(port)
+        seen = set(hosts)
+        if not seen <= _VALID_HOSTS and not all(map(valid_host, seen)):
+            return None
+        extras = list(map(_metadata_of, records))
+        if not any(extras):
+            return _trusted_instances(identities, hosts, ports, repeat(1.0), repeat(_NO_METADATA))
+        weights: list[float] = []
+        views: list[MappingProxyType[str, str]] = []
+        tagged: list[tuple[int, tuple[str, ...]]] = []
+        for at, extra in enumerate(extras):
+            if not extra:
+                weights.append(1.0)
+                views.append(_NO_METADATA)
+                continue
+            weight, tags, metadata = _extras(extra)
+            weights.append(weight)
+            views.append(MappingProxyType(metadata) if metadata else _NO_METADATA)
+            if tags:
+                tagged.append((at, tags))
+    except RecordError:
+        return None
+    instances = _trusted_instances(identities, hosts, ports, weights, views)
+    for at, tags in tagged:
+        instances[at] = trusted_instance(
+            identities[at], hosts[at], ports[at], weights[at], views[at], tags
+        )
+    return instances
+
+
+def decode_records_b64(
+    identities: Sequence[str], values_b64: Sequence[str], *, max_record_bytes: int
+) -> list[Instance] | None:
+    """:func:`decode_records` of values in base64 text (the JSON wire's)."""
+    if values_b64 and max(map(len, values_b64)) > (max_record_bytes // 3 + 1) * 4:
+        return None
+    try:
+        raws = list(map(_a2b, values_b64))
+    except (binascii.Error, ValueError):
+        return None
+    return decode_records(identities, raws, max_record_bytes=max_record_bytes)
 
 
 #: Metadata names the codec owns (they come from the record's own fields).

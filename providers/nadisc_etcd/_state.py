@@ -26,8 +26,11 @@ of k events costs O(k log n) plus the decoding of those k records, and
 the invalid records (cached while they do not change). A complete range
 (:meth:`~ServiceState.reset`) is O(n); records whose key and
 ``mod_revision`` a live state already decoded are taken over undecoded
-(in etcd a key's ``mod_revision`` names one value), the listing is built
-in bulk from the range's key order, and
+(in etcd a key's ``mod_revision`` names one value), the others are decoded
+column-wise a chunk of :attr:`~ServiceState.RESET_STEP` at a time
+(:func:`~._layout.decode_records`; a chunk holding an invalid record is
+decoded record by record, so each bad one is named with its reason), the
+listing is built in bulk from the range's key order, and
 :meth:`~ServiceState.reset_steps` yields every few hundred records so the
 caller can give the event loop back in between.
 """
@@ -37,13 +40,24 @@ from __future__ import annotations
 import enum
 import random
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from itertools import islice, repeat
+from operator import attrgetter
 from types import MappingProxyType
 
 import msgspec
 
 from nadisc import CapacityRejected, EvidenceKind, IncrementalListing, Instance, ProviderSnapshot
 
-from ._layout import Layout, RecordError, decode_record, decode_record_bytes, instance_id_after
+from ._layout import (
+    Layout,
+    RecordError,
+    decode_record,
+    decode_record_bytes,
+    decode_records,
+    decode_records_b64,
+    instance_id_after,
+    instance_ids_after,
+)
 from ._wire import Event, KeyValue, WatchResponse
 
 __all__ = ["Backoff", "ProbeVerdict", "ServiceState"]
@@ -57,6 +71,22 @@ class _Entry(msgspec.Struct, frozen=True, gc=False):
     mod_revision: int
     instance: Instance | None
     problem: str | None
+
+
+_key_of = attrgetter("key")
+_raw_of = attrgetter("raw")
+_text_of = attrgetter("value")
+_mod_revision_of = attrgetter("mod_revision")
+_instance_of = attrgetter("instance")
+
+
+def _reused(known: Mapping[bytes, _Entry], kv: KeyValue) -> _Entry | None:
+    """The entry a live state holds for ``kv``'s key at its ``mod_revision``
+    (in etcd a key's ``mod_revision`` names one value), or None."""
+    entry = known.get(kv.key)
+    if entry is None or not kv.mod_revision or entry.mod_revision != kv.mod_revision:
+        return None
+    return entry
 
 
 class ProbeVerdict(enum.Enum):
@@ -111,6 +141,31 @@ class ServiceState:
             return _Entry(kv.mod_revision, None, str(exc))
         return _Entry(kv.mod_revision, instance, None)
 
+    def _decode_all(self, kvs: Sequence[KeyValue], keys: list[bytes]) -> list[_Entry] | None:
+        """The entries of ``kvs`` (whose keys are ``keys``), each what
+        :meth:`_decode` makes of it, decoded column-wise
+        (:func:`~._layout.decode_records`); None when any of them is not
+        valid (each is then decoded by itself)."""
+        if not kvs:
+            return []
+        identities = instance_ids_after(self._head, keys)
+        if identities is None:
+            return None
+        raws = list(map(_raw_of, kvs))
+        limit = self._max_record_bytes
+        if all(raws):
+            decoded = decode_records(identities, raws, max_record_bytes=limit)
+        else:  # the JSON wire's base64 text (or an empty value: None below)
+            texts = list(map(_text_of, kvs))
+            decoded = (
+                decode_records_b64(identities, texts, max_record_bytes=limit)
+                if all(texts)
+                else None
+            )
+        if decoded is None:
+            return None
+        return list(map(_Entry, map(_mod_revision_of, kvs), decoded, repeat(None)))
+
     def reset(
         self, kvs: Iterable[KeyValue], revision: int, *, reuse: ServiceState | None = None
     ) -> None:
@@ -132,19 +187,32 @@ class ServiceState:
         instances: list[Instance] = []
         invalid: dict[bytes, str] = {}
         step = self.RESET_STEP
-        decode = self._decode
-        for count, kv in enumerate(kvs, 1):
-            key = kv.key
-            entry = known.get(key)
-            if entry is None or not kv.mod_revision or entry.mod_revision != kv.mod_revision:
-                entry = decode(kv)
-            entries[key] = entry
-            if entry.instance is not None:
-                keys.append(key)
-                instances.append(entry.instance)
+        records = iter(kvs)
+        while chunk := list(islice(records, step)):
+            # What the live state decoded at the same mod_revision is taken
+            # over; the rest is decoded in bulk.
+            fresh = [kv for kv in chunk if _reused(known, kv) is None] if known else chunk
+            fresh_keys = list(map(_key_of, fresh))
+            decoded = self._decode_all(fresh, fresh_keys)
+            if decoded is not None and len(fresh) == len(chunk):
+                # Every record of the chunk new and valid (the common case).
+                entries.update(zip(fresh_keys, decoded, strict=True))
+                keys += fresh_keys
+                instances += map(_instance_of, decoded)
             else:
-                invalid[key] = entry.problem or "invalid record"
-            if count % step == 0:
+                # Record by record: reused, decoded in bulk above, or (a
+                # chunk holding an invalid record) decoded by itself.
+                done = {} if decoded is None else dict(zip(fresh_keys, decoded, strict=True))
+                for kv in chunk:
+                    key = kv.key
+                    entry = done.get(key) or _reused(known, kv) or self._decode(kv)
+                    entries[key] = entry
+                    if entry.instance is not None:
+                        keys.append(key)
+                        instances.append(entry.instance)
+                    else:
+                        invalid[key] = entry.problem or "invalid record"
+            if len(chunk) == step:
                 yield
         self._entries = entries
         self._version += 1

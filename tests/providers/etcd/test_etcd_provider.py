@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from nadisc_etcd import RecordError, decode_record_bytes
 
 from nadisc import (
     CapacityRejected,
@@ -326,6 +327,49 @@ async def test_malformed_records_are_invalid_and_the_valid_rest_stands(
         await sink.wait_for(lambda: sink.ids() == {"no-port"}, 1.0)
         assert f"{head}/no-port" not in sink.latest.invalid
         nursery.cancel_scope.cancel()
+
+
+@both_wires
+async def test_bad_records_among_hundreds_of_good_ones_are_reported_by_key(
+    etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
+) -> None:
+    """A range is decoded in bulk a chunk at a time; a chunk holding a bad
+    record is decoded record by record: the bad ones are reported with the
+    reason the record codec gives, every good one is listed."""
+    provider = make_provider(etcd_server)
+    head = f"{provider.settings.prefix}/orders"
+    bad = {
+        "i0007": b"{nope",
+        "i0300": json.dumps({"Op": 1, "Addr": "10.9.9.9:80"}).encode(),
+        "i0301": json.dumps({"Addr": "not a host:80"}).encode(),
+        "i0599": b"",
+    }
+    limiter = anyio.CapacityLimiter(16)
+
+    async def put(n: int) -> None:
+        name = f"i{n:04d}"
+        async with limiter:
+            if name in bad:
+                await raw.put(f"{head}/{name}", bad[name])
+            else:
+                await raw.put_record(
+                    f"{head}/{name}", f"10.0.{n // 250}.{n % 250 + 1}:80", {"weight": n + 1}
+                )
+
+    async with anyio.create_task_group() as group:
+        for n in range(600):
+            group.start_soon(put, n)
+
+    snapshot = await provider.query("orders", soon(10))
+
+    assert snapshot.identities() == tuple(f"i{n:04d}" for n in range(600) if f"i{n:04d}" not in bad)
+    assert [i.weight for i in snapshot.instances[:3]] == [1.0, 2.0, 3.0]
+    reasons = {}
+    for name, value in bad.items():
+        with pytest.raises(RecordError) as refused:
+            decode_record_bytes(name, value, max_record_bytes=provider.settings.max_record_bytes)
+        reasons[f"{head}/{name}"] = str(refused.value)
+    assert dict(snapshot.invalid) == reasons
 
 
 @both_wires
