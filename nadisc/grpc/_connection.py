@@ -229,10 +229,16 @@ class _ClientH2(h2.connection.H2Connection):
                     if flags & 0x08:  # PADDED
                         break
                     window.window_consumed(length)
-                    if not flags & 0x01 and stream._expected_content_length is None:
-                        # What h2's stream does for DATA that does not end it:
-                        # the state stays, the window shrinks (FlowControlError
-                        # below 0), the length is counted, one event.
+                    if (
+                        not flags & 0x01
+                        and stream._expected_content_length is None
+                        and stream.state_machine.headers_received
+                    ):
+                        # What h2's stream does for DATA that does not end it,
+                        # after the response headers (before them h2 refuses
+                        # it): the state stays, the window shrinks
+                        # (FlowControlError below 0), the length is counted,
+                        # one event.
                         stream._inbound_window_manager.window_consumed(length)
                         stream._actual_content_length += length
                         events.append(

@@ -183,3 +183,19 @@ def test_data_on_a_stream_with_content_length_goes_through_h2(over: bool) -> Non
     else:
         assert first[0] == "events"
         assert [name for name, _ in first[1]][-2:] == ["ResponseReceived", "DataReceived"]
+
+
+@pytest.mark.parametrize("end_stream", [False, True])
+def test_data_before_the_response_headers_is_refused_as_h2_refuses_it(end_stream: bool) -> None:
+    """A DATA frame on an open stream that has had no HEADERS yet: the
+    connection's own reading of DATA gives h2's protocol error, not a message."""
+    mine, plain, _server = _pair()
+    block = _fixed_block(HEADERS)
+    for client in (mine, plain):
+        client.send_header_block(1, block, authority=b"127.0.0.1:1", end_stream=False)
+        client.data_to_send()
+    body = encode_message(b"early", False)
+    wire = struct.pack(">BHBBL", 0, len(body), 0, 1 if end_stream else 0, 1) + body
+    first, second = _outcome(mine, wire), _outcome(plain, wire)
+    assert first == second
+    assert first[0] == "error"
