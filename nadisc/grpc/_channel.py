@@ -835,7 +835,19 @@ class _StreamResponseCall(_CallHandle[Req, Resp]):
         return self
 
     async def __anext__(self) -> Resp:
-        message = await self.read()
+        call = self._call
+        if call._code is not None:
+            message = await self.read()  # EOF or the call's error
+        else:
+            if call.started:
+                try:
+                    message = call.buffered()
+                except RpcError:
+                    call.release()
+                    raise
+                if message is not _NOTHING:
+                    return message  # type: ignore[return-value]
+            message = await self._guard(call.read)
         if message is grpc.aio.EOF:
             raise StopAsyncIteration
         return message

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import socket
-from collections.abc import Callable, Iterable
+import struct
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, cast
 
 import anyio
@@ -73,14 +75,62 @@ _DIRECT_STREAMS = 2
 
 
 class _Event(Protocol):
+    """One wait of one task (a stream's reader or sender): ``set`` ends it."""
+
     def set(self) -> None: ...
-    async def wait(self) -> Any: ...
+    def wait(self) -> Awaitable[Any]: ...
 
 
+@functools.cache
 def _trio_event() -> Callable[[], _Event]:
-    import trio
+    """Trio: ``set`` reschedules the one waiting task itself (``trio.Event`` keeps a
+    parking lot for any number of waiters, which a stream never has)."""
+    from trio.lowlevel import Abort, Task, checkpoint, current_task, reschedule
+    from trio.lowlevel import wait_task_rescheduled as wait_rescheduled
 
-    return trio.Event
+    class TrioWake:
+        __slots__ = ("_set", "_task")
+
+        def __init__(self) -> None:
+            self._task: Task | None = None
+            self._set = False
+
+        def set(self) -> None:
+            self._set = True
+            task = self._task
+            if task is not None:
+                self._task = None
+                reschedule(task)
+
+        async def wait(self) -> None:
+            if self._set:
+                await checkpoint()
+                return
+            self._task = current_task()
+            await wait_rescheduled(self._abort)
+
+        def _abort(self, _: object) -> Abort:
+            self._task = None  # cancelled: a later set() has no one to wake
+            return Abort.SUCCEEDED
+
+    return TrioWake
+
+
+class _FutureWake:
+    """Asyncio: a bare future (``asyncio.Event`` keeps a list of waiters and looks
+    up the running loop on every wait)."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._future: asyncio.Future[None] = loop.create_future()
+
+    def set(self) -> None:
+        if not self._future.done():  # a cancelled wait cancelled the future
+            self._future.set_result(None)
+
+    def wait(self) -> asyncio.Future[None]:
+        return self._future
 
 
 class Unprocessed(Exception):
@@ -93,6 +143,8 @@ _RECEIVING = frozenset({h2.stream.StreamState.OPEN, h2.stream.StreamState.HALF_C
 #: RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE: one frame each, parsed here
 #: and handed to ``h2`` frame by frame.
 _WHOLE_FRAMES = frozenset({3, 4, 6, 7, 8})
+#: A frame header: length (high byte, low 16 bits), type, flags, stream id.
+_FRAME_HEAD = struct.Struct(">BHBBL")
 
 
 class _ClientH2(h2.connection.H2Connection):
@@ -115,7 +167,11 @@ class _ClientH2(h2.connection.H2Connection):
         HEADERS (one frame, no padding or priority) and DATA (no padding) on a
         stream ``h2`` has open are parsed here and handed to the same ``h2``
         stream methods ``h2`` calls for them (state machine, flow-control
-        windows, events), without building a ``hyperframe`` object per frame.
+        windows, events), without building a ``hyperframe`` object per frame;
+        a DATA frame that does not end its stream, on a stream with no
+        content-length, gets what those methods would do to it (both windows
+        shrink, a ``DataReceived``; its state stays as it is) without the
+        state machine's call.
         RST_STREAM, SETTINGS, PING, GOAWAY and WINDOW_UPDATE are parsed by
         ``hyperframe`` and handled by ``h2`` frame by frame. Anything else (a
         header block in several frames, padding, priority, a stream ``h2``
@@ -138,14 +194,14 @@ class _ClientH2(h2.connection.H2Connection):
             return super().receive_data(data)
         events: list[h2.events.Event] = []
         streams = self.streams
+        window = self._inbound_flow_control_window_manager
         size = len(data)
         pos = 0
         partial = True  # the loop ends at a frame that has not all arrived yet
         try:
             while size - pos >= 9:
-                length = int.from_bytes(data[pos : pos + 3])
-                kind = data[pos + 3]
-                flags = data[pos + 4]
+                high, low, kind, flags, sid = _FRAME_HEAD.unpack_from(data, pos)
+                length = high << 16 | low
                 end = pos + 9 + length
                 if length > self.max_inbound_frame_size:
                     partial = False
@@ -165,13 +221,36 @@ class _ClientH2(h2.connection.H2Connection):
                     continue
                 if kind > 1:
                     break
-                stream = streams.get(int.from_bytes(data[pos + 5 : pos + 9]) & 0x7FFFFFFF)
+                sid &= 0x7FFFFFFF
+                stream = streams.get(sid)
                 if stream is None or stream.state_machine.state not in _RECEIVING:
                     break
                 if kind == 0:  # DATA
                     if flags & 0x08:  # PADDED
                         break
-                    self._inbound_flow_control_window_manager.window_consumed(length)
+                    window.window_consumed(length)
+                    if (
+                        not flags & 0x01
+                        and stream._expected_content_length is None
+                        and stream.state_machine.headers_received
+                    ):
+                        # What h2's stream does for DATA that does not end it,
+                        # after the response headers (before them h2 refuses
+                        # it): the state stays, the window shrinks
+                        # (FlowControlError below 0), the length is counted,
+                        # one event.
+                        stream._inbound_window_manager.window_consumed(length)
+                        stream._actual_content_length += length
+                        events.append(
+                            h2.events.DataReceived(
+                                stream_id=sid,
+                                data=data[pos + 9 : end],
+                                flow_controlled_length=length,
+                            )
+                        )
+                        pos = end
+                        partial = True
+                        continue
                     frames, more = stream.receive_data(
                         data[pos + 9 : end], bool(flags & 0x01), length
                     )
@@ -592,10 +671,12 @@ class Connection:
     ) -> None:
         self.name = name
         self._byte_stream = byte_stream
-        #: The loop's own event class for a stream's waits (anyio's Event wraps
-        #: one, and finds the loop on every construction).
+        #: One wait of a stream's reader or sender, on the loop's own primitives
+        #: (anyio's Event wraps the loop's event and finds the loop each time).
         self.new_event: Callable[[], _Event] = (
-            _trio_event() if sniffio.current_async_library() == "trio" else asyncio.Event
+            _trio_event()
+            if sniffio.current_async_library() == "trio"
+            else functools.partial(_FutureWake, asyncio.get_running_loop())
         )
         self.h2 = client_h2(
             stream_window=stream_window,
@@ -837,37 +918,39 @@ class Connection:
         """Trio: ``recv`` on the socket itself, waiting for it when it has nothing.
 
         The order of trio's own ``recv`` (under anyio's stream), less its
-        layers: a read that follows a wait goes straight on to the next
-        ``recv`` (at one call in flight that finds nothing and waits again); a
-        read that found bytes without a wait is followed by one yield to the
-        scheduler, so the callers it woke send their next requests before the
-        next read (more answers per read) and a flood cannot starve them.
+        layers and one ``recv`` per read: a read shorter than ``_READ_SIZE``
+        took all the socket had, so the reader waits for the socket next (it
+        does not try a ``recv`` that would find nothing); a full read is
+        followed by one yield to the scheduler and the next ``recv``. Either
+        way the callers it woke run before the next read (they send their next
+        requests first, more answers come per read) and a flood cannot starve
+        them.
         """
         import trio
 
-        waited = False
+        wait_readable = trio.lowlevel.wait_readable
         while True:
             try:
                 data = raw.recv(_READ_SIZE)
             except (BlockingIOError, InterruptedError):
-                try:
-                    await trio.lowlevel.wait_readable(raw)
-                except trio.ClosedResourceError as exc:
-                    self._lost(f"the connection broke: {type(exc).__name__}")
-                    return
-                waited = True
-                continue
+                data = None  # woken with nothing to read: wait again
             except (trio.ClosedResourceError, OSError) as exc:
                 self._lost(f"the connection broke: {type(exc).__name__}")
                 return
-            if not data:
-                self._lost("the server closed the connection")
+            if data is not None:
+                if not data:
+                    self._lost("the server closed the connection")
+                    return
+                if not self._received(data):
+                    return
+                if len(data) == _READ_SIZE:
+                    await trio.lowlevel.checkpoint()
+                    continue
+            try:
+                await wait_readable(raw)
+            except trio.ClosedResourceError as exc:
+                self._lost(f"the connection broke: {type(exc).__name__}")
                 return
-            if not self._received(data):
-                return
-            if not waited:
-                await trio.lowlevel.checkpoint()
-            waited = False
 
     def _received(self, data: bytes) -> bool:
         """Hand ``data`` from the socket to ``h2`` and the streams (synchronous);

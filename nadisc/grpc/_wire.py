@@ -192,9 +192,37 @@ class Deframer:
         self.messages: deque[tuple[bool, bytes, int]] = deque()
 
     def feed(self, data: bytes) -> int:
-        """Take DATA bytes; returns the credit to return now. Raises RESOURCE_EXHAUSTED/INTERNAL."""
+        """Take DATA bytes; returns the credit to return now. Raises RESOURCE_EXHAUSTED/INTERNAL.
+
+        With no partial message held (the usual case: a server writes whole
+        messages), the messages are read from ``data`` itself, each payload
+        copied once; only the start of a message cut by the end of ``data``
+        is kept.
+        """
         raw = self._raw
-        raw += data
+        if raw:
+            raw += data
+            return self._split()
+        size = len(data)
+        pos = 0
+        append = self.messages.append
+        while size - pos >= 5:
+            flag, length = _PREFIX.unpack_from(data, pos)
+            if flag > 1 or length > self._limit:
+                break  # _split says what is wrong
+            end = pos + 5 + length
+            if end > size:
+                break
+            append((flag == 1, data[pos + 5 : end], 5 + length))
+            pos = end
+        if pos == size:
+            return 0
+        raw += data[pos:] if pos else data
+        return self._split()
+
+    def _split(self) -> int:
+        """Complete messages out of the held bytes; the credit owed for the rest now."""
+        raw = self._raw
         while len(raw) >= 5:
             flag, length = _PREFIX.unpack_from(raw)
             if flag > 1:

@@ -357,6 +357,8 @@ def test_the_response_reader_agrees_with_h2(seed: int) -> None:
                 sid, frame(b"m" * rng.randrange(200)), pad_length=rng.choice([None, 3])
             )
         if rng.random() < 0.2:
+            server.send_data(sid, frame(b"last"), end_stream=True)  # DATA ends it
+        elif rng.random() < 0.2:
             server.reset_stream(sid)
         else:
             server.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
