@@ -104,8 +104,15 @@ def test_a_bulk_built_listing_equals_one_built_a_key_at_a_time(
     if ordered:
         pairs = sorted({pair[0]: pair for pair in pairs}.values())
     keys = [key for key, *_ in pairs]
+    shared = {"zone": "a"}  # one mapping for many instances, measured once in bulk
     instances = [
-        Instance(identity, "10.0.0.1", port, metadata={"m": meta} if meta else {})
+        Instance(
+            identity,
+            "10.0.0.1" if port % 3 else "node-7.example",
+            port,
+            metadata={"m": meta} if meta else (shared if port % 5 == 0 else {}),
+            tags=(meta, "t") if meta and port % 2 else (),
+        )
         for _, identity, port, meta in pairs
     ]
     one_by_one: IncrementalListing[str] = IncrementalListing()
