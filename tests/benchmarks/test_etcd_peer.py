@@ -28,6 +28,8 @@ def test_smoke_run_prints_every_row_against_the_peer(capsys: pytest.CaptureFixtu
         f"{etcd_peer.SMOKE.keys:,}-key range CPU",
         "  of it, the wire wall",
         "  of it, the wire CPU",
+        "range wall, peer+json.loads",
+        "range CPU, peer+json.loads",
     ]
     assert "load average" in out
     for row in rows:
