@@ -73,6 +73,7 @@ from ._balancing import RouteBalancing
 from ._config import RestConfig
 from ._ejection import EjectionLog, EjectionOptions
 from ._errors import CallError, ConfigError, EvidenceUnavailable
+from ._evidence import Evidence
 from ._instance import Instance
 from ._observation import Observation, ObservationSnapshot
 
@@ -432,15 +433,13 @@ class InstanceService:
             )
         route = self.route
         instance = self.instance
-        # submit_if_current, spelled out: the evidence view, the currency
+        # submit_if_current, spelled out: the evidence check, the currency
         # check and the hand-over to the pool run with no await in between
         # (and no closure to build and vet per call).
         try:
-            snapshot = route.usable()
+            route.check_usable()
         except EvidenceUnavailable as exc:
             raise CallDeclined(f"the evidence is unusable ({exc.reason})") from exc
-        if snapshot.revision != route._synced:
-            route.sync(snapshot)
         current = route._instances.get(key)
         if current is None or current.draining:
             raise CallDeclined(f"instance {key!r} left the evidence after it was selected")
@@ -505,9 +504,11 @@ class Route:
     """
 
     __slots__ = (
+        "_checked",
         "_closed",
         "_directory",
         "_discovery",
+        "_evidence",
         "_failed",
         "_instances",
         "_sent",
@@ -516,6 +517,7 @@ class Route:
         "_submit",
         "_synced",
         "_tracker",
+        "_until",
         "balancing",
         "clock",
         "detector",
@@ -538,6 +540,13 @@ class Route:
         #: The event loop's clock (the transport passes the loop's own, cheaper one).
         self.clock: Callable[[], float] = anyio.current_time if clock is None else clock
         self._strict = options.strict_evidence
+        # The evidence check of the hand-over, cached (see check_usable): the
+        # evidence's version when it last passed, and the instant from which
+        # time alone refuses it.
+        slot = getattr(observation, "_slot", None)
+        self._evidence: Evidence | None = getattr(slot, "evidence", None)
+        self._checked = -1
+        self._until = -math.inf
         self._submit = (
             observation.submit_if_current_strict
             if options.strict_evidence
@@ -719,6 +728,29 @@ class Route:
         :meth:`submit` checks, for a caller that hands over right after.
         """
         return self.observation._usable_at(self.clock(), self._strict)
+
+    def check_usable(self) -> None:
+        """Raise :class:`~nadisc.EvidenceUnavailable` unless the evidence may be
+        used now, and bring the mirror up to date with it. Synchronous.
+
+        What :meth:`usable` decides, cached: after a check passed, later ones
+        cost a clock read and two comparisons until the evidence records an
+        event (its version moves: a listing, a refresh, a failure, a
+        revocation, the close) or the instant passes from which time alone
+        refuses it (max age, or grace after a failure). Either one makes the
+        next check ask the observation again. Nothing of the listing is kept.
+        """
+        now = self.clock()
+        evidence = self._evidence
+        if evidence is not None and evidence.version == self._checked and now < self._until:
+            return
+        snapshot = self.observation._usable_at(now, self._strict)
+        if snapshot.revision != self._synced:
+            self.sync(snapshot)
+        if evidence is not None:
+            until = evidence.usable_until(now, strict=self._strict)
+            self._checked = evidence.version
+            self._until = -math.inf if until is None else until
 
     def submit(self, hand_over: Callable[[ObservationSnapshot], T]) -> T:
         """Run the synchronous ``hand_over`` under the observation's currency check."""

@@ -174,17 +174,17 @@ async def test_instance_revoked_between_selection_and_send_is_never_sent(
             # Let the balance keep its old pool up to the moment of sending, as if
             # the revocation landed between selection and hand-over.
             selected: list[str] = []
-            real_call = InstanceService.call
+            real_admit = InstanceService.admit
 
             def stale_snapshot(self: Route) -> ObservationSnapshot:
                 return self.observation.snapshot()
 
-            async def spy(self: InstanceService, attempt: Attempt) -> httpx.Response:
+            def spy(self: InstanceService, attempt: Attempt) -> Instance:
                 selected.append(self.key)
-                return await real_call(self, attempt)
+                return real_admit(self, attempt)
 
             monkeypatch.setattr(Route, "snapshot", stale_snapshot)
-            monkeypatch.setattr(InstanceService, "call", spy)
+            monkeypatch.setattr(InstanceService, "admit", spy)
             memory.set(SERVICE, [a.instance()])
             response = await http.get("nadisc://primary/orders/x")
             assert selected == ["b", "a"]  # b was picked, declined, and never sent to
@@ -382,13 +382,13 @@ async def test_head_is_retried_too_and_the_instance_scheme_is_used() -> None:
 def _count_service_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Count every pick handed to an instance service (declined ones included)."""
     calls = [0]
-    real = InstanceService.call
+    real = InstanceService.admit
 
-    async def counting(self: InstanceService, attempt: Attempt) -> httpx.Response:
+    def counting(self: InstanceService, attempt: Attempt) -> Instance:
         calls[0] += 1
-        return await real(self, attempt)
+        return real(self, attempt)
 
-    monkeypatch.setattr(InstanceService, "call", counting)
+    monkeypatch.setattr(InstanceService, "admit", counting)
     return calls
 
 
