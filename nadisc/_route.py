@@ -65,6 +65,7 @@ from poise import (
     Policy,
     PowerOfTwoChoices,
     RoundRobin,
+    ServiceFn,
     StreamingDiscoveryBalance,
     WeightedRoundRobin,
 )
@@ -414,8 +415,10 @@ class InstanceService:
             else InstanceSchemeMismatch(instance.identity, declared, configured)
         )
 
-    def poll_ready(self, wake: Callable[[], None]) -> bool:
-        return True
+    # Always ready and reserving nothing: poise's own always-ready readiness,
+    # which lets the balance keep the endpoint READY across calls instead of
+    # polling it again after each pick.
+    poll_ready = ServiceFn.poll_ready
 
     def admit(self, attempt: Attempt) -> Instance:
         """The checks of :meth:`call` before anything is sent, synchronous: the

@@ -101,7 +101,7 @@ from ._errors import (
     relative_deadline_hint,
 )
 from ._instance import Instance
-from ._observation import loop_clock
+from ._observation import loop_clock, run_clock
 from ._retry import Failure, RetryRules, Step, retry_step
 from ._route import (
     NO_ENDPOINT,
@@ -1163,16 +1163,14 @@ class _Loop:
 
     def __init__(self) -> None:
         self.scope: Callable[..., AbstractContextManager[object]]
+        self.now: Callable[[], float] = run_clock()
+        self.effective_deadline: Callable[[], float]
         if sniffio.current_async_library() == "trio":
             import trio
 
-            self.now: Callable[[], float] = trio.lowlevel.current_clock().current_time
-            self.effective_deadline: Callable[[], float] = trio.current_effective_deadline
+            self.effective_deadline = trio.current_effective_deadline
             self.scope = trio.CancelScope
         else:
-            import asyncio
-
-            self.now = asyncio.get_running_loop().time
             self.effective_deadline = anyio.current_effective_deadline
             self.scope = anyio.CancelScope
 

@@ -51,7 +51,7 @@ from poise import CallDeclined, Held, InvalidInput, PoiseError, SelectionError
 from .._balancing import RouteBalancing
 from .._errors import DiscoveryError, EvidenceUnavailable, LifecycleError
 from .._grpc_protocol import GRPC_AUTHORITY_KEY, GRPC_TLS_KEY, GRPC_TLS_MODES
-from .._observation import loop_clock
+from .._observation import run_clock
 from .._retry import Failure, RetryRules, Step, retry_step
 from .._route import CALL_FAILURE_KINDS, Attempt, InstanceService, RestOptions, Route
 from .._tls import grpc_tls_context
@@ -294,7 +294,7 @@ class DiscoveryChannel:
     async def __aenter__(self) -> Self:
         if self._tg is not None or self._closed:
             raise LifecycleError(f"{self._where}: a discovery channel can be entered once")
-        self._clock = loop_clock()[0]
+        self._clock = run_clock()
         observation = await self._handle.observe(self.service)
         policy = self._owner.connection_policy(self.qualifier)
         route = Route(observation, RestOptions.from_config(policy.rest), self._clock)
