@@ -12,10 +12,11 @@
         │                       their load and quarantine; a changed instance is a
         │                       new generation; removed ones finish their calls
         ▼
-    InstanceService.call(attempt)
-        │  observation.submit_if_current(hand_over): the chosen instance must
-        │  still be in the current evidence; the request is built under that
-        │  check and handed to the HTTP pool with no await in between. A
+    InstanceService.admit(attempt), then the send
+        │  the evidence check (Route.check_usable) and the currency check:
+        │  the chosen instance must still be in the current evidence; the
+        │  request is built after them and handed to the HTTP pool with no
+        │  await in between. A
         │  revoked or replaced instance declines the call (poise.CallDeclined:
         │  guard cancelled, nothing sent) and the caller picks again.
         ▼
@@ -29,10 +30,11 @@ own refresh task (in the owner's task group) is the only background work.
 ``rest`` block, in seconds).
 
 Cost per attempt on a stable listing (:attr:`Route.reconciled`): one
-readiness scan (O(endpoints)), one policy pick and one evidence view in
-``submit_if_current``; after a change, one more evidence view
-(``snapshot()``) and the reconcile step. No allocation proportional to the
-listing.
+readiness scan, one policy pick and one evidence check
+(:meth:`Route.check_usable`: a clock read and two comparisons while the
+evidence records no event and its usable-until instant has not passed);
+after a change, one evidence view (``snapshot()``) and the reconcile step.
+No allocation proportional to the listing.
 
 Counting: every request handed to the pool adds one to its identity's
 ``sent`` count; failures (:data:`CALL_FAILURE_KINDS`) add one to an int of

@@ -45,9 +45,11 @@ Errors: every nadisc error is re-raised at the boundary as its ``Call*``
 form (see :mod:`nadisc._errors`), which is also an ``httpx.RequestError``;
 errors of the pool pass through unchanged.
 
-Cost on the fast path: the URL parse is cached per path; one evidence view,
-one readiness scan (O(endpoints)), one policy pick, a request rebuilt by
-copying the caller's normalised header list, and a guarded body.
+Cost on the fast path: the URL parse is cached per path; one evidence check
+(cached until the evidence records an event or its usable-until instant
+passes, see ``Route.check_usable``), one readiness scan, one policy pick, a
+request rebuilt by copying the caller's normalised header list, and a
+guarded body.
 
 Only ``GET`` and ``HEAD`` are ever retried; a request whose body is a stream
 that cannot be replayed is not retried either. Each attempt's connect timeout
@@ -55,7 +57,7 @@ is ``min(connect_timeout, budget left)``. The budget covers everything up to
 the response headers; reading the body of a streamed response is the
 caller's business (``RestDiscoveryClient.request`` reads it inside the budget).
 
-Load guards: each attempt is ``Balance.dispatch_held``; the returned
+Load guards: each attempt is a ``Balance.pick_held``; the returned
 ``poise.Held`` keeps the endpoint's load guard open until the response body
 is closed (streamed responses too). An instance that was selected but left
 the evidence before the hand-over declines the call (``poise.CallDeclined``:
