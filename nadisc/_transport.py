@@ -564,8 +564,11 @@ class _GuardedStream(httpx.AsyncByteStream):
                         await close()
             finally:
                 # The connection goes back to (or leaves) the pool even when
-                # closing the iterator raised.
-                await self._inner.aclose()
+                # closing the iterator raised. A body in memory has nothing
+                # to give back (httpx.ByteStream.aclose does nothing).
+                inner = self._inner
+                if type(inner) is not httpx.ByteStream:
+                    await inner.aclose()
         finally:
             # Synchronous: ends the guard even inside a cancelled scope.
             if not self._done:
@@ -587,12 +590,14 @@ def _replayable(request: httpx.Request) -> bool:
 
 
 class _Target:
-    __slots__ = ("qualifier", "raw_path", "service")
+    __slots__ = ("qualifier", "raw_path", "route", "service")
 
     def __init__(self, qualifier: str, service: str, raw_path: bytes) -> None:
         self.qualifier = qualifier
         self.service = service
         self.raw_path = raw_path
+        #: The route of (qualifier, service), once the transport has one.
+        self.route: Route | None = None
 
 
 def _target(request: httpx.Request) -> _Target:
@@ -761,7 +766,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             now = loop.now
             target = self._target(request)
             start = now()
-            route = self._routes.get((target.qualifier, target.service))
+            route = target.route
+            if route is None:
+                route = self._routes.get((target.qualifier, target.service))
             options = route.options if route is not None else self.options_for(target.qualifier)
             budget = request.extensions.get(BUDGET_EXTENSION)
             if not isinstance(budget, Budget):
@@ -769,6 +776,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             deadline = budget.deadline
             if route is None:
                 route = await self._route(target.qualifier, target.service, budget)
+            target.route = route
             balancing = route.balancing
             plain = balancing.hedging is None and balancing.budget is None
             # Whether the budget ends before the caller's own cancel scope
