@@ -1182,7 +1182,9 @@ class _Loop:
             self.scope = trio.CancelScope
         else:
             self.effective_deadline = anyio.current_effective_deadline
-            self.scope = anyio.CancelScope
+            # The running backend's own class (a subclass of anyio.CancelScope):
+            # built directly, it skips anyio's backend lookup per scope.
+            self.scope = type(anyio.CancelScope())
 
 
 class _Rebuild:
