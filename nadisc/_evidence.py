@@ -155,6 +155,7 @@ class Evidence:
         "_snapshot",
         "generation",
         "policy",
+        "version",
     )
 
     def __init__(self, policy: EvidencePolicy) -> None:
@@ -162,6 +163,10 @@ class Evidence:
         #: Grows by one when an event changes what a reader sees at that
         #: moment (see "Generation" in the module docstring); never otherwise.
         self.generation = 0
+        #: Grows by one with every event recorded (success, refresh, failure,
+        #: withheld listing, close), whether or not the view changed: a reader
+        #: that cached :meth:`usable_until` re-checks when it moved.
+        self.version = 0
         self._snapshot: ProviderSnapshot | None = None
         self._hold: object = None
         self._confirmed_at = -math.inf
@@ -209,6 +214,7 @@ class Evidence:
         """A complete listing was observed at ``now``. Returns True if the view changed."""
         if self.closed:
             return False
+        self.version += 1
         self._outcomes += 1
         # A matching listing implies the same barrier (EMPTY iff empty).
         changed = not (self.matches(snapshot) and self._failure is None and self._allowed is None)
@@ -232,6 +238,7 @@ class Evidence:
             return False
         if self._barrier not in (None, Reason.EMPTY):
             return False
+        self.version += 1
         self._confirmed_at = max(self._confirmed_at, now)
         return False
 
@@ -244,6 +251,7 @@ class Evidence:
         """
         if self.closed:
             return False
+        self.version += 1
         self._outcomes += 1
         if kind in _GRACE_KINDS:
             if self._failure is kind:
@@ -274,6 +282,7 @@ class Evidence:
         """
         if self.closed:
             return False
+        self.version += 1
         self._outcomes += 1
         if self._barrier in (Reason.REVOKED, Reason.INVALID):
             # Nothing is served anyway; keep the stronger reason.
@@ -293,6 +302,7 @@ class Evidence:
         """Nothing is served any more. Idempotent; returns True the first time."""
         if self.closed:
             return False
+        self.version += 1
         self._barrier = Reason.CLOSED
         self._snapshot = None
         self._hold = None
@@ -391,6 +401,18 @@ class Evidence:
         """Why nothing may be served at ``now``; None when :meth:`view` is usable.
         Cheaper than :meth:`view` (builds nothing on success)."""
         return self._refusal(now, strict)
+
+    def usable_until(self, now: float, *, strict: bool = False) -> float | None:
+        """None when nothing may be served at ``now``; otherwise the instant
+        from which the listing is refused by time alone (``inf``: never).
+
+        Until :attr:`version` moves, every ``now`` before that instant gets
+        the same answer from :meth:`refusal` (None): time alone refuses a
+        listing only once its max age or its grace after a failure ran out.
+        """
+        if self._refusal(now, strict) is not None:
+            return None
+        return self._limit()
 
     def view(self, now: float, *, strict: bool = False) -> Usable | Refusal:
         """What may be served at ``now`` (strict: no grace after a failure)."""

@@ -97,6 +97,7 @@ __all__ = [
     "confirmation_window",
     "loop_clock",
     "next_confirmation",
+    "run_clock",
     "watch_current",
 ]
 
@@ -116,6 +117,23 @@ def loop_clock() -> tuple[Callable[[], float], Callable[[], float]]:
 
         return trio.current_time, trio.current_effective_deadline
     return anyio.current_time, anyio.current_effective_deadline
+
+
+def run_clock() -> Callable[[], float]:
+    """The running loop's clock, read without anyio's per-call backend lookup
+    and, on trio, without the run-context lookup of ``trio.current_time``.
+
+    The same time as ``anyio.current_time``, bound to this run's clock (trio)
+    or loop (asyncio): for an object that lives within one run, which it
+    must not outlive (a new trio run has a clock of its own).
+    """
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.lowlevel.current_clock().current_time
+    import asyncio
+
+    return asyncio.get_running_loop().time
 
 
 class OutcomeEvent(Protocol):

@@ -200,7 +200,8 @@ class _CappedStream(httpx.AsyncByteStream):
 def _cap(response: httpx.Response, limit: int) -> None:
     """Refuse a too-large declared body now; count the rest while it is read."""
     declared = response.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    # ASCII digits only: str.isdigit() also accepts digits int() refuses ("²").
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise ResponseTooLarge(
             f"the response declares {declared} bytes, over the cap of {limit} bytes",
             limit=limit,

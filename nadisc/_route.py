@@ -12,10 +12,11 @@
         │                       their load and quarantine; a changed instance is a
         │                       new generation; removed ones finish their calls
         ▼
-    InstanceService.call(attempt)
-        │  observation.submit_if_current(hand_over): the chosen instance must
-        │  still be in the current evidence; the request is built under that
-        │  check and handed to the HTTP pool with no await in between. A
+    InstanceService.admit(attempt), then the send
+        │  the evidence check (Route.check_usable) and the currency check:
+        │  the chosen instance must still be in the current evidence; the
+        │  request is built after them and handed to the HTTP pool with no
+        │  await in between. A
         │  revoked or replaced instance declines the call (poise.CallDeclined:
         │  guard cancelled, nothing sent) and the caller picks again.
         ▼
@@ -29,10 +30,11 @@ own refresh task (in the owner's task group) is the only background work.
 ``rest`` block, in seconds).
 
 Cost per attempt on a stable listing (:attr:`Route.reconciled`): one
-readiness scan (O(endpoints)), one policy pick and one evidence view in
-``submit_if_current``; after a change, one more evidence view
-(``snapshot()``) and the reconcile step. No allocation proportional to the
-listing.
+readiness scan, one policy pick and one evidence check
+(:meth:`Route.check_usable`: a clock read and two comparisons while the
+evidence records no event and its usable-until instant has not passed);
+after a change, one evidence view (``snapshot()``) and the reconcile step.
+No allocation proportional to the listing.
 
 Counting: every request handed to the pool adds one to its identity's
 ``sent`` count; failures (:data:`CALL_FAILURE_KINDS`) add one to an int of
@@ -65,6 +67,7 @@ from poise import (
     Policy,
     PowerOfTwoChoices,
     RoundRobin,
+    ServiceFn,
     StreamingDiscoveryBalance,
     WeightedRoundRobin,
 )
@@ -73,6 +76,7 @@ from ._balancing import RouteBalancing
 from ._config import RestConfig
 from ._ejection import EjectionLog, EjectionOptions
 from ._errors import CallError, ConfigError, EvidenceUnavailable
+from ._evidence import Evidence
 from ._instance import Instance
 from ._observation import Observation, ObservationSnapshot
 
@@ -413,8 +417,10 @@ class InstanceService:
             else InstanceSchemeMismatch(instance.identity, declared, configured)
         )
 
-    def poll_ready(self, wake: Callable[[], None]) -> bool:
-        return True
+    # Always ready and reserving nothing: poise's own always-ready readiness,
+    # which lets the balance keep the endpoint READY across calls instead of
+    # polling it again after each pick.
+    poll_ready = ServiceFn.poll_ready
 
     def admit(self, attempt: Attempt) -> Instance:
         """The checks of :meth:`call` before anything is sent, synchronous: the
@@ -432,15 +438,13 @@ class InstanceService:
             )
         route = self.route
         instance = self.instance
-        # submit_if_current, spelled out: the evidence view, the currency
+        # submit_if_current, spelled out: the evidence check, the currency
         # check and the hand-over to the pool run with no await in between
         # (and no closure to build and vet per call).
         try:
-            snapshot = route.usable()
+            route.check_usable()
         except EvidenceUnavailable as exc:
             raise CallDeclined(f"the evidence is unusable ({exc.reason})") from exc
-        if snapshot.revision != route._synced:
-            route.sync(snapshot)
         current = route._instances.get(key)
         if current is None or current.draining:
             raise CallDeclined(f"instance {key!r} left the evidence after it was selected")
@@ -505,9 +509,11 @@ class Route:
     """
 
     __slots__ = (
+        "_checked",
         "_closed",
         "_directory",
         "_discovery",
+        "_evidence",
         "_failed",
         "_instances",
         "_sent",
@@ -516,6 +522,7 @@ class Route:
         "_submit",
         "_synced",
         "_tracker",
+        "_until",
         "balancing",
         "clock",
         "detector",
@@ -538,6 +545,13 @@ class Route:
         #: The event loop's clock (the transport passes the loop's own, cheaper one).
         self.clock: Callable[[], float] = anyio.current_time if clock is None else clock
         self._strict = options.strict_evidence
+        # The evidence check of the hand-over, cached (see check_usable): the
+        # evidence's version when it last passed, and the instant from which
+        # time alone refuses it.
+        slot = getattr(observation, "_slot", None)
+        self._evidence: Evidence | None = getattr(slot, "evidence", None)
+        self._checked = -1
+        self._until = -math.inf
         self._submit = (
             observation.submit_if_current_strict
             if options.strict_evidence
@@ -719,6 +733,29 @@ class Route:
         :meth:`submit` checks, for a caller that hands over right after.
         """
         return self.observation._usable_at(self.clock(), self._strict)
+
+    def check_usable(self) -> None:
+        """Raise :class:`~nadisc.EvidenceUnavailable` unless the evidence may be
+        used now, and bring the mirror up to date with it. Synchronous.
+
+        What :meth:`usable` decides, cached: after a check passed, later ones
+        cost a clock read and two comparisons until the evidence records an
+        event (its version moves: a listing, a refresh, a failure, a
+        revocation, the close) or the instant passes from which time alone
+        refuses it (max age, or grace after a failure). Either one makes the
+        next check ask the observation again. Nothing of the listing is kept.
+        """
+        now = self.clock()
+        evidence = self._evidence
+        if evidence is not None and evidence.version == self._checked and now < self._until:
+            return
+        snapshot = self.observation._usable_at(now, self._strict)
+        if snapshot.revision != self._synced:
+            self.sync(snapshot)
+        if evidence is not None:
+            until = evidence.usable_until(now, strict=self._strict)
+            self._checked = evidence.version
+            self._until = -math.inf if until is None else until
 
     def submit(self, hand_over: Callable[[ObservationSnapshot], T]) -> T:
         """Run the synchronous ``hand_over`` under the observation's currency check."""

@@ -45,9 +45,11 @@ Errors: every nadisc error is re-raised at the boundary as its ``Call*``
 form (see :mod:`nadisc._errors`), which is also an ``httpx.RequestError``;
 errors of the pool pass through unchanged.
 
-Cost on the fast path: the URL parse is cached per path; one evidence view,
-one readiness scan (O(endpoints)), one policy pick, a request rebuilt by
-copying the caller's normalised header list, and a guarded body.
+Cost on the fast path: the URL parse is cached per path; one evidence check
+(cached until the evidence records an event or its usable-until instant
+passes, see ``Route.check_usable``), one readiness scan, one policy pick, a
+request rebuilt by copying the caller's normalised header list, and a
+guarded body.
 
 Only ``GET`` and ``HEAD`` are ever retried; a request whose body is a stream
 that cannot be replayed is not retried either. Each attempt's connect timeout
@@ -55,7 +57,7 @@ is ``min(connect_timeout, budget left)``. The budget covers everything up to
 the response headers; reading the body of a streamed response is the
 caller's business (``RestDiscoveryClient.request`` reads it inside the budget).
 
-Load guards: each attempt is ``Balance.dispatch_held``; the returned
+Load guards: each attempt is a ``Balance.pick_held``; the returned
 ``poise.Held`` keeps the endpoint's load guard open until the response body
 is closed (streamed responses too). An instance that was selected but left
 the evidence before the hand-over declines the call (``poise.CallDeclined``:
@@ -78,14 +80,14 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
 import anyio
 import httpx
 import sniffio
 
-from poise import CallDeclined, EndpointError, Held, SelectionError
+from poise import CallDeclined, Held, SelectionError
 
 from ._balancing import RouteBalancing
 from ._errors import (
@@ -101,7 +103,7 @@ from ._errors import (
     relative_deadline_hint,
 )
 from ._instance import Instance
-from ._observation import loop_clock
+from ._observation import loop_clock, run_clock
 from ._retry import Failure, RetryRules, Step, retry_step
 from ._route import (
     NO_ENDPOINT,
@@ -110,6 +112,7 @@ from ._route import (
     TIMEOUT,
     Attempt,
     InstanceSchemeMismatch,
+    InstanceService,
     RestOptions,
     Route,
     call_outcome,
@@ -510,7 +513,7 @@ class _GuardedStream(httpx.AsyncByteStream):
     def __init__(
         self,
         inner: httpx.AsyncByteStream,
-        held: Held[httpx.Response],
+        held: Held[Any],
         failed: bool,
         route: Route | None = None,
     ) -> None:
@@ -525,13 +528,13 @@ class _GuardedStream(httpx.AsyncByteStream):
     def __aiter__(self) -> AsyncIterator[bytes]:
         # One iteration per body: iterating again continues where it stopped.
         if self._iterator is None:
-            self._iterator = self._inner.__aiter__()
+            self._iterator = _iterate(self._inner)
         return self
 
     async def __anext__(self) -> bytes:
         iterator = self._iterator
         if iterator is None:
-            iterator = self._iterator = self._inner.__aiter__()
+            iterator = self._iterator = _iterate(self._inner)
         try:
             return await iterator.__anext__()
         except StopAsyncIteration:
@@ -561,8 +564,11 @@ class _GuardedStream(httpx.AsyncByteStream):
                         await close()
             finally:
                 # The connection goes back to (or leaves) the pool even when
-                # closing the iterator raised.
-                await self._inner.aclose()
+                # closing the iterator raised. A body in memory has nothing
+                # to give back (httpx.ByteStream.aclose does nothing).
+                inner = self._inner
+                if type(inner) is not httpx.ByteStream:
+                    await inner.aclose()
         finally:
             # Synchronous: ends the guard even inside a cancelled scope.
             if not self._done:
@@ -571,17 +577,27 @@ class _GuardedStream(httpx.AsyncByteStream):
                 held.complete(failed=self._failed)
 
 
+def _iterate(stream: httpx.AsyncByteStream) -> AsyncIterator[bytes]:
+    # A body already in memory (httpx.ByteStream, what MockTransport and
+    # in-memory pools hand back) is read without starting its async generator.
+    if type(stream) is httpx.ByteStream:
+        return _OneChunk(stream._stream)
+    return stream.__aiter__()
+
+
 def _replayable(request: httpx.Request) -> bool:
     return isinstance(request.stream, httpx.ByteStream)
 
 
 class _Target:
-    __slots__ = ("qualifier", "raw_path", "service")
+    __slots__ = ("qualifier", "raw_path", "route", "service")
 
     def __init__(self, qualifier: str, service: str, raw_path: bytes) -> None:
         self.qualifier = qualifier
         self.service = service
         self.raw_path = raw_path
+        #: The route of (qualifier, service), once the transport has one.
+        self.route: Route | None = None
 
 
 def _target(request: httpx.Request) -> _Target:
@@ -750,7 +766,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             now = loop.now
             target = self._target(request)
             start = now()
-            route = self._routes.get((target.qualifier, target.service))
+            route = target.route
+            if route is None:
+                route = self._routes.get((target.qualifier, target.service))
             options = route.options if route is not None else self.options_for(target.qualifier)
             budget = request.extensions.get(BUDGET_EXTENSION)
             if not isinstance(budget, Budget):
@@ -758,6 +776,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             deadline = budget.deadline
             if route is None:
                 route = await self._route(target.qualifier, target.service, budget)
+            target.route = route
             balancing = route.balancing
             plain = balancing.hedging is None and balancing.budget is None
             # Whether the budget ends before the caller's own cancel scope
@@ -866,6 +885,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         tried: set[str] = _NONE_TRIED if sent is None else sent
         streaming = route.streaming
         balance = streaming.balance
+        pool = self._pool
         now = route.clock
         timeouts = _Timeouts(request, options, deadline, now)
         extensions = dict(request.extensions)
@@ -897,8 +917,6 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                         route.count_failure(NO_ENDPOINT)
                     raise
             attempt = Attempt(
-                build=rebuild,
-                pool=self._pool,
                 avoid=frozenset(tried) if skip_budget else _NOTHING,
                 skips=skip_budget,
                 sent=sent,
@@ -910,47 +928,62 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 timeouts.deadline = cutoff if cutoff < deadline else deadline
                 if not self._pool_enforces:
                     attempt.cutoff = cutoff
-            declined: CallDeclined | None = None
-            failure: EndpointError | None = None
             try:
                 if not (fast and balance.ready_nowait()):
                     own = self._own(deadline, own)
                     await _ready(streaming, route, budget, own, attempts)
-                held = await balance.call_held(attempt)
-            except CallDeclined as exc:
-                declined = exc
+                held = balance.pick_held(attempt)
             except SelectionError:
                 # The pool changed between reconciling and selection: pick again
                 # (the evidence view above says when nothing is left).
                 fast = False
                 continue
-            except EndpointError as exc:
-                failure = exc
+            # The instance service's checks (skip, scheme, evidence, currency),
+            # the request built for the instance and the hand-over to the pool,
+            # with no await in between; the pick's load guard stays open in
+            # ``held`` until the response body is closed.
+            declined: CallDeclined | None = None
+            cause: Exception | None = None
+            try:
+                instance = cast("InstanceService", held.response.service).admit(attempt)
+            except CallDeclined as exc:
+                held.cancel()  # nothing was sent
+                declined = exc
+            else:
+                outgoing = rebuild(instance)
+                try:
+                    if attempt.cutoff is None:
+                        response = await pool.handle_async_request(outgoing)
+                    else:
+                        response = await _send_by(pool, outgoing, attempt.cutoff)
+                except Exception as exc:
+                    held.complete(failed=True)
+                    cause = exc
+                except BaseException:
+                    held.cancel()
+                    raise
             # Errors are raised outside the except blocks so each keeps its own chain.
             if declined is not None:
-                cause = declined.__cause__
-                if isinstance(cause, EvidenceUnavailable | InstanceSchemeMismatch):
+                reason = declined.__cause__
+                if isinstance(reason, EvidenceUnavailable | InstanceSchemeMismatch):
                     if not attempts:
                         route.count_failure(NO_ENDPOINT)
-                    raise cause
+                    raise reason
                 # Skipped, or withdrawn since it was selected: nothing was sent.
                 skip_budget = attempt.skips if _untried_listed(route, tried) else 0
                 fast = False
                 continue
-            if failure is not None:
-                cause = failure.__cause__
+            if cause is not None:
                 attempts += 1
-                route.count_failure(OTHER if cause is None else failure_kind(cause), failure.key)
-                if attempt.instance is not None:
-                    if tried is _NONE_TRIED:
-                        tried = set()
-                    tried.add(attempt.instance.identity)
+                key = held.key
+                route.count_failure(failure_kind(cause), key)
+                if tried is _NONE_TRIED:
+                    tried = set()
+                tried.add(instance.identity)
                 skip_budget = _skip_budget(route, tried, len(balance))
-                if not isinstance(cause, Exception):
-                    raise DiscoveryError("an attempt failed without a cause") from failure
                 if not isinstance(cause, httpx.TransportError):
                     raise cause
-                _name_instance(cause, route, failure.key, attempt.instance)
+                _name_instance(cause, route, key, instance)
                 at = now()
                 if isinstance(cause, httpx.TimeoutException) and at >= deadline:
                     # The pool's timeout was the budget's end, not a phase limit.
@@ -997,9 +1030,6 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     continue
                 raise cause
             attempts += 1
-            response = held.response
-            instance = attempt.instance
-            assert instance is not None
             status = response.status_code
             if (
                 status in RETRYABLE_STATUS
@@ -1143,18 +1173,18 @@ class _Loop:
 
     def __init__(self) -> None:
         self.scope: Callable[..., AbstractContextManager[object]]
+        self.now: Callable[[], float] = run_clock()
+        self.effective_deadline: Callable[[], float]
         if sniffio.current_async_library() == "trio":
             import trio
 
-            self.now: Callable[[], float] = trio.lowlevel.current_clock().current_time
-            self.effective_deadline: Callable[[], float] = trio.current_effective_deadline
+            self.effective_deadline = trio.current_effective_deadline
             self.scope = trio.CancelScope
         else:
-            import asyncio
-
-            self.now = asyncio.get_running_loop().time
             self.effective_deadline = anyio.current_effective_deadline
-            self.scope = anyio.CancelScope
+            # The running backend's own class (a subclass of anyio.CancelScope):
+            # built directly, it skips anyio's backend lookup per scope.
+            self.scope = type(anyio.CancelScope())
 
 
 class _Rebuild:
@@ -1183,6 +1213,15 @@ class _Rebuild:
     def __call__(self, instance: Instance) -> httpx.Request:
         target, host = self.url(self.scheme, instance, self.raw_path)
         return _rebuild(self.request, target, host, self.extensions)
+
+
+async def _send_by(
+    pool: httpx.AsyncBaseTransport, request: httpx.Request, cutoff: float
+) -> httpx.Response:
+    # The attempt timeout around a pool that may ignore the timeout extension.
+    with anyio.move_on_at(cutoff):
+        return await pool.handle_async_request(request)
+    raise httpx.ReadTimeout("no response within the attempt timeout", request=request)
 
 
 def _retryable(request: httpx.Request) -> bool:
@@ -1224,7 +1263,7 @@ def _with_host(raw: list[tuple[bytes, bytes]], host: bytes) -> httpx.Headers:
 
 
 def _wrap(
-    response: httpx.Response, held: Held[httpx.Response], instance: Instance, route: Route
+    response: httpx.Response, held: Held[Any], instance: Instance, route: Route
 ) -> httpx.Response:
     response.extensions[INSTANCE_EXTENSION] = instance
     failed = response.status_code >= 500

@@ -127,6 +127,8 @@ def _count(name: str, value: object) -> int:
 
 
 def _finite_time(what: str, now: float) -> float:
+    if type(now) is float and now - now == 0.0:  # the usual case: finite (inf - inf is nan)
+        return now
     if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
         raise InvalidInput(f"OutlierDetector.{what}: now must be a finite time, got {now!r}")
     return float(now)

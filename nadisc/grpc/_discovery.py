@@ -51,7 +51,7 @@ from poise import CallDeclined, Held, InvalidInput, PoiseError, SelectionError
 from .._balancing import RouteBalancing
 from .._errors import DiscoveryError, EvidenceUnavailable, LifecycleError
 from .._grpc_protocol import GRPC_AUTHORITY_KEY, GRPC_TLS_KEY, GRPC_TLS_MODES
-from .._observation import loop_clock
+from .._observation import run_clock
 from .._retry import Failure, RetryRules, Step, retry_step
 from .._route import CALL_FAILURE_KINDS, Attempt, InstanceService, RestOptions, Route
 from .._tls import grpc_tls_context
@@ -294,7 +294,7 @@ class DiscoveryChannel:
     async def __aenter__(self) -> Self:
         if self._tg is not None or self._closed:
             raise LifecycleError(f"{self._where}: a discovery channel can be entered once")
-        self._clock = loop_clock()[0]
+        self._clock = run_clock()
         observation = await self._handle.observe(self.service)
         policy = self._owner.connection_policy(self.qualifier)
         route = Route(observation, RestOptions.from_config(policy.rest), self._clock)
@@ -615,7 +615,7 @@ class _DiscoveryMultiCallable:
             raise ValueError(f"{self._method}: timeout must be >= 0 seconds, not {timeout!r}")
         # The call's own deadline; the caller's cancel scope bounds it anyway
         # (and each subchannel call sends the earlier of the two as grpc-timeout).
-        return math.inf if timeout is None else anyio.current_time() + timeout
+        return math.inf if timeout is None else self._channel._clock() + timeout
 
 
 class DiscoveryUnaryUnary(_DiscoveryMultiCallable):
@@ -700,7 +700,8 @@ async def unary_call(
     start = clock()
     code = 0  # OK
     try:
-        tried: set[str] = set()
+        # The instances this call was sent to (made at its first failure).
+        tried: set[str] | None = None
         transparent = 0
         attempts = 0
         policy = channel.retry_policy if idempotent else None
@@ -749,6 +750,8 @@ async def unary_call(
             error = outcome
             held.complete(failed=error.code() in _INSTANCE_FAILURES)
             channel.route.count_failure(_FAILURE_STATUS, held.key)
+            if tried is None:
+                tried = set()
             tried.add(str(held.key))
             now = clock()
             if getattr(error, "unprocessed", False) and now < deadline:

@@ -16,7 +16,7 @@ from nadisc import (
     open_discovery,
     rest_clients,
 )
-from nadisc._rest import MANAGED_BODY_LIMIT
+from nadisc._rest import MANAGED_BODY_LIMIT, _cap
 from nadisc.testing import MemoryProvider
 from tests.nadisc.owner_support import memory_owner, policy
 from tests.support_http import HttpBackend, serve_backends
@@ -152,3 +152,17 @@ def test_the_cap_is_validated(bad: object) -> None:
         RestDiscoveryClient(None, max_body_bytes=bad)  # type: ignore[arg-type]
     assert info.value.path == "rest.max_body_bytes"
     assert RestDiscoveryClient(None).max_body_bytes == MANAGED_BODY_LIMIT == 4 * 1024 * 1024
+
+
+@pytest.mark.parametrize("declared", ["²", "١٢", "12\u0663"])
+async def test_a_content_length_of_non_ascii_digits_is_no_declared_size(declared: str) -> None:
+    # str.isdigit() accepts these and int() refuses some of them: a declared
+    # length counts only when it is ASCII digits; the read is still counted.
+    response = httpx.Response(
+        200,
+        headers=[(b"content-length", declared.encode())],
+        stream=httpx.ByteStream(b"x" * 8),
+    )
+    _cap(response, 4)
+    with pytest.raises(ResponseTooLarge):
+        await response.aread()

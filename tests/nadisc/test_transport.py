@@ -16,6 +16,7 @@ from nadisc import (
     DiscoveryTransport,
     EvidenceUnavailable,
     IdentityRevoked,
+    IncompleteSnapshot,
     Instance,
     InstanceSchemeMismatch,
     NotDiscoveryUrl,
@@ -23,6 +24,7 @@ from nadisc import (
     QualifierError,
     RestConfig,
     RestOptions,
+    SnapshotConfig,
     UnknownService,
     declared_scheme,
 )
@@ -174,17 +176,17 @@ async def test_instance_revoked_between_selection_and_send_is_never_sent(
             # Let the balance keep its old pool up to the moment of sending, as if
             # the revocation landed between selection and hand-over.
             selected: list[str] = []
-            real_call = InstanceService.call
+            real_admit = InstanceService.admit
 
             def stale_snapshot(self: Route) -> ObservationSnapshot:
                 return self.observation.snapshot()
 
-            async def spy(self: InstanceService, attempt: Attempt) -> httpx.Response:
+            def spy(self: InstanceService, attempt: Attempt) -> Instance:
                 selected.append(self.key)
-                return await real_call(self, attempt)
+                return real_admit(self, attempt)
 
             monkeypatch.setattr(Route, "snapshot", stale_snapshot)
-            monkeypatch.setattr(InstanceService, "call", spy)
+            monkeypatch.setattr(InstanceService, "admit", spy)
             memory.set(SERVICE, [a.instance()])
             response = await http.get("nadisc://primary/orders/x")
             assert selected == ["b", "a"]  # b was picked, declined, and never sent to
@@ -382,13 +384,13 @@ async def test_head_is_retried_too_and_the_instance_scheme_is_used() -> None:
 def _count_service_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Count every pick handed to an instance service (declined ones included)."""
     calls = [0]
-    real = InstanceService.call
+    real = InstanceService.admit
 
-    async def counting(self: InstanceService, attempt: Attempt) -> httpx.Response:
+    def counting(self: InstanceService, attempt: Attempt) -> Instance:
         calls[0] += 1
-        return await real(self, attempt)
+        return real(self, attempt)
 
-    monkeypatch.setattr(InstanceService, "call", counting)
+    monkeypatch.setattr(InstanceService, "admit", counting)
     return calls
 
 
@@ -624,3 +626,37 @@ async def test_an_instance_declaring_the_configured_scheme_is_called() -> None:
         async with discovery(memory) as (_, _transport, http):
             bodies = sorted([(await http.get("nadisc://primary/orders/x")).text for _ in range(2)])
             assert bodies == ["a", "b"]
+
+
+async def test_a_listing_that_expires_is_refused_at_that_instant(
+    autojump_clock: object,
+) -> None:
+    # The transport's evidence check is cached between events; the cache
+    # must end exactly when the listing's max age (here also its grace after
+    # failed refreshes) runs out.
+    memory = MemoryProvider(services={SERVICE: SERVICE})
+    memory.set(SERVICE, [Instance("a", "127.0.0.1", 8000)])
+    config = policy(snapshot=SnapshotConfig(max_age_ms=15_000, stale_if_error_ms=15_000))
+    async with memory_owner({"primary": memory}, policies={"primary": config}) as owner:
+        pool = httpx.MockTransport(lambda request: httpx.Response(200))
+        transport = DiscoveryTransport(owner, transport=pool)
+        async with httpx.AsyncClient(mounts={"nadisc://": transport}) as http:
+            url = "nadisc://primary/orders/x"
+            assert (await http.get(url)).status_code == 200
+            route = transport.route("primary", SERVICE)
+            assert route is not None
+            confirmed = route.observation.snapshot().confirmed_at
+            memory.fail(SERVICE, IncompleteSnapshot("the registry is down"))
+            await anyio.sleep_until(confirmed + 14.999)
+            assert (await http.get(url)).status_code == 200  # failed refreshes, in grace
+            assert route.observation.snapshot().degraded
+            await anyio.sleep_until(confirmed + 15.0)
+            with pytest.raises(EvidenceUnavailable) as info:
+                await http.get(url)
+            assert info.value.reason == "stale"
+            assert route.statistics().sent == {"a": 2}
+            # A complete listing again (the next poll): served again.
+            memory.fail(SERVICE, None)
+            await anyio.sleep(6.0)
+            assert route.observation.snapshot().confirmed_at > confirmed
+            assert (await http.get(url)).status_code == 200

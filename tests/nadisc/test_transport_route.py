@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, cast
 
 import httpx
@@ -17,6 +18,8 @@ from nadisc import (
     ObservationSnapshot,
     RestOptions,
 )
+from nadisc._evidence import Evidence, EvidencePolicy, FailureKind, Refusal
+from nadisc._instance import ProviderSnapshot
 from nadisc._route import Attempt, InstanceService, Route
 from poise import CallDeclined
 
@@ -155,3 +158,141 @@ async def test_an_instance_service_declines_what_it_must_not_send() -> None:
     assert isinstance(declined.value.__cause__, EvidenceUnavailable)
     assert sent == ["a"]
     assert route.statistics().sent == {"a": 1}
+
+
+class _EvidenceObservation(_StubObservation):
+    """An observation over a real evidence record, read the way the slot reads it."""
+
+    def __init__(self, evidence: Evidence) -> None:
+        self._slot = SimpleNamespace(evidence=evidence)
+        self.reads = 0
+
+    def _usable_at(self, now: float, strict: bool) -> ObservationSnapshot:
+        self.reads += 1
+        evidence = self._slot.evidence
+        view = evidence.view(now, strict=strict)
+        if isinstance(view, Refusal):
+            raise EvidenceUnavailable(view.message, reason=view.reason.value)
+        return ObservationSnapshot(
+            connection="primary",
+            service="orders",
+            instances=view.instances,
+            evidence=view.evidence,
+            revision=view.generation,
+            confirmed_at=view.confirmed_at,
+            degraded=view.degraded,
+        )
+
+
+def _listing(*identities: str) -> ProviderSnapshot:
+    return ProviderSnapshot(
+        "orders",
+        tuple(Instance(i, "127.0.0.1", 8000) for i in identities),
+        EvidenceKind.REGISTRY_HEALTH,
+    )
+
+
+def _checked(route: Route) -> str | None:
+    """The reason the route's evidence check refuses now (None: it passes)."""
+    try:
+        route.check_usable()
+    except EvidenceUnavailable as exc:
+        return exc.reason
+    return None
+
+
+@pytest.mark.both_loops
+def test_the_cached_evidence_check_ends_exactly_when_the_listing_expires() -> None:
+    evidence = Evidence(EvidencePolicy(max_age=10.0, stale_if_error=4.0))
+    observation = _EvidenceObservation(evidence)
+    clock = [0.0]
+    route = Route(cast(Observation, observation), RestOptions(), lambda: clock[0])
+    evidence.on_success(_listing("a", "b"), 0.0)
+    assert _checked(route) is None
+    assert route.identities() == ("a", "b")  # the first check mirrors the listing
+    reads = observation.reads
+    clock[0] = 9.999
+    assert _checked(route) is None
+    assert observation.reads == reads  # answered from the cache
+    clock[0] = 10.0  # max age: refused at the very instant, by time alone
+    assert _checked(route) == "stale"
+    # A refresh confirms the listing: the next check asks again and passes.
+    evidence.on_refresh(10.0)
+    assert _checked(route) is None
+    clock[0] = 19.999
+    assert _checked(route) is None
+    # A failed refresh moves the end to the grace after the last confirmation.
+    evidence.on_failure(FailureKind.INCOMPLETE, 12.0)
+    clock[0] = 13.0
+    assert _checked(route) is None
+    clock[0] = 13.999
+    assert _checked(route) is None
+    clock[0] = 14.0
+    assert _checked(route) == "stale"
+
+
+@pytest.mark.both_loops
+def test_the_cached_evidence_check_follows_every_event_at_once() -> None:
+    evidence = Evidence(EvidencePolicy(max_age=10.0, stale_if_error=0.0))
+    observation = _EvidenceObservation(evidence)
+    clock = [1.0]
+    route = Route(cast(Observation, observation), RestOptions(), lambda: clock[0])
+    evidence.on_success(_listing("a"), 0.0)
+    assert _checked(route) is None
+    # Revoked with no time passing: the very next check refuses.
+    evidence.on_failure(FailureKind.REVOKED, 1.0)
+    assert _checked(route) == "revoked"
+    # A new listing: usable again, and mirrored before the check returns.
+    evidence.on_success(_listing("b", "c"), 1.0)
+    assert _checked(route) is None
+    assert route.identities() == ("b", "c")
+    assert route.current("a") is None
+    # Emptied, then closed: each refuses at once.
+    evidence.on_success(_listing(), 1.0)
+    assert _checked(route) == "empty"
+    evidence.on_success(_listing("b"), 1.0)
+    assert _checked(route) is None
+    evidence.close()
+    assert _checked(route) == "closed"
+
+
+@pytest.mark.both_loops
+def test_a_strict_route_refuses_the_grace_of_a_failed_refresh_at_once() -> None:
+    evidence = Evidence(EvidencePolicy(max_age=10.0, stale_if_error=5.0))
+    observation = _EvidenceObservation(evidence)
+    clock = [1.0]
+    strict = Route(
+        cast(Observation, observation), RestOptions(strict_evidence=True), lambda: clock[0]
+    )
+    relaxed = Route(cast(Observation, observation), RestOptions(), lambda: clock[0])
+    evidence.on_success(_listing("a"), 0.0)
+    assert _checked(strict) is None and _checked(relaxed) is None
+    evidence.on_failure(FailureKind.INCOMPLETE, 1.0)
+    assert _checked(strict) == "incomplete"
+    assert _checked(relaxed) is None
+
+
+def test_evidence_version_moves_with_every_event_and_usable_until_is_the_limit() -> None:
+    evidence = Evidence(EvidencePolicy(max_age=10.0, stale_if_error=4.0))
+    assert evidence.usable_until(0.0) is None  # nothing listed yet
+    versions = [evidence.version]
+    evidence.on_success(_listing("a"), 0.0)
+    versions.append(evidence.version)
+    assert evidence.usable_until(0.0) == 10.0
+    evidence.on_success(_listing("a"), 2.0)  # the same listing: no view change...
+    versions.append(evidence.version)  # ...but a new confirmation
+    assert evidence.usable_until(2.0) == 12.0
+    evidence.on_refresh(3.0)
+    versions.append(evidence.version)
+    assert evidence.usable_until(3.0) == 13.0
+    evidence.on_failure(FailureKind.INCOMPLETE, 4.0)
+    versions.append(evidence.version)
+    assert evidence.usable_until(4.0) == 7.0  # grace after the last confirmation
+    assert evidence.usable_until(4.0, strict=True) is None
+    assert evidence.usable_until(7.0) is None
+    evidence.on_withheld(frozenset({"a"}), 5.0)
+    versions.append(evidence.version)
+    evidence.close()
+    versions.append(evidence.version)
+    assert versions == sorted(set(versions))  # every event moved it
+    assert evidence.usable_until(5.0) is None
