@@ -418,6 +418,11 @@ class _Call(Generic[Req, Resp]):
         self._encoding: bytes | None = None
         self._sender_scope: anyio.CancelScope | None = None
         self.started = False
+        #: The stream is being opened (by the task that started the call).
+        self.opening = False
+        #: Set when the opening ends, for other tasks of the call that wait
+        #: for it (made by the first of them: most calls have one task).
+        self._opened: anyio.Event | None = None
         #: How many responses arrived compressed (the interop cases check it).
         self.compressed_received = 0
 
@@ -488,6 +493,7 @@ class _Call(Generic[Req, Resp]):
         from a task of the channel (cancelled when the call ends).
         """
         self.started = True
+        self.opening = True
         try:
             await self.open(first)
         except RpcError as exc:
@@ -495,10 +501,25 @@ class _Call(Generic[Req, Resp]):
                 self._code = exc.code()
                 self._details = exc.details() or ""
             raise
+        finally:
+            self.opening = False
+            if self._opened is not None:
+                self._opened.set()
         if requests is not None:
             scope = anyio.CancelScope(deadline=self.deadline)
             self._sender_scope = scope
             self._channel.start_soon(self.send_all, requests, scope)
+
+    async def opened(self) -> None:
+        """Wait until the task that started the call has opened its stream
+        (another task using the call at the same time); the call's error if
+        that failed or was cancelled."""
+        if self.opening:
+            if self._opened is None:
+                self._opened = anyio.Event()
+            await self._opened.wait()
+        if self.stream is None or (self.done and self._code != grpc.StatusCode.OK):
+            raise self._error()
 
     async def single(self) -> Resp:
         """The one response of a unary-response call (INTERNAL for none or for more)."""
@@ -726,12 +747,16 @@ class _CallHandle(Generic[Req, Resp]):
             if call.deadline == math.inf:  # no deadline: no cancel scope to enter and leave
                 if not call.started:
                     await call.start(self._first, self._requests)
+                elif call.opening or call.stream is None:
+                    await call.opened()
                 return await fn()
             if call.deadline <= anyio.current_time():
                 raise _deadline_error(call)
             with anyio.CancelScope(deadline=call.deadline):
                 if not call.started:
                     await call.start(self._first, self._requests)
+                elif call.opening or call.stream is None:
+                    await call.opened()
                 return await fn()
             raise _deadline_error(call)
         except RpcError:
@@ -797,18 +822,33 @@ class _UnaryResponseCall(_CallHandle[Req, Resp]):
 
     #: The response (in a 1-tuple) or the error, once the call ended.
     _outcome: tuple[Resp] | RpcError | None = None
+    #: A task is getting the outcome; others awaiting the call (or its
+    #: status or metadata) at the same time wait for it on ``_settled``.
+    _busy = False
+    _settled: anyio.Event | None = None
 
     def __await__(self) -> Generator[Any, None, Resp]:
         return self._result().__await__()
 
     async def _result(self) -> Resp:
         outcome = self._outcome
-        if outcome is None:
+        if outcome is None and self._busy:
+            if self._settled is None:
+                self._settled = anyio.Event()
+            await self._settled.wait()
+            outcome = self._outcome
+            if outcome is None:  # the task getting it was cancelled: so was the call
+                outcome = self._outcome = self._call._error()
+        elif outcome is None:
+            self._busy = True
             try:
-                outcome = (await self._guard(self._call.single),)
+                outcome = self._outcome = (await self._guard(self._call.single),)
             except RpcError as exc:
-                outcome = exc
-            self._outcome = outcome
+                outcome = self._outcome = exc
+            finally:
+                self._busy = False
+                if self._settled is not None:
+                    self._settled.set()
         if isinstance(outcome, RpcError):
             raise outcome
         return outcome[0]
@@ -869,7 +909,8 @@ class _StreamResponseCall(_CallHandle[Req, Resp]):
                 return message
         return await self._guard(call.read)
 
-    async def initial_metadata(self) -> grpc.aio.Metadata:
+    async def _headers(self) -> None:
+        """Until the response headers arrived; the call's error if it ended first."""
         call = self._call
 
         async def headers() -> None:
@@ -878,10 +919,18 @@ class _StreamResponseCall(_CallHandle[Req, Resp]):
                 call._take_headers(await call.stream.wait_headers())
 
         await self._guard(headers)
-        return call._initial or grpc.aio.Metadata()
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        # As in grpc.aio: a call that ended without response headers has
+        # empty initial metadata (its error is for the reader and code()).
+        with contextlib.suppress(RpcError):
+            await self._headers()
+        return self._call._initial or grpc.aio.Metadata()
 
     async def wait_for_connection(self) -> None:
-        await self.initial_metadata()
+        """Until the server answered with response headers; raises the call's
+        error if it ended first (as grpc.aio's does)."""
+        await self._headers()
 
     async def _settle(self) -> None:
         try:

@@ -472,6 +472,7 @@ class Stream:
     """The client side of one HTTP/2 stream; only its call uses it."""
 
     __slots__ = (
+        "_more_read_wakes",
         "_owed",
         "_read_wake",
         "_send_wake",
@@ -503,19 +504,41 @@ class Stream:
         self._owed = 0
         # Made when the call waits (most calls never wait to send).
         self._read_wake: _Event | None = None
+        #: Waits of further tasks reading at the same time (one task awaiting the
+        #: headers while another reads the messages, as grpc.aio allows).
+        self._more_read_wakes: list[_Event] | None = None
         self._send_wake: _Event | None = None
 
     # -- reader side (called by the connection) ------------------------------
 
     def wake(self) -> None:
         if self._read_wake is not None:
-            self._read_wake.set()
+            self.wake_reader()
         if self._send_wake is not None:
             self._send_wake.set()
 
     def wake_reader(self) -> None:
-        if self._read_wake is not None:
-            self._read_wake.set()
+        wake = self._read_wake
+        if wake is not None:
+            # Each wait is woken once; a woken reader makes a new one to wait again.
+            self._read_wake = None
+            wake.set()
+            more = self._more_read_wakes
+            if more is not None:
+                self._more_read_wakes = None
+                for wake in more:
+                    wake.set()
+
+    def _read_wait(self) -> _Event:
+        """A new wait for the reader side: the first waiting task's, or one more."""
+        wake = self.conn.new_event()
+        if self._read_wake is None:
+            self._read_wake = wake
+        elif self._more_read_wakes is None:
+            self._more_read_wakes = [wake]
+        else:
+            self._more_read_wakes.append(wake)
+        return wake
 
     def wake_sender(self) -> None:
         if self._send_wake is not None:
@@ -541,8 +564,7 @@ class Stream:
                     "the server ended the stream without response headers",
                     where=self.conn.name,
                 )
-            self._read_wake = wake = self.conn.new_event()
-            await wake.wait()
+            await self._read_wait().wait()
         return self.headers
 
     def take(self) -> tuple[bool, bytes] | None:
@@ -582,8 +604,7 @@ class Stream:
                         where=self.conn.name,
                     )
                 return None
-            self._read_wake = wake = self.conn.new_event()
-            await wake.wait()
+            await self._read_wait().wait()
 
     async def send(self, data: bytes, *, end: bool) -> None:
         """Send DATA within the peer's windows; returns early if the server already ended.
