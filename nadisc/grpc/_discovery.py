@@ -895,10 +895,29 @@ class DiscoveryStreamCall:
         self._sub: _Subchannel | None = None
         self._start = 0.0
         self._ended = False
+        #: Set when the task that opens the call is done (another task using
+        #: the call at the same time waits for it instead of picking again).
+        self._opening: anyio.Event | None = None
+        self._open_error: BaseException | None = None
 
     async def _open(self) -> Any:
         if self._call is not None:
             return self._call
+        if self._opening is not None:
+            await self._opening.wait()
+            if self._call is None:
+                error = self._open_error
+                if isinstance(error, RpcError):
+                    raise error
+                raise RpcError(grpc.StatusCode.CANCELLED, "the task opening the call was cancelled")
+            return self._call
+        self._opening = anyio.Event()
+        try:
+            return await self._open_once()
+        finally:
+            self._opening.set()
+
+    async def _open_once(self) -> Any:
         mc = self._mc
         channel = mc._channel
         clock = channel._clock
@@ -923,6 +942,7 @@ class DiscoveryStreamCall:
                 compression=self._compression,
             )
         except BaseException as exc:
+            self._open_error = exc
             self._end(exc)
             raise
         return self._call

@@ -214,6 +214,38 @@ async def test_a_server_stream_runs_to_its_end_on_one_instance(
             assert all(count == 0 for count in channel.route.statistics().in_flight.values())
 
 
+async def test_a_stream_used_from_two_tasks_at_once_is_one_call(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    """One task waits for the initial metadata while another reads: the call
+    is picked and sent once, and both see it."""
+    with backends(pb, pb_grpc, 2) as servers:
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
+            stub = pb_grpc.TestServiceStub(channel)
+            request = pb.StreamingOutputCallRequest(
+                response_parameters=[pb.ResponseParameters()] * 3
+            )
+            before = sum(s.calls for s in servers)
+            call = stub.StreamingOutputCall(request, timeout=10)
+            got: dict[str, Any] = {}
+
+            async def metadata() -> None:
+                got["initial"] = await call.initial_metadata()
+
+            async def read_all() -> None:
+                got["bodies"] = [m.payload.body async for m in call]
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(metadata)
+                    tg.start_soon(read_all)
+            assert len(got["bodies"]) == 3
+            assert got["initial"] is not None
+            assert await call.code() == grpc.StatusCode.OK
+            assert sum(s.calls for s in servers) == before + 1
+            assert all(count == 0 for count in channel.route.statistics().in_flight.values())
+
+
 def test_the_owner_does_not_import_nadisc_grpc() -> None:
     import subprocess
     import sys
