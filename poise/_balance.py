@@ -192,7 +192,7 @@ class Held(Generic[Resp]):
     Made by :meth:`Balance.dispatch_held`; not meant to be constructed.
     """
 
-    __slots__ = ("_balance", "_ended", "_guard", "_index", "_key", "_response")
+    __slots__ = ("_balance", "_ended", "_guard", "_index", "_key", "_response", "_started")
 
     def __init__(
         self,
@@ -201,12 +201,15 @@ class Held(Generic[Resp]):
         response: Resp,
         key: Hashable,
         index: int,
+        started: float,
     ) -> None:
         self._balance = balance
         self._guard = guard
         self._response = response
         self._key = key
         self._index = index
+        #: When the guard was opened: where a clock gone wrong ends it instead.
+        self._started = started
         self._ended = False
 
     @property
@@ -236,7 +239,7 @@ class Held(Generic[Resp]):
         balance = self._balance
         balance._in_flight -= 1
         now = balance._clock()
-        self._guard.complete(now, failed=failed)
+        _complete(self._guard, self._started, now, failed)
         if balance._detector is not None:
             balance._outcome(self._key, failed, now)
 
@@ -247,7 +250,7 @@ class Held(Generic[Resp]):
         self._ended = True
         balance = self._balance
         balance._in_flight -= 1
-        self._guard.cancel(balance._clock())
+        _cancel(self._guard, self._started, balance._clock())
 
     def __repr__(self) -> str:
         state = "ended" if self._ended else "open"
@@ -817,17 +820,17 @@ class Balance(Generic[Req, Resp]):
         except Exception as exc:
             self._in_flight -= 1
             end = self._clock()
-            guard.complete(end, failed=True)
+            _complete(guard, now, end, True)
             if self._detector is not None:
                 self._outcome(ep._key, True, end)
             raise _endpoint_error(ep._key, index, exc) from exc
         except BaseException:
             self._in_flight -= 1
-            guard.cancel(self._clock())
+            _cancel(guard, now, self._clock())
             raise
         self._in_flight -= 1
         end = self._clock()
-        guard.complete(end)
+        _complete(guard, now, end, False)
         if self._detector is not None:
             self._outcome(ep._key, False, end)
         return response
@@ -974,7 +977,7 @@ class Balance(Generic[Req, Resp]):
             if guard is None:
                 self._end_flat(ep, row, now, clock(), None)
             else:
-                guard.cancel(clock())
+                _cancel(guard, now, clock())
             raise
         self._in_flight -= 1
         end = clock()
@@ -1021,6 +1024,8 @@ class Balance(Generic[Req, Resp]):
         """
         tracker = cast(PeakEwma, ep._tracker)
         if failed is None:
+            if now - now != 0.0:  # not finite: no evidence, and no error (see _cancel)
+                now = started
             cancel_call(row, started, now, tracker._cancel_evidence)
         elif 0.0 <= now - started < _INF:
             complete_call(row, started, now, failed, tracker._failure_penalty)
@@ -1072,15 +1077,15 @@ class Balance(Generic[Req, Resp]):
         except Exception as exc:
             self._in_flight -= 1
             end = self._clock()
-            guard.complete(end, failed=True)
+            _complete(guard, now, end, True)
             if self._detector is not None:
                 self._outcome(ep._key, True, end)
             raise _endpoint_error(ep._key, index, exc) from exc
         except BaseException:
             self._in_flight -= 1
-            guard.cancel(self._clock())
+            _cancel(guard, now, self._clock())
             raise
-        return Held(self, guard, response, ep._key, index)
+        return Held(self, guard, response, ep._key, index, now)
 
     async def call_held(self, request: Req) -> Held[Resp]:
         """:meth:`call` with the load guard left open in the result, like :meth:`dispatch_held`.
@@ -1105,15 +1110,15 @@ class Balance(Generic[Req, Resp]):
         except Exception as exc:
             self._in_flight -= 1
             end = self._clock()
-            guard.complete(end, failed=True)
+            _complete(guard, now, end, True)
             if self._detector is not None:
                 self._outcome(ep._key, True, end)
             raise _endpoint_error(ep._key, index, exc) from exc
         except BaseException:
             self._in_flight -= 1
-            guard.cancel(self._clock())
+            _cancel(guard, now, self._clock())
             raise
-        return Held(self, guard, response, ep._key, index)
+        return Held(self, guard, response, ep._key, index, now)
 
     def pick_held(self, request: Req) -> Held[Endpoint[Req, Resp]]:
         """Pick an endpoint and open its load guard without calling its service.
@@ -1125,9 +1130,10 @@ class Balance(Generic[Req, Resp]):
         (``failed=True`` when the call failed: that is the outlier evidence)
         or :meth:`Held.cancel` (nothing was sent, or it was abandoned).
         """
-        ep, guard = self._select(request, self._clock())
+        now = self._clock()
+        ep, guard = self._select(request, now)
         self._in_flight += 1
-        return Held(self, guard, ep, ep._key, ep._index)
+        return Held(self, guard, ep, ep._key, ep._index, now)
 
     def hold(self, index_or_key: Hashable) -> Held[None]:
         """Open a load guard on one named endpoint, outside the policy's pick.
@@ -1140,9 +1146,10 @@ class Balance(Generic[Req, Resp]):
         :class:`~poise.InvalidInput` when there is no such endpoint.
         """
         ep = self._lookup(index_or_key)
-        guard = ep._tracker.start(self._clock())
+        now = self._clock()
+        guard = ep._tracker.start(now)
         self._in_flight += 1
-        return Held(self, guard, None, ep._key, ep._index)
+        return Held(self, guard, None, ep._key, ep._index, now)
 
     @asynccontextmanager
     async def open(self, request: Req) -> AsyncIterator[Resp]:
@@ -1729,6 +1736,20 @@ def _complete(guard: LoadGuard, started: float, now: float, failed: bool) -> Non
     except InvalidInput:
         guard.cancel(started)
         raise
+
+
+def _cancel(guard: LoadGuard, started: float, now: float) -> None:
+    """``guard.cancel(now)``; if it refuses ``now`` (not finite: a clock gone
+    wrong), cancel as of the start instead, without raising.
+
+    The call still ends (nothing stays counted in flight) and proves nothing,
+    and a cancellation on its way out is not replaced by an error about the
+    clock.
+    """
+    try:
+        guard.cancel(now)
+    except InvalidInput:
+        guard.cancel(started)
 
 
 def _bad_end(started: float, now: float) -> InvalidInput:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -134,3 +136,67 @@ async def test_a_cancelled_dispatch_leaves_no_call_in_flight_on_the_flat_path() 
         tg.cancel_scope.cancel()
     assert tracker.in_flight == 0 and tracker.observations == 0
     assert balance.statistics().in_flight == 0
+
+
+def _stuck_service() -> tuple[Callable[[object], Coroutine[Any, Any, object]], anyio.Event]:
+    entered = anyio.Event()
+
+    async def stuck(request: object) -> object:
+        entered.set()
+        await anyio.sleep_forever()
+        return request
+
+    return stuck, entered
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan], ids=["inf", "nan"])
+@pytest.mark.parametrize("slow_start", [0.0, 5.0], ids=["flat path", "guard path"])
+async def test_a_cancelled_dispatch_ends_its_call_whatever_the_clock_reads(
+    slow_start: float, bad: float
+) -> None:
+    """A clock that reads a time that is not finite when a call is cancelled:
+    the cancellation goes on (no InvalidInput in its place), the call leaves
+    no load in flight and proves nothing about the endpoint's latency."""
+    tracker = PeakEwma(slow_start=slow_start, default_rtt=0.01)
+    times = [10.0]
+    stuck, entered = _stuck_service()
+    balance: Balance[object, object] = Balance(
+        PowerOfTwoChoices(random.Random(1)),
+        [Endpoint("a", service_fn(stuck), tracker=tracker)],
+        clock=lambda: times[-1],
+    )
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(balance.dispatch, "x")
+            await entered.wait()
+            times.append(bad)
+            scope.cancel()
+    assert scope.cancelled_caught
+    assert tracker.in_flight == 0
+    assert balance.statistics().in_flight == 0
+    # No evidence: the estimate is the default one, fading, never the bad time.
+    assert 0.0 < tracker.estimate(20.0) <= 0.01
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan], ids=["inf", "nan"])
+@pytest.mark.parametrize("way", ["pick_held", "hold", "dispatch_held"])
+async def test_a_held_call_cancelled_at_a_time_that_is_not_finite_still_ends(
+    way: str, bad: float
+) -> None:
+    tracker = PeakEwma(default_rtt=0.01)
+    times = [10.0]
+    balance = _balance(tracker, clock=lambda: times[-1])
+    if way == "pick_held":
+        assert balance.ready_nowait()
+        held: object = balance.pick_held("x")
+    elif way == "hold":
+        held = balance.hold("k0")
+    else:
+        held = await balance.dispatch_held("x")
+    assert tracker.in_flight == 1
+    times.append(bad)
+    held.cancel()  # type: ignore[attr-defined]
+    assert tracker.in_flight == 0
+    assert balance.statistics().in_flight == 0
+    # No evidence: the estimate is the default one, fading, never the bad time.
+    assert 0.0 < tracker.estimate(20.0) <= 0.01
