@@ -896,10 +896,23 @@ class DiscoveryOwner:
         try:
             async with anyio.create_task_group() as work:
                 self._work = work
+                for connection in self._connections.values():
+                    serve = getattr(connection.provider, "serve", None)
+                    if callable(serve):
+                        work.start_soon(self._serve_provider, connection.name, serve)
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
             self._work_done.set()
+
+    async def _serve_provider(self, name: str, serve: Callable[[], Awaitable[object]]) -> None:
+        """A provider's optional ``serve()`` (see :class:`~nadisc.Provider`):
+        from the start of the owner until its close cancels the work, after the
+        registrations were drained and before the provider is closed."""
+        try:
+            await serve()
+        except Exception as exc:
+            logger.warning("connection %r: provider serve raised %s", name, type(exc).__name__)
 
     async def _shutdown_on_exit(self) -> None:
         """Run (or finish) quiesce and close with the owner's shutdown budget."""

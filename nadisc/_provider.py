@@ -171,7 +171,16 @@ class Registered:
 
 
 class Provider(Protocol):
-    """One registry backend serving one named connection."""
+    """One registry backend serving one named connection.
+
+    Optional: ``async def serve(self) -> None``. A provider that has it gets
+    one task of the owner's for it: started when the owner opens, cancelled
+    when it closes (after the registrations were drained, before
+    :meth:`aclose`). It is where a provider keeps what must be owned by a
+    task for longer than one call (the etcd provider's gRPC channel); calls
+    made before it is ready, or without an owner, must work without it. It
+    must not raise: an exception is logged by type and the owner goes on.
+    """
 
     @property
     def capabilities(self) -> Capabilities: ...

@@ -201,6 +201,9 @@ class _Counters:
     authentications: int = 0
     #: Dedicated watch connections open right now (outside the request pool).
     watch_connections: int = 0
+    #: gRPC wire: channels opened for one unary call each (none while the
+    #: provider's served channel takes the calls).
+    call_channels: int = 0
 
 
 class Batches(Protocol):

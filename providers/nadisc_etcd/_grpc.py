@@ -14,13 +14,17 @@ message is limited to ``max_response_bytes`` by the channel's receive limit
 take a turn under the ``max_request_connections`` limiter.
 
 Connections: a channel's connection is served by a task of the channel's
-own task group, which must be entered and left by one task. The provider
-has no task of its own that outlives its callers, so each unary call (and
-each page of a range) opens a channel of its own, inside the calling task,
-and closes it when answered: one TCP connection and HTTP/2 handshake per
-call, on loopback a fraction of a millisecond. A watch keeps one channel for
-its whole life (entered in the watch's own task), as the JSON wire keeps a
-dedicated connection per watch.
+own task group, which must be entered and left by one task. Under an owner,
+the provider's ``serve`` task (one task of the owner's, for the owner's
+life) keeps one channel to the endpoint that was current when it started,
+and every unary call to that endpoint (and every page of a range) is a
+stream on it: one connection, reopened by the channel when it was lost.
+Calls to another endpoint (after a failover), calls before that channel is
+open, and a provider used without an owner open a channel of their own
+inside the calling task and close it when answered: one TCP connection and
+HTTP/2 handshake per call, on loopback about a millisecond of CPU. A watch
+keeps one channel for its whole life (entered in the watch's own task), as
+the JSON wire keeps a dedicated connection per watch.
 
 Failures (``RpcError`` codes and etcd's messages, from etcd's
 ``api/v3rpc/rpctypes/error.go``, normalized by :class:`~._wire.GatewayStatus`
@@ -60,6 +64,7 @@ from urllib.parse import urlsplit
 import anyio
 import grpc
 import httpx
+from anyio.abc import TaskStatus
 
 from nadisc import IncompleteSnapshot, LeaseLost, ProviderFailure, redacted_excerpt
 from nadisc.grpc import Channel, RpcError
@@ -206,6 +211,8 @@ class EtcdGrpcClient(ClientCore):
             settings, request_timeout=request_timeout, max_response_bytes=max_response_bytes
         )
         self._targets = tuple(_target(url) for url in settings.endpoints)
+        #: The served channel (endpoint index, channel) while ``serve`` runs.
+        self._shared: tuple[int, Channel] | None = None
         self._connect = settings.connect_timeout_ms / 1000
         # A context of our own: the channel sets ALPN "h2" on it, which the
         # process's shared context (used by HTTP/1.1 pools) must not get.
@@ -214,6 +221,21 @@ class EtcdGrpcClient(ClientCore):
             if any(url.startswith("https://") for url in settings.endpoints)
             else None
         )
+
+    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep one channel to the current endpoint for the unary calls, until
+        cancelled (the owner's ``serve`` task); started once it takes calls."""
+        if self._closed:
+            task_status.started()
+            return
+        index = self._current
+        async with self._channel(index) as channel:
+            self._shared = (index, channel)
+            task_status.started()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self._shared = None
 
     def _channel(self, index: int) -> Channel:
         return Channel(
@@ -269,7 +291,12 @@ class EtcdGrpcClient(ClientCore):
                     index = (self._current + step) % len(self._targets)
                     where = f"{self._endpoints[index]}{path}"
                     async with AsyncExitStack() as stack:
-                        channel = await self._opened(stack, index)
+                        shared = self._shared
+                        if shared is not None and shared[0] == index:
+                            channel = shared[1] if await self._connected(shared[1]) else None
+                        else:
+                            self.counters.call_channels += 1
+                            channel = await self._opened(stack, index)
                         if channel is None:
                             continue
                         self._current = index

@@ -1368,6 +1368,14 @@ class EtcdProvider:
             self._context.name,
         )
 
+    async def serve(self) -> None:
+        """The owner's task for this provider: on the gRPC wire, one channel
+        kept open for the unary calls (see ``EtcdGrpcClient.serve``); on the
+        JSON wire nothing (its HTTP pool keeps connections by itself)."""
+        serve = getattr(self._client, "serve", None)
+        if serve is not None and not self._closed:
+            await serve()
+
     async def aclose(self) -> None:
         """Close the HTTP pool. Idempotent; later calls raise ``LifecycleError``."""
         if self._closed:

@@ -24,10 +24,11 @@ from nadisc_etcd._grpc import EtcdGrpcClient
 from nadisc_etcd._proto import MESSAGES
 from nadisc_etcd._wire import RangeResponse, prefix_range_end
 
-from nadisc import ConfigError, IncompleteSnapshot, LeaseLost
+from nadisc import ConfigError, IncompleteSnapshot, LeaseLost, open_discovery
 
 from ...nadisc.owner_support import all_tasks
-from .conftest import EtcdServer, make_context
+from .conftest import EtcdServer, RawEtcd, make_context
+from .owner_helpers import etcd_config, unique_prefix
 
 pytestmark = pytest.mark.real_server
 
@@ -183,6 +184,57 @@ async def test_an_endpoint_that_refuses_connections_is_passed_over(
     await client.aclose()  # idempotent
     with pytest.raises(IncompleteSnapshot, match="closed"):
         await client.status(deadline=soon())
+    assert all_tasks() == before
+
+
+async def test_a_served_client_sends_its_calls_on_one_channel(etcd_server: EtcdServer) -> None:
+    """While ``serve`` runs, unary calls are streams on its one channel; after
+    it stops, each call opens a channel of its own again."""
+    before = all_tasks()
+    client = EtcdGrpcClient(
+        settings(etcd_server.url), request_timeout=2.0, max_response_bytes=2**20
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(client.serve)
+        assert client._shared is not None
+        for n in range(20):
+            await client.put(b"served/k%02d" % n, b"v%d" % n, lease=0, deadline=soon())
+        answer = await client.range(
+            b"served/", prefix_range_end(b"served/"), limit=100, deadline=soon()
+        )
+        assert [kv.value_bytes() for kv in answer.kvs] == [b"v%d" % n for n in range(20)]
+        assert client.counters.call_channels == 0
+        tg.cancel_scope.cancel()
+    assert client._shared is None
+    await client.status(deadline=soon())
+    assert client.counters.call_channels == 1
+    await client.aclose()
+    assert all_tasks() == before
+
+
+async def test_under_an_owner_the_grpc_wire_keeps_one_channel_for_its_calls(
+    etcd_server: EtcdServer, raw: RawEtcd
+) -> None:
+    prefix = unique_prefix()
+    for n in range(3):
+        await raw.put_record(f"{prefix}/orders/i{n}", f"10.0.0.{n + 1}:8080")
+    before = all_tasks()
+    config = etcd_config(etcd_server.url, prefix, etcd={"wire": "grpc"})
+    async with open_discovery(config, prepare_deadline=soon()) as owner:
+        provider = owner._connections["primary"].provider
+        client = provider._client  # type: ignore[attr-defined]
+        orders = await owner.client().observe("orders", soon())
+        # The owner's serve task entered its channel at the owner's first
+        # wait (prepare's); calls before that had channels of their own.
+        assert client._shared is not None
+        opened = client.counters.call_channels
+        assert set(orders.snapshot().identities()) == {"i0", "i1", "i2"}
+        for _ in range(10):
+            listing = await provider.query("orders", soon())
+            assert len(listing.instances) == 3
+        # Every range, status and probe since went over the served channel.
+        assert client.counters.call_channels == opened
+    assert client._shared is None
     assert all_tasks() == before
 
 
