@@ -632,11 +632,11 @@ class DiscoveryUnaryUnary(_DiscoveryMultiCallable):
         compression: grpc.Compression | None = None,
         idempotent: bool = False,
         first_serving: bool = False,
-    ) -> _Awaitable:
+    ) -> DiscoveryUnaryCall:
         if credentials is not None:
             raise ValueError(f"{self._method}: per-call credentials are not supported")
         deadline = self._deadline(timeout)
-        return _Awaitable(
+        return DiscoveryUnaryCall(
             self, deadline, (request,), metadata, compression, idempotent, first_serving
         )
 
@@ -653,32 +653,117 @@ class DiscoveryStreamUnary(_DiscoveryMultiCallable):
         credentials: Any = None,
         wait_for_ready: bool | None = None,
         compression: grpc.Compression | None = None,
-    ) -> _Awaitable:
+    ) -> DiscoveryUnaryCall:
         if request_iterator is None:
             raise ValueError(
                 f"{self._method}: a discovery channel needs the request iterator "
                 "(write()/done_writing() are not offered)"
             )
         deadline = self._deadline(timeout)
-        return _Awaitable(self, deadline, (request_iterator,), metadata, compression, False, False)
+        return DiscoveryUnaryCall(
+            self, deadline, (request_iterator,), metadata, compression, False, False
+        )
 
 
-class _Awaitable:
-    """An awaitable unary-response call (awaited once)."""
+class DiscoveryUnaryCall:
+    """A unary-response call through discovery, shaped as ``grpc.aio``'s.
 
-    __slots__ = ("_args", "_awaited")
+    Sent when first awaited (a call never awaited sends nothing). Awaiting
+    it again, or from several tasks at once, gives the same response or
+    raises the same error; ``code()``, ``details()`` and the metadata
+    accessors wait for the outcome (starting the call if nobody awaited it)
+    and describe the attempt that ended it. ``cancel()`` ends it as
+    CANCELLED: before it was sent, nothing is sent; in flight, the attempt
+    is reset and no other is made.
+    """
+
+    __slots__ = ("_args", "_busy", "_cancelled", "_inner", "_outcome", "_settled")
 
     def __init__(self, *args: Any) -> None:
         self._args = args
-        self._awaited = False
+        #: The response in a 1-tuple, or the error, once the call ended.
+        self._outcome: tuple[Any] | RpcError | None = None
+        #: The subchannel call of the attempt in flight, then of the last one.
+        self._inner: Any = None
+        self._busy = False
+        self._cancelled = False
+        self._settled: anyio.Event | None = None
 
     def __await__(self) -> Generator[Any, None, Any]:
-        # The coroutine starts only when awaited: a call never awaited sends
-        # nothing and leaves no "never awaited" coroutine behind.
-        if self._awaited:
-            raise RuntimeError("a discovery-channel call can be awaited once")
-        self._awaited = True
-        return unary_call(*self._args).__await__()
+        return self._result().__await__()
+
+    async def _result(self) -> Any:
+        outcome = self._outcome
+        if outcome is None and self._busy:
+            # Another task is sending it: its outcome is this task's too.
+            if self._settled is None:
+                self._settled = anyio.Event()
+            await self._settled.wait()
+            outcome = self._outcome
+            if outcome is None:  # the sending task was cancelled: so was the call
+                outcome = self._outcome = RpcError(
+                    grpc.StatusCode.CANCELLED, "the task awaiting the call was cancelled"
+                )
+        elif outcome is None:
+            self._busy = True
+            try:
+                outcome = self._outcome = (await unary_call(*self._args, handle=self),)
+            except RpcError as exc:
+                outcome = self._outcome = exc
+            finally:
+                self._busy = False
+                if self._settled is not None:
+                    self._settled.set()
+        if isinstance(outcome, RpcError):
+            raise outcome
+        return outcome[0]
+
+    async def _settle(self) -> RpcError | None:
+        try:
+            await self._result()
+        except RpcError as exc:
+            return exc
+        return None
+
+    async def code(self) -> grpc.StatusCode:
+        error = await self._settle()
+        return grpc.StatusCode.OK if error is None else error.code()
+
+    async def details(self) -> str:
+        error = await self._settle()
+        return "" if error is None else error.details() or ""
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        error = await self._settle()
+        if self._inner is not None:
+            result: grpc.aio.Metadata = await self._inner.initial_metadata()
+            return result
+        return (error.initial_metadata() if error is not None else None) or grpc.aio.Metadata()
+
+    async def trailing_metadata(self) -> grpc.aio.Metadata:
+        error = await self._settle()
+        if self._inner is not None:
+            result: grpc.aio.Metadata = await self._inner.trailing_metadata()
+            return result
+        return (error.trailing_metadata() if error is not None else None) or grpc.aio.Metadata()
+
+    def cancel(self) -> bool:
+        """End the call as CANCELLED; False when it had already ended."""
+        if self._outcome is not None or self._cancelled:
+            return False
+        self._cancelled = True
+        if not self._busy:
+            # Never sent: nothing will be.
+            self._outcome = RpcError(grpc.StatusCode.CANCELLED, "cancelled by the caller")
+        elif self._inner is not None:
+            self._inner.cancel()
+        return True
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def done(self) -> bool:
+        return self._outcome is not None
 
 
 async def unary_call(
@@ -689,8 +774,14 @@ async def unary_call(
     compression: grpc.Compression | None,
     idempotent: bool,
     first_serving: bool,
+    *,
+    handle: DiscoveryUnaryCall | None = None,
 ) -> Any:
     """Pick, send, and on a failure the server never saw, pick another instance.
+
+    ``handle`` (the caller's call object) gets each attempt's subchannel call
+    (for its metadata, and for ``cancel()``), and stops further attempts
+    once it was cancelled.
 
     One coroutine from the caller to the subchannel's call: every resumption
     of the call passes through as few frames as a plain channel's does.
@@ -707,6 +798,8 @@ async def unary_call(
         policy = channel.retry_policy if idempotent else None
         throttle = channel.retry_throttle
         while True:
+            if handle is not None and handle._cancelled:
+                raise RpcError(grpc.StatusCode.CANCELLED, "cancelled by the caller")
             if first_serving:
                 await channel.apply_listing(deadline)
                 instance = await first_serving_pick(channel, deadline)
@@ -725,12 +818,15 @@ async def unary_call(
                 call = sub.callables.get(mc._key) or sub.multicallable(mc)
                 sub.active += 1
                 try:
-                    outcome: Any = await call(
+                    inner = call(
                         *args,
                         timeout=None if deadline == math.inf else max(deadline - clock(), 0.0),
                         metadata=metadata,
                         compression=compression,
                     )
+                    if handle is not None:
+                        handle._inner = inner
+                    outcome: Any = await inner
                 except RpcError as exc:
                     outcome = exc
                 finally:
@@ -748,6 +844,9 @@ async def unary_call(
                     throttle.success()
                 return outcome
             error = outcome
+            if handle is not None and handle._cancelled:
+                held.cancel()  # the caller's doing: no evidence about the instance
+                raise error
             held.complete(failed=error.code() in _INSTANCE_FAILURES)
             channel.route.count_failure(_FAILURE_STATUS, held.key)
             if tried is None:

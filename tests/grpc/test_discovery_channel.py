@@ -8,6 +8,7 @@ the protocol comes from exactly one source.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import ModuleType
@@ -26,7 +27,7 @@ from nadisc.grpc import (
     RpcError,
 )
 from tests.grpc.conftest import SERVICE, Opener
-from tests.grpc.discovery_support import Backend, backends
+from tests.grpc.discovery_support import HOLD, Backend, backends
 
 
 async def test_calls_spread_over_the_listed_instances(
@@ -243,6 +244,88 @@ async def test_a_stream_used_from_two_tasks_at_once_is_one_call(
             assert got["initial"] is not None
             assert await call.code() == grpc.StatusCode.OK
             assert sum(s.calls for s in servers) == before + 1
+            assert all(count == 0 for count in channel.route.statistics().in_flight.values())
+
+
+async def test_a_unary_call_has_grpc_aio_s_accessors_from_several_tasks(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    """Awaited, and its status and metadata awaited, from three tasks at once:
+    one RPC, one answer for all, and the same answer when awaited again."""
+    with backends(pb, pb_grpc, 2) as servers:
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
+            stub = pb_grpc.TestServiceStub(channel)
+            call = stub.UnaryCall(pb.SimpleRequest(response_size=20), timeout=10)
+            got: dict[str, Any] = {}
+
+            async def take(name: str, awaitable: Any) -> None:
+                got[name] = await awaitable
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(take, "response", call)
+                    tg.start_soon(take, "code", call.code())
+                    tg.start_soon(take, "trailing", call.trailing_metadata())
+                assert got["code"] == grpc.StatusCode.OK
+                assert got["response"].username in {"b0", "b1"}
+                assert (await call).username == got["response"].username
+                assert await call.details() == ""
+                assert await call.initial_metadata() is not None
+            assert call.done() and not call.cancel()
+            assert sum(s.calls for s in servers) == 1
+
+
+async def test_a_failed_unary_call_reports_its_status_to_every_accessor(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    with backends(pb, pb_grpc, 1) as servers:
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
+            stub = pb_grpc.TestServiceStub(channel)
+            status = pb.EchoStatus(code=grpc.StatusCode.NOT_FOUND.value[0], message="no such")
+            call = stub.UnaryCall(pb.SimpleRequest(response_status=status), timeout=10)
+            with anyio.fail_after(10):
+                assert await call.code() == grpc.StatusCode.NOT_FOUND
+                assert await call.details() == "no such"
+                for _ in range(2):
+                    with pytest.raises(grpc.aio.AioRpcError) as caught:
+                        await call
+                    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+            assert servers[0].calls == 1
+
+
+async def test_a_cancelled_unary_call_sends_nothing_more(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    """Cancelled before it was awaited: nothing is sent. Cancelled in flight:
+    the attempt is reset, no other instance is tried, its load guard ends."""
+    with backends(pb, pb_grpc, 2) as servers:
+        async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
+            stub = pb_grpc.TestServiceStub(channel)
+            early = stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+            assert early.cancel() and early.cancelled()
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await early
+            assert caught.value.code() == grpc.StatusCode.CANCELLED
+            assert sum(s.calls for s in servers) == 0
+
+            arrived = threading.Event()  # the call reached either server
+            for server in servers:
+                server.arrived = arrived
+            held = stub.UnaryCall(pb.SimpleRequest(response_size=HOLD), timeout=10)
+            codes: list[grpc.StatusCode] = []
+
+            async def wait_code() -> None:
+                codes.append(await held.code())
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait_code)
+                    assert await anyio.to_thread.run_sync(arrived.wait, 10)
+                    assert held.cancel()
+            assert codes == [grpc.StatusCode.CANCELLED]
+            for s in servers:
+                s.release.set()
+            assert sum(s.calls for s in servers) == 1
             assert all(count == 0 for count in channel.route.statistics().in_flight.values())
 
 
