@@ -19,8 +19,9 @@ the provider's ``serve`` task (one task of the owner's, for the owner's
 life) keeps one channel to the endpoint that was current when it started,
 and every unary call to that endpoint (and every page of a range) is a
 stream on it: one connection, reopened by the channel when it was lost.
-Calls to another endpoint (after a failover), calls before that channel is
-open, and a provider used without an owner open a channel of their own
+When a call finds another endpoint current (a failover), the channel
+follows it. Calls to another endpoint, calls before that channel is open,
+and a provider used without an owner open a channel of their own
 inside the calling task and close it when answered: one TCP connection and
 HTTP/2 handshake per call, on loopback about a millisecond of CPU. A watch
 keeps one channel for its whole life (entered in the watch's own task), as
@@ -211,8 +212,10 @@ class EtcdGrpcClient(ClientCore):
             settings, request_timeout=request_timeout, max_response_bytes=max_response_bytes
         )
         self._targets = tuple(_target(url) for url in settings.endpoints)
-        #: The served channel (endpoint index, channel) while ``serve`` runs.
+        #: The served channel (endpoint index, channel) while ``serve`` runs,
+        #: and what tells it that another endpoint became the current one.
         self._shared: tuple[int, Channel] | None = None
+        self._moved: anyio.Event | None = None
         self._connect = settings.connect_timeout_ms / 1000
         # A context of our own: the channel sets ALPN "h2" on it, which the
         # process's shared context (used by HTTP/1.1 pools) must not get.
@@ -225,17 +228,31 @@ class EtcdGrpcClient(ClientCore):
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep one channel to the current endpoint for the unary calls, until
         cancelled (the owner's ``serve`` task); started once it takes calls."""
-        if self._closed:
+        started = False
+        while not self._closed:
+            index = self._current
+            self._moved = moved = anyio.Event()
+            async with self._channel(index) as channel:
+                self._shared = (index, channel)
+                if not started:
+                    started = True
+                    task_status.started()
+                try:
+                    # Until a call finds another endpoint current (a failover):
+                    # then the channel follows it.
+                    await moved.wait()
+                finally:
+                    self._shared = None
+                    self._moved = None
+        if not started:
             task_status.started()
-            return
-        index = self._current
-        async with self._channel(index) as channel:
-            self._shared = (index, channel)
-            task_status.started()
-            try:
-                await anyio.sleep_forever()
-            finally:
-                self._shared = None
+
+    def _move_to(self, index: int) -> None:
+        """Endpoint ``index`` answered: it is the current one from now on."""
+        self._current = index
+        shared, moved = self._shared, self._moved
+        if shared is not None and shared[0] != index and moved is not None:
+            moved.set()
 
     def _channel(self, index: int) -> Channel:
         return Channel(
@@ -299,7 +316,7 @@ class EtcdGrpcClient(ClientCore):
                             channel = await self._opened(stack, index)
                         if channel is None:
                             continue
-                        self._current = index
+                        self._move_to(index)
                         method = _method(channel, path, response, stream=stream)
                         metadata = self._metadata(auth)
                         try:
@@ -561,7 +578,7 @@ class EtcdGrpcClient(ClientCore):
                     )
                 if opened is None:
                     continue
-                self._current = index
+                self._move_to(index)
                 self.counters.watch_connections += 1
                 attempt.callback(self._watch_closed)
                 stack.push_async_callback(attempt.pop_all().aclose)

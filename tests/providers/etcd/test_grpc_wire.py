@@ -15,6 +15,7 @@ import sys
 from collections.abc import AsyncIterator
 
 import anyio
+import anyio.lowlevel
 import httpx
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
@@ -208,6 +209,34 @@ async def test_a_served_client_sends_its_calls_on_one_channel(etcd_server: EtcdS
     assert client._shared is None
     await client.status(deadline=soon())
     assert client.counters.call_channels == 1
+    await client.aclose()
+    assert all_tasks() == before
+
+
+async def test_the_served_channel_follows_a_failover(etcd_server: EtcdServer) -> None:
+    """The first endpoint refuses connections: the first call passes over it
+    (a channel of its own to the second), and the served channel moves to
+    the second endpoint for the calls after it."""
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    before = all_tasks()
+    client = EtcdGrpcClient(
+        settings(dead, etcd_server.url), request_timeout=2.0, max_response_bytes=2**20
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(client.serve)
+        assert client._shared is not None and client._shared[0] == 0
+        await client.put(b"served/failover", b"v", lease=0, deadline=soon())
+        assert client.endpoint == etcd_server.url
+        assert client.counters.call_channels == 1
+        with anyio.fail_after(5):
+            while client._shared is None or client._shared[0] != 1:
+                await anyio.lowlevel.checkpoint()
+        for _ in range(5):
+            await client.status(deadline=soon())
+        assert client.counters.call_channels == 1
+        tg.cancel_scope.cancel()
     await client.aclose()
     assert all_tasks() == before
 
