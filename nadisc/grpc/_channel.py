@@ -45,6 +45,7 @@ from anyio.streams.tls import TLSAttribute
 
 from ._connection import Connection, Stream, Unprocessed
 from ._errors import RpcError, code_from_http_status, code_from_int
+from ._outcome import Outcome
 from ._wire import (
     DEFAULT_MAX_MESSAGE_LENGTH,
     DEFAULT_MAX_METADATA_SIZE,
@@ -820,38 +821,25 @@ class _UnaryResponseCall(_CallHandle[Req, Resp]):
     the metadata and status accessors wait for it.
     """
 
-    #: The response (in a 1-tuple) or the error, once the call ended.
-    _outcome: tuple[Resp] | RpcError | None = None
-    #: A task is getting the outcome; others awaiting the call (or its
-    #: status or metadata) at the same time wait for it on ``_settled``.
-    _busy = False
-    _settled: anyio.Event | None = None
+    def __init__(
+        self,
+        call: _Call[Req, Resp],
+        first: bytes | None,
+        requests: Iterable[Req] | AsyncIterable[Req] | None,
+        writable: bool,
+    ) -> None:
+        super().__init__(call, first, requests, writable)
+        self._outcome: Outcome[Resp] = Outcome()
 
     def __await__(self) -> Generator[Any, None, Resp]:
-        return self._result().__await__()
+        return self._outcome.get(self._single, self._call._error).__await__()
 
     async def _result(self) -> Resp:
-        outcome = self._outcome
-        if outcome is None and self._busy:
-            if self._settled is None:
-                self._settled = anyio.Event()
-            await self._settled.wait()
-            outcome = self._outcome
-            if outcome is None:  # the task getting it was cancelled: so was the call
-                outcome = self._outcome = self._call._error()
-        elif outcome is None:
-            self._busy = True
-            try:
-                outcome = self._outcome = (await self._guard(self._call.single),)
-            except RpcError as exc:
-                outcome = self._outcome = exc
-            finally:
-                self._busy = False
-                if self._settled is not None:
-                    self._settled.set()
-        if isinstance(outcome, RpcError):
-            raise outcome
-        return outcome[0]
+        return await self._outcome.get(self._single, self._call._error)
+
+    async def _single(self) -> Resp:
+        response: Resp = await self._guard(self._call.single)
+        return response
 
     async def _settle(self) -> None:
         with contextlib.suppress(RpcError):
@@ -864,7 +852,7 @@ class _UnaryResponseCall(_CallHandle[Req, Resp]):
     def cancel(self) -> bool:
         if not super().cancel():
             return False
-        self._outcome = self._call._error()
+        self._outcome.value = self._call._error()
         return True
 
 
@@ -879,18 +867,24 @@ class _StreamResponseCall(_CallHandle[Req, Resp]):
         if call._code is not None:
             message = await self.read()  # EOF or the call's error
         else:
-            if call.started:
-                try:
-                    message = call.buffered()
-                except RpcError:
-                    call.release()
-                    raise
-                if message is not _NOTHING:
-                    return message  # type: ignore[return-value]
+            message = self._taken()
+            if message is not _NOTHING:
+                return message  # type: ignore[return-value]
             message = await self._guard(call.read)
         if message is grpc.aio.EOF:
             raise StopAsyncIteration
         return message
+
+    def _taken(self) -> Resp | object:
+        """A response that has already arrived (synchronous), else ``_NOTHING``."""
+        call = self._call
+        if not call.started:
+            return _NOTHING
+        try:
+            return call.buffered()
+        except RpcError:
+            call.release()
+            raise
 
     async def read(self) -> Resp | Any:
         """The next response, or ``grpc.aio.EOF``; raises ``RpcError`` unless the status is OK."""
@@ -899,14 +893,9 @@ class _StreamResponseCall(_CallHandle[Req, Resp]):
             return grpc.aio.EOF
         if call.done:
             raise call._error()
-        if call.started:
-            try:
-                message = call.buffered()
-            except RpcError:
-                call.release()
-                raise
-            if message is not _NOTHING:
-                return message
+        message = self._taken()
+        if message is not _NOTHING:
+            return message
         return await self._guard(call.read)
 
     async def _headers(self) -> None:

@@ -58,6 +58,7 @@ from .._tls import grpc_tls_context
 from ._channel import Channel
 from ._errors import RpcError
 from ._first_serving import first_serving_pick
+from ._outcome import Outcome
 from ._retry import RetryPolicy, RetryThrottle, retry_delay, should_retry
 from ._wire import MetadataLike
 
@@ -677,46 +678,23 @@ class DiscoveryUnaryCall:
     is reset and no other is made.
     """
 
-    __slots__ = ("_args", "_busy", "_cancelled", "_inner", "_outcome", "_settled")
+    __slots__ = ("_args", "_cancelled", "_inner", "_outcome")
 
     def __init__(self, *args: Any) -> None:
         self._args = args
-        #: The response in a 1-tuple, or the error, once the call ended.
-        self._outcome: tuple[Any] | RpcError | None = None
+        self._outcome: Outcome[Any] = Outcome()
         #: The subchannel call of the attempt in flight, then of the last one.
         self._inner: Any = None
-        self._busy = False
         self._cancelled = False
-        self._settled: anyio.Event | None = None
 
     def __await__(self) -> Generator[Any, None, Any]:
         return self._result().__await__()
 
     async def _result(self) -> Any:
-        outcome = self._outcome
-        if outcome is None and self._busy:
-            # Another task is sending it: its outcome is this task's too.
-            if self._settled is None:
-                self._settled = anyio.Event()
-            await self._settled.wait()
-            outcome = self._outcome
-            if outcome is None:  # the sending task was cancelled: so was the call
-                outcome = self._outcome = RpcError(
-                    grpc.StatusCode.CANCELLED, "the task awaiting the call was cancelled"
-                )
-        elif outcome is None:
-            self._busy = True
-            try:
-                outcome = self._outcome = (await unary_call(*self._args, handle=self),)
-            except RpcError as exc:
-                outcome = self._outcome = exc
-            finally:
-                self._busy = False
-                if self._settled is not None:
-                    self._settled.set()
-        if isinstance(outcome, RpcError):
-            raise outcome
-        return outcome[0]
+        return await self._outcome.get(self._send, _abandoned)
+
+    async def _send(self) -> Any:
+        return await unary_call(*self._args, handle=self)
 
     async def _settle(self) -> RpcError | None:
         try:
@@ -734,27 +712,30 @@ class DiscoveryUnaryCall:
         return "" if error is None else error.details() or ""
 
     async def initial_metadata(self) -> grpc.aio.Metadata:
-        error = await self._settle()
-        if self._inner is not None:
-            result: grpc.aio.Metadata = await self._inner.initial_metadata()
-            return result
-        return (error.initial_metadata() if error is not None else None) or grpc.aio.Metadata()
+        return await self._metadata("initial_metadata")
 
     async def trailing_metadata(self) -> grpc.aio.Metadata:
+        return await self._metadata("trailing_metadata")
+
+    async def _metadata(self, which: str) -> grpc.aio.Metadata:
+        """The last attempt's metadata (``which`` accessor), else the error's."""
         error = await self._settle()
-        if self._inner is not None:
-            result: grpc.aio.Metadata = await self._inner.trailing_metadata()
+        source: Any = self._inner
+        if source is not None:
+            result: grpc.aio.Metadata = await getattr(source, which)()
             return result
-        return (error.trailing_metadata() if error is not None else None) or grpc.aio.Metadata()
+        found = getattr(error, which)() if error is not None else None
+        return found or grpc.aio.Metadata()
 
     def cancel(self) -> bool:
         """End the call as CANCELLED; False when it had already ended."""
-        if self._outcome is not None or self._cancelled:
+        outcome = self._outcome
+        if outcome.value is not None or self._cancelled:
             return False
         self._cancelled = True
-        if not self._busy:
+        if not outcome.busy:
             # Never sent: nothing will be.
-            self._outcome = RpcError(grpc.StatusCode.CANCELLED, "cancelled by the caller")
+            outcome.value = RpcError(grpc.StatusCode.CANCELLED, "cancelled by the caller")
         elif self._inner is not None:
             self._inner.cancel()
         return True
@@ -763,7 +744,11 @@ class DiscoveryUnaryCall:
         return self._cancelled
 
     def done(self) -> bool:
-        return self._outcome is not None
+        return self._outcome.value is not None
+
+
+def _abandoned() -> RpcError:
+    return RpcError(grpc.StatusCode.CANCELLED, "the task awaiting the call was cancelled")
 
 
 async def unary_call(
