@@ -821,21 +821,20 @@ class _UnaryResponseCall(_CallHandle[Req, Resp]):
     the metadata and status accessors wait for it.
     """
 
-    def __init__(
-        self,
-        call: _Call[Req, Resp],
-        first: bytes | None,
-        requests: Iterable[Req] | AsyncIterable[Req] | None,
-        writable: bool,
-    ) -> None:
-        super().__init__(call, first, requests, writable)
-        self._outcome: Outcome[Resp] = Outcome()
+    #: Made on first use (see :class:`~._outcome.Outcome`).
+    _outcome: Outcome[Resp] | None = None
+
+    def _shared(self) -> Outcome[Resp]:
+        outcome = self._outcome
+        if outcome is None:
+            outcome = self._outcome = Outcome()
+        return outcome
 
     def __await__(self) -> Generator[Any, None, Resp]:
-        return self._outcome.get(self._single, self._call._error).__await__()
+        return self._shared().get(self._single, self._call._error).__await__()
 
     async def _result(self) -> Resp:
-        return await self._outcome.get(self._single, self._call._error)
+        return await self._shared().get(self._single, self._call._error)
 
     async def _single(self) -> Resp:
         response: Resp = await self._guard(self._call.single)
@@ -852,7 +851,7 @@ class _UnaryResponseCall(_CallHandle[Req, Resp]):
     def cancel(self) -> bool:
         if not super().cancel():
             return False
-        self._outcome.value = self._call._error()
+        self._shared().value = self._call._error()
         return True
 
 
