@@ -801,6 +801,12 @@ async def unary_call(
                 if sub is None:
                     sub = await channel.subchannel(instance)
                 call = sub.callables.get(mc._key) or sub.multicallable(mc)
+                if handle is not None and handle._cancelled:
+                    # Cancelled while the instance was picked or its
+                    # subchannel opened: nothing is sent, nothing is blamed
+                    # (the guard ends here; the handler's complete is a no-op).
+                    held.cancel()
+                    raise RpcError(grpc.StatusCode.CANCELLED, "cancelled by the caller")
                 sub.active += 1
                 try:
                     inner = call(

@@ -329,6 +329,39 @@ async def test_a_cancelled_unary_call_sends_nothing_more(
             assert all(count == 0 for count in channel.route.statistics().in_flight.values())
 
 
+async def test_a_unary_call_cancelled_while_its_subchannel_opens_sends_nothing(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with backends(pb, pb_grpc, 1) as servers:
+        async with discovery(servers[0].instance()) as (_owner, channel, _memory):
+            opening = anyio.Event()
+            go_on = anyio.Event()
+            open_subchannel = channel.subchannel
+
+            async def slow_subchannel(instance: Instance) -> Any:
+                opening.set()
+                await go_on.wait()
+                return await open_subchannel(instance)
+
+            monkeypatch.setattr(channel, "subchannel", slow_subchannel)
+            stub = pb_grpc.TestServiceStub(channel)
+            call = stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+            codes: list[grpc.StatusCode] = []
+
+            async def wait_code() -> None:
+                codes.append(await call.code())
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait_code)
+                    await opening.wait()
+                    assert call.cancel()
+                    go_on.set()
+            assert codes == [grpc.StatusCode.CANCELLED]
+            assert servers[0].calls == 0
+            assert all(count == 0 for count in channel.route.statistics().in_flight.values())
+
+
 def test_the_owner_does_not_import_nadisc_grpc() -> None:
     import subprocess
     import sys
