@@ -746,18 +746,14 @@ class _CallHandle(Generic[Req, Resp]):
         call = self._call
         try:
             if call.deadline == math.inf:  # no deadline: no cancel scope to enter and leave
-                if not call.started:
-                    await call.start(self._first, self._requests)
-                elif call.opening or call.stream is None:
-                    await call.opened()
+                if call.stream is None or call.opening:
+                    await self._begin()
                 return await fn()
             if call.deadline <= anyio.current_time():
                 raise _deadline_error(call)
             with anyio.CancelScope(deadline=call.deadline):
-                if not call.started:
-                    await call.start(self._first, self._requests)
-                elif call.opening or call.stream is None:
-                    await call.opened()
+                if call.stream is None or call.opening:
+                    await self._begin()
                 return await fn()
             raise _deadline_error(call)
         except RpcError:
@@ -766,6 +762,15 @@ class _CallHandle(Generic[Req, Resp]):
         except BaseException:
             call.abort(grpc.StatusCode.CANCELLED, "the caller was cancelled")
             raise
+
+    async def _begin(self) -> None:
+        """Start the call (the first task to use it), or wait for the task
+        that is starting it; the call's error if that failed."""
+        call = self._call
+        if not call.started:
+            await call.start(self._first, self._requests)
+        else:
+            await call.opened()
 
     async def write(self, request: Req) -> None:
         """Send one request (stream-request calls made without a request iterator)."""

@@ -765,8 +765,8 @@ async def unary_call(
     """Pick, send, and on a failure the server never saw, pick another instance.
 
     ``handle`` (the caller's call object) gets each attempt's subchannel call
-    (for its metadata, and for ``cancel()``), and stops further attempts
-    once it was cancelled.
+    (for its metadata, and for ``cancel()``); once it was cancelled, nothing
+    more is sent.
 
     One coroutine from the caller to the subchannel's call: every resumption
     of the call passes through as few frames as a plain channel's does.
@@ -783,8 +783,6 @@ async def unary_call(
         policy = channel.retry_policy if idempotent else None
         throttle = channel.retry_throttle
         while True:
-            if handle is not None and handle._cancelled:
-                raise RpcError(grpc.StatusCode.CANCELLED, "cancelled by the caller")
             if first_serving:
                 await channel.apply_listing(deadline)
                 instance = await first_serving_pick(channel, deadline)

@@ -9,7 +9,7 @@ the protocol comes from exactly one source.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import ModuleType
 from typing import Any
@@ -312,17 +312,11 @@ async def test_a_cancelled_unary_call_sends_nothing_more(
             for server in servers:
                 server.arrived = arrived
             held = stub.UnaryCall(pb.SimpleRequest(response_size=HOLD), timeout=10)
-            codes: list[grpc.StatusCode] = []
 
-            async def wait_code() -> None:
-                codes.append(await held.code())
+            async def sent() -> None:
+                assert await anyio.to_thread.run_sync(arrived.wait, 10)
 
-            with anyio.fail_after(10):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(wait_code)
-                    assert await anyio.to_thread.run_sync(arrived.wait, 10)
-                    assert held.cancel()
-            assert codes == [grpc.StatusCode.CANCELLED]
+            assert await _code_when_cancelled(held, sent) == grpc.StatusCode.CANCELLED
             for s in servers:
                 s.release.set()
             assert sum(s.calls for s in servers) == 1
@@ -346,20 +340,30 @@ async def test_a_unary_call_cancelled_while_its_subchannel_opens_sends_nothing(
             monkeypatch.setattr(channel, "subchannel", slow_subchannel)
             stub = pb_grpc.TestServiceStub(channel)
             call = stub.UnaryCall(pb.SimpleRequest(), timeout=10)
-            codes: list[grpc.StatusCode] = []
-
-            async def wait_code() -> None:
-                codes.append(await call.code())
-
-            with anyio.fail_after(10):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(wait_code)
-                    await opening.wait()
-                    assert call.cancel()
-                    go_on.set()
-            assert codes == [grpc.StatusCode.CANCELLED]
+            code = await _code_when_cancelled(call, opening.wait, then=go_on.set)
+            assert code == grpc.StatusCode.CANCELLED
             assert servers[0].calls == 0
             assert all(count == 0 for count in channel.route.statistics().in_flight.values())
+
+
+async def _code_when_cancelled(
+    call: Any, reached: Callable[[], Awaitable[object]], then: Callable[[], object] = lambda: None
+) -> Any:
+    """What ``call.code()``, awaited by another task, gives when ``call`` is
+    cancelled once ``reached()`` returned (and ``then()`` ran)."""
+    codes: list[grpc.StatusCode] = []
+
+    async def wait_code() -> None:
+        codes.append(await call.code())
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_code)
+            await reached()
+            assert call.cancel()
+            then()
+    (code,) = codes
+    return code
 
 
 def test_the_owner_does_not_import_nadisc_grpc() -> None:
