@@ -93,7 +93,14 @@ class EtcdServer:
             try:
                 answer = httpx.post(f"{self.url}/v3/maintenance/status", content=b"{}", timeout=1)
                 if answer.status_code == 200 and json.loads(answer.content).get("leader"):
-                    return
+                    # A leader is elected, but a linearizable read waits until
+                    # it committed an entry of its own term (a WAL fsync that a
+                    # busy disk can hold up). Ready means that read answers.
+                    answer = httpx.post(
+                        f"{self.url}/v3/kv/range", content=b'{"key": "AA=="}', timeout=5
+                    )
+                    if answer.status_code == 200:
+                        return
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
@@ -266,7 +273,8 @@ class RecordingSink:
         return self.publishes[-1]
 
     def ids(self) -> set[str]:
-        return set(self.latest.identities())
+        """The newest snapshot's instance ids (empty before the first one)."""
+        return set(self.latest.identities()) if self.publishes else set()
 
     async def wait_for(self, predicate: Callable[[], bool], within: float = 5.0) -> None:
         with anyio.fail_after(within):
