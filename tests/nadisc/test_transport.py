@@ -655,8 +655,9 @@ async def test_a_listing_that_expires_is_refused_at_that_instant(
                 await http.get(url)
             assert info.value.reason == "stale"
             assert route.statistics().sent == {"a": 2}
-            # A complete listing again (the next poll): served again.
+            # A complete listing again (the next query, after the current
+            # jittered backoff of at most max_backoff_ms = 30 s): served again.
             memory.fail(SERVICE, None)
-            await anyio.sleep(6.0)
+            await anyio.sleep(31.0)
             assert route.observation.snapshot().confirmed_at > confirmed
             assert (await http.get(url)).status_code == 200
