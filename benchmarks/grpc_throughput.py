@@ -21,12 +21,20 @@ per second). Clients, interleaved round by round in this one process:
 
 Each cell is the best round's wall-clock rate and, beside it, the client
 process's CPU time per call (``time.process_time`` over the round; for the
-stream row, per message). The server's CPU is in another process and in no
-number. Ratios: ours over grpclib and over grpcio.aio for each loop, trio
+stream row, per message); the server's CPU is in another process and in
+none of those. Ratios: ours over grpclib and over grpcio.aio for each loop, trio
 over asyncio, and CPU per call over grpclib's, each taken within a round
 (the clients of a round run back to back) and summed up as the median over
 the rounds with the lowest and highest round beside it: on a shared machine
 the best round of each client may come from different moments.
+
+Then the server's side of each cell: the server process's CPU per call (or
+message) while that client ran (``/proc``, in 10 ms ticks, so a round of a
+few hundred milliseconds reads within a few percent), and its busy share of
+one core (rate times that CPU). The server is Python code on the asyncio
+API; where that share is near 1.0 the server, not the client, sets the rate,
+and every client's throughput ratio there says more about how the server
+fares next to it on a 2-core machine than about the client.
 
 Last, ``h2`` alone: the client CPU per unary call (and per stream message)
 that the channel's ``h2`` work costs by itself, in memory (:func:`h2_floor_us`),
@@ -49,7 +57,7 @@ from typing import Any
 
 import anyio
 
-from benchmarks._grpc_server import serving
+from benchmarks._grpc_server import cpu_seconds, serving_process
 
 UNARY = "/bench.Bench/Unary"
 STREAM = "/bench.Bench/Stream"
@@ -72,6 +80,9 @@ class Result:
     per_round: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
     #: h2's own CPU per unary call and per stream message, microseconds (see h2_floor_us)
     h2_floor_us: tuple[float, float] = (0.0, 0.0)
+    #: (row, client) -> the server process's CPU microseconds per call (or message),
+    #: every round (Linux ``/proc``, 10 ms ticks; NaN elsewhere)
+    server_us: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
     def ratios(self, row: str, top: str, bottom: str, *, cpu: bool = False) -> list[float]:
         """``top`` over ``bottom`` in each round (both ran in it, one after the other)."""
@@ -270,9 +281,8 @@ async def _run_row(
 ) -> int:
     """Run one row; returns how many calls (or messages) it made."""
     if row.startswith("unary"):
-        concurrency = int(row.rsplit("c=", 1)[1])
-        await _fan(concurrency, calls, unary)
-        return max(1, calls // concurrency) * concurrency
+        await _fan(int(row.rsplit("c=", 1)[1]), calls, unary)
+        return _row_calls(row, calls)
     streams = max(1, calls // 200)
     count = 0
     for _ in range(streams):
@@ -282,6 +292,14 @@ async def _run_row(
         else:
             count += len(await stream())
     return count
+
+
+def _row_calls(row: str, calls: int) -> int:
+    """How many calls (or stream messages) one round of ``row`` makes."""
+    if row.startswith("unary"):
+        concurrency = int(row.rsplit("c=", 1)[1])
+        return max(1, calls // concurrency) * concurrency
+    return max(1, calls // 200) * STREAM_MESSAGES
 
 
 def _measure(client: str, port: int, row: str, calls: int) -> tuple[float, float]:
@@ -313,15 +331,21 @@ def main(argv: list[str] | None = None) -> Result:
     calls, rounds = (32, 1) if args.smoke else (args.calls, args.rounds)
     rows = ["unary c=1", "unary c=16", "unary c=64", f"stream {STREAM_MESSAGES} msgs"]
     result = Result(calls, rounds, rows=rows)
-    with serving([sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"]) as (port,):
+    argv = [sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"]
+    with serving_process(argv) as ((port,), server):
         if not args.smoke:
             for client in CLIENTS:  # imports and first connections, outside the timing
                 _measure(client, port, rows[0], 8)
         for _ in range(rounds):
             for row in rows:
                 for client in CLIENTS:
+                    before = cpu_seconds(server)
                     rate, cpu = _measure(client, port, row, calls)
+                    served = _row_calls(row, calls)
                     key = (row, client)
+                    result.server_us.setdefault(key, []).append(
+                        (cpu_seconds(server) - before) / served * 1e6
+                    )
                     result.per_round.setdefault(key, []).append((rate, cpu))
                     if rate > result.rate.get(key, 0.0):
                         result.rate[key] = rate
@@ -373,6 +397,24 @@ def _print(result: Result) -> None:
             ratios = result.ratios(row, top, bottom, cpu=cpu)
             cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
         print(f"{row:<18}" + "".join(f"{c:>21}" for c in cells))
+    print()
+    print(
+        "server CPU per call (or message), median round, us; beside it the server's "
+        "busy share of one core (rate x CPU): near 1.0 the row is paced by the server"
+    )
+    print(f"{'row':<18}" + "".join(f"{c:>26}" for c in CLIENTS))
+    for row in result.rows:
+        cells = []
+        for client in CLIENTS:
+            per_call = statistics.median(result.server_us[(row, client)])
+            busy = statistics.median(
+                rate * us / 1e6
+                for (rate, _), us in zip(
+                    result.per_round[(row, client)], result.server_us[(row, client)], strict=True
+                )
+            )
+            cells.append(f"{per_call:>8.1f} us  {busy:>4.2f} core")
+        print(f"{row:<18}" + "".join(f"{c:>26}" for c in cells))
 
 
 if __name__ == "__main__":

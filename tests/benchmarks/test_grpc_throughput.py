@@ -20,3 +20,11 @@ def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "median over rounds" in out
     assert "h2 alone" in out
     assert result.h2_floor_us[0] > 0 and result.h2_floor_us[1] > 0
+    # The server's side: its CPU per call in every round, read from /proc.
+    assert "server CPU per call" in out
+    assert set(result.server_us) == set(result.per_round)
+    assert all(len(rounds) == result.rounds for rounds in result.server_us.values())
+    assert all(us >= 0 for rounds in result.server_us.values() for us in rounds)
+    # Over the whole run the server did work (the smoke rounds are short,
+    # so one row's reading may be zero ticks, never all of them).
+    assert sum(us for rounds in result.server_us.values() for us in rounds) > 0
