@@ -322,7 +322,7 @@ class ProviderSnapshot:
 
     def identities(self) -> tuple[str, ...]:
         """Provider instance identities, in listing order."""
-        return tuple(i.identity for i in self.instances)
+        return tuple([i.identity for i in self.instances])
 
     def approximate_bytes(self) -> int:
         """What this listing counts against ``max_snapshot_bytes`` (measured once)."""

@@ -240,7 +240,7 @@ class ObservationSnapshot:
 
     def identities(self) -> tuple[str, ...]:
         """Provider instance identities, in listing order."""
-        return tuple(i.identity for i in self.instances)
+        return tuple([i.identity for i in self.instances])
 
 
 _FAILURE_KINDS: tuple[tuple[type[ProviderFailure], FailureKind], ...] = (
