@@ -15,11 +15,17 @@ process, interleaved round by round:
     instance. With one instance listed (the plain channel's server) the row
     isolates the cost of the pick; with three, it adds spreading the calls
     over three connections and three server processes.
+``plain Channels, 3, by hand`` (for information)
+    Three plain ``Channel`` objects, one per instance, taken in turn by a
+    hand loop (``itertools.cycle``): spreading the calls over the same three
+    connections with nothing else, so ``discovery, 3, round robin`` over it
+    is what discovery itself costs once the spreading is paid for.
 
 Rows: unary at concurrency 1 and 16 (that many tasks calling in turn). Each
 cell is the best round's rate and the least client-process CPU time per
 call (``time.process_time``; the servers are other processes). The ratios
-are discovery over plain (target >= 0.9): best round over best round, and
+are over the plain channel to one instance (target >= 0.9 for discovery
+with three instances): best round over best round, and
 the median over rounds of the ratio within a round (steadier while other
 work on the machine comes and goes). Each round starts with another
 client. On a 2-core machine three busy server processes compete with the
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import math
 import os
 import statistics
@@ -57,7 +64,10 @@ CLIENTS = (
     "discovery, 1, round robin",
     "discovery, 3, round robin",
     "discovery, 3, P2C+PeakEwma",
+    "plain Channels, 3, by hand",
 )
+#: The hand round robin over three plain channels (no discovery, no balance).
+HAND = CLIENTS[4]
 ROWS = ("unary c=1", "unary c=16")
 
 
@@ -78,9 +88,10 @@ class Result:
         """Best round over best round."""
         return self.rate[(row, client)] / self.rate[(row, CLIENTS[0])]
 
-    def round_ratio(self, row: str, client: str) -> float:
-        """The median over rounds of the client's rate over the plain channel's, same round."""
-        mine, plain = self.rounds_rate[(row, client)], self.rounds_rate[(row, CLIENTS[0])]
+    def round_ratio(self, row: str, client: str, base: str = CLIENTS[0]) -> float:
+        """The median over rounds of the client's rate over ``base``'s (the
+        plain channel's), same round."""
+        mine, plain = self.rounds_rate[(row, client)], self.rounds_rate[(row, base)]
         return statistics.median(a / b for a, b in zip(mine, plain, strict=True))
 
 
@@ -119,12 +130,21 @@ async def _rounds(ports: list[int], calls: int, rounds: int, result: Result) -> 
             discovery_channel(owner, "one", "bench") as one,
             discovery_channel(owner, "rr", "bench") as round_robin,
             discovery_channel(owner, "ewma", "bench") as ewma,
+            Channel(f"127.0.0.1:{ports[0]}") as first,
+            Channel(f"127.0.0.1:{ports[1]}") as second,
+            Channel(f"127.0.0.1:{ports[2]}") as third,
         ):
+            by_hand = itertools.cycle([c.unary_unary(UNARY) for c in (first, second, third)])
+
+            def hand(request: bytes) -> Any:
+                return next(by_hand)(request)
+
             unaries: dict[str, Any] = {
                 CLIENTS[0]: plain.unary_unary(UNARY),
                 CLIENTS[1]: one.unary_unary(UNARY),
                 CLIENTS[2]: round_robin.unary_unary(UNARY),
                 CLIENTS[3]: ewma.unary_unary(UNARY),
+                HAND: hand,
             }
             for unary in unaries.values():  # connect outside the timing
                 for _ in range(6):
@@ -200,6 +220,8 @@ def _print(result: Result) -> None:
         "(best: best round over best round; median: the median over rounds of the ratio "
         "within one round)"
     )
+    spread = ", ".join(f"{row} {result.round_ratio(row, CLIENTS[2], HAND):.2f}" for row in ROWS)
+    print(f"discovery, 3, round robin over the same three connections by hand (median): {spread}")
 
 
 if __name__ == "__main__":

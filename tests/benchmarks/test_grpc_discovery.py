@@ -15,6 +15,10 @@ def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "load average" in out
     assert len(result.rate) == len(grpc_discovery.ROWS) * len(grpc_discovery.CLIENTS)
     assert all(rate > 0 for rate in result.rate.values())
+    # Discovery over the same three connections taken by hand, per row.
+    assert "over the same three connections by hand" in out
+    for row in grpc_discovery.ROWS:
+        assert result.round_ratio(row, grpc_discovery.CLIENTS[2], grpc_discovery.HAND) > 0
 
 
 def test_smoke_run_with_one_server_lists_it_three_times(capsys: pytest.CaptureFixture[str]) -> None:
