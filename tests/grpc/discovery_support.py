@@ -132,3 +132,8 @@ def backends(
             stack.callback(backend.stop)
             started.append(backend)
         yield started
+
+
+def failing(pb: ModuleType, code: grpc.StatusCode, message: str = "no") -> object:
+    """A request the test service answers with ``code`` and ``message``."""
+    return pb.SimpleRequest(response_status=pb.EchoStatus(code=code.value[0], message=message))

@@ -34,7 +34,7 @@ from nadisc.grpc import (
 )
 from nadisc.grpc._first_serving import candidates
 from tests.grpc.conftest import Opener
-from tests.grpc.discovery_support import HOLD, backends
+from tests.grpc.discovery_support import HOLD, backends, failing
 from tests.grpc.support import Conn, h2_server
 
 PLAIN = {GRPC_TLS_KEY: "plaintext"}
@@ -112,10 +112,6 @@ async def test_a_refused_connection_goes_to_another_instance(
                 assert response.username == "b0"
             assert channel.route.statistics().failed.get("dead", 0) >= 1
             assert channel.stats.codes[grpc.StatusCode.OK.value[0]] == 6
-
-
-def failing(pb: ModuleType, code: grpc.StatusCode) -> object:
-    return pb.SimpleRequest(response_status=pb.EchoStatus(code=code.value[0], message="no"))
 
 
 async def test_a_processed_call_is_never_re_sent_without_a_policy(

@@ -27,7 +27,7 @@ from nadisc.grpc import (
     RpcError,
 )
 from tests.grpc.conftest import SERVICE, Opener
-from tests.grpc.discovery_support import HOLD, Backend, backends
+from tests.grpc.discovery_support import HOLD, Backend, backends, failing
 
 
 async def test_calls_spread_over_the_listed_instances(
@@ -281,8 +281,7 @@ async def test_a_failed_unary_call_reports_its_status_to_every_accessor(
     with backends(pb, pb_grpc, 1) as servers:
         async with discovery(*(s.instance() for s in servers)) as (_owner, channel, _memory):
             stub = pb_grpc.TestServiceStub(channel)
-            status = pb.EchoStatus(code=grpc.StatusCode.NOT_FOUND.value[0], message="no such")
-            call = stub.UnaryCall(pb.SimpleRequest(response_status=status), timeout=10)
+            call = stub.UnaryCall(failing(pb, grpc.StatusCode.NOT_FOUND, "no such"), timeout=10)
             with anyio.fail_after(10):
                 assert await call.code() == grpc.StatusCode.NOT_FOUND
                 assert await call.details() == "no such"

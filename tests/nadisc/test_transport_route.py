@@ -192,6 +192,18 @@ def _listing(*identities: str) -> ProviderSnapshot:
     )
 
 
+def _routed(
+    max_age: float, grace: float, start: float, options: RestOptions | None = None
+) -> tuple[Evidence, _EvidenceObservation, list[float], Route]:
+    """Evidence with that policy, an observation of it, a settable clock
+    (``clock[0]``, from ``start``) and a route over them."""
+    evidence = Evidence(EvidencePolicy(max_age=max_age, stale_if_error=grace))
+    observation = _EvidenceObservation(evidence)
+    clock = [start]
+    route = Route(cast(Observation, observation), options or RestOptions(), lambda: clock[0])
+    return evidence, observation, clock, route
+
+
 def _checked(route: Route) -> str | None:
     """The reason the route's evidence check refuses now (None: it passes)."""
     try:
@@ -203,10 +215,7 @@ def _checked(route: Route) -> str | None:
 
 @pytest.mark.both_loops
 def test_the_cached_evidence_check_ends_exactly_when_the_listing_expires() -> None:
-    evidence = Evidence(EvidencePolicy(max_age=10.0, stale_if_error=4.0))
-    observation = _EvidenceObservation(evidence)
-    clock = [0.0]
-    route = Route(cast(Observation, observation), RestOptions(), lambda: clock[0])
+    evidence, observation, clock, route = _routed(10.0, 4.0, 0.0)
     evidence.on_success(_listing("a", "b"), 0.0)
     assert _checked(route) is None
     assert route.identities() == ("a", "b")  # the first check mirrors the listing
@@ -233,10 +242,7 @@ def test_the_cached_evidence_check_ends_exactly_when_the_listing_expires() -> No
 
 @pytest.mark.both_loops
 def test_the_cached_evidence_check_follows_every_event_at_once() -> None:
-    evidence = Evidence(EvidencePolicy(max_age=10.0, stale_if_error=0.0))
-    observation = _EvidenceObservation(evidence)
-    clock = [1.0]
-    route = Route(cast(Observation, observation), RestOptions(), lambda: clock[0])
+    evidence, _, _, route = _routed(10.0, 0.0, 1.0)
     evidence.on_success(_listing("a"), 0.0)
     assert _checked(route) is None
     # Revoked with no time passing: the very next check refuses.
@@ -258,11 +264,8 @@ def test_the_cached_evidence_check_follows_every_event_at_once() -> None:
 
 @pytest.mark.both_loops
 def test_a_strict_route_refuses_the_grace_of_a_failed_refresh_at_once() -> None:
-    evidence = Evidence(EvidencePolicy(max_age=10.0, stale_if_error=5.0))
-    observation = _EvidenceObservation(evidence)
-    clock = [1.0]
-    strict = Route(
-        cast(Observation, observation), RestOptions(strict_evidence=True), lambda: clock[0]
+    evidence, observation, clock, strict = _routed(
+        10.0, 5.0, 1.0, RestOptions(strict_evidence=True)
     )
     relaxed = Route(cast(Observation, observation), RestOptions(), lambda: clock[0])
     evidence.on_success(_listing("a"), 0.0)

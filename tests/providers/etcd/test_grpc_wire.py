@@ -47,9 +47,7 @@ async def both(etcd_server: EtcdServer) -> AsyncIterator[tuple[EtcdClient, EtcdG
     json_client = EtcdClient(
         settings(etcd_server.url), request_timeout=2.0, max_response_bytes=2**20
     )
-    grpc_client = EtcdGrpcClient(
-        settings(etcd_server.url), request_timeout=2.0, max_response_bytes=2**20
-    )
+    grpc_client = _client(etcd_server.url)
     yield json_client, grpc_client
     await json_client.aclose()
     await grpc_client.aclose()
@@ -164,19 +162,26 @@ async def test_a_watch_sees_the_same_events_and_a_compaction_the_same_way(
         assert cancel.canceled and cancel.compact_revision == newest.revision
 
 
+def _dead_endpoint() -> str:
+    """The URL of a loopback port nobody listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _client(*urls: str) -> EtcdGrpcClient:
+    return EtcdGrpcClient(settings(*urls), request_timeout=2.0, max_response_bytes=2**20)
+
+
 async def test_an_endpoint_that_refuses_connections_is_passed_over(
     etcd_server: EtcdServer,
 ) -> None:
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    dead = _dead_endpoint()
     before = all_tasks()
-    client = EtcdGrpcClient(
-        settings(dead, etcd_server.url), request_timeout=2.0, max_response_bytes=2**20
-    )
+    client = _client(dead, etcd_server.url)
     await client.put(b"wires/failover", b"v", lease=0, deadline=soon())
     assert client.endpoint == etcd_server.url
-    alone = EtcdGrpcClient(settings(dead), request_timeout=2.0, max_response_bytes=2**20)
+    alone = _client(dead)
     # Nothing reached a server: even a write is known not applied.
     with pytest.raises(IncompleteSnapshot, match="not sent, no endpoint accepted"):
         await alone.put(b"wires/failover", b"v", lease=0, deadline=soon())
@@ -192,9 +197,7 @@ async def test_a_served_client_sends_its_calls_on_one_channel(etcd_server: EtcdS
     """While ``serve`` runs, unary calls are streams on its one channel; after
     it stops, each call opens a channel of its own again."""
     before = all_tasks()
-    client = EtcdGrpcClient(
-        settings(etcd_server.url), request_timeout=2.0, max_response_bytes=2**20
-    )
+    client = _client(etcd_server.url)
     async with anyio.create_task_group() as tg:
         await tg.start(client.serve)
         assert client._shared is not None
@@ -217,13 +220,9 @@ async def test_the_served_channel_follows_a_failover(etcd_server: EtcdServer) ->
     """The first endpoint refuses connections: the first call passes over it
     (a channel of its own to the second), and the served channel moves to
     the second endpoint for the calls after it."""
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    dead = _dead_endpoint()
     before = all_tasks()
-    client = EtcdGrpcClient(
-        settings(dead, etcd_server.url), request_timeout=2.0, max_response_bytes=2**20
-    )
+    client = _client(dead, etcd_server.url)
     async with anyio.create_task_group() as tg:
         await tg.start(client.serve)
         assert client._shared is not None and client._shared[0] == 0
