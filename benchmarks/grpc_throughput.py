@@ -20,9 +20,11 @@ per second). Clients, interleaved round by round in this one process:
     ``grpc.aio.insecure_channel`` multicallables (asyncio; the C core).
 
 Each cell is the best round's wall-clock rate and, beside it, the client
-process's CPU time per call (``time.process_time`` over the round; for the
-stream row, per message); the server's CPU is in another process and in
-none of those. Ratios: ours over grpclib and over grpcio.aio for each loop, trio
+process's CPU time per call (``time.process_time``; for the stream row, per
+message), both timed over the row's calls alone: each client's round starts
+its loop, connects and makes one warm-up call before the timing starts, and
+closes the channel after it ends. The server's CPU is in another process
+and in none of those. Ratios: ours over grpclib and over grpcio.aio for each loop, trio
 over asyncio, and CPU per call over grpclib's, each taken within a round
 (the clients of a round run back to back) and summed up as the median over
 the rounds with the lowest and highest round beside it: on a shared machine
@@ -53,7 +55,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
@@ -65,6 +67,14 @@ REQUEST = b"0123456789"
 STREAM_MESSAGES = 1000
 
 CLIENTS = ("nadisc.grpc, trio", "nadisc.grpc, asyncio", "grpclib", "grpcio.aio")
+
+
+class Spent(NamedTuple):
+    """One client's round of one row: calls (or messages), wall and CPU seconds."""
+
+    calls: int
+    wall: float
+    cpu: float
 
 
 @dataclass
@@ -232,7 +242,7 @@ async def _fan(concurrency: int, calls: int, one: Callable[[], Awaitable[Any]]) 
             tg.start_soon(worker)
 
 
-async def _ours(port: int, row: str, calls: int) -> int:
+async def _ours(port: int, row: str, calls: int) -> Spent:
     from nadisc.grpc import Channel
 
     async with Channel(f"127.0.0.1:{port}") as channel:
@@ -242,7 +252,7 @@ async def _ours(port: int, row: str, calls: int) -> int:
         return await _run_row(row, calls, lambda: unary(REQUEST), lambda: stream(REQUEST))
 
 
-async def _grpclib(port: int, row: str, calls: int) -> int:
+async def _grpclib(port: int, row: str, calls: int) -> Spent:
     from grpclib.client import Channel, UnaryStreamMethod, UnaryUnaryMethod
 
     channel = Channel("127.0.0.1", port)
@@ -261,7 +271,7 @@ async def _grpclib(port: int, row: str, calls: int) -> int:
         channel.close()
 
 
-async def _grpcio(port: int, row: str, calls: int) -> int:
+async def _grpcio(port: int, row: str, calls: int) -> Spent:
     import grpc.aio
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -278,20 +288,24 @@ async def _run_row(
     stream: Callable[[], Any],
     *,
     aiter: bool = True,
-) -> int:
-    """Run one row; returns how many calls (or messages) it made."""
+) -> Spent:
+    """Run one row on a connected channel: how many calls (or messages) it
+    made, and the wall and process CPU seconds they took. The timing starts
+    here, so the event loop's start, the connection and the warm-up call
+    before it, and the channel's close after it, are not in it."""
+    cpu, wall = time.process_time(), time.perf_counter()
     if row.startswith("unary"):
         await _fan(int(row.rsplit("c=", 1)[1]), calls, unary)
-        return _row_calls(row, calls)
-    streams = max(1, calls // 200)
-    count = 0
-    for _ in range(streams):
-        if aiter:
-            async for _message in stream():
-                count += 1
-        else:
-            count += len(await stream())
-    return count
+        count = _row_calls(row, calls)
+    else:
+        count = 0
+        for _ in range(max(1, calls // 200)):
+            if aiter:
+                async for _message in stream():
+                    count += 1
+            else:
+                count += len(await stream())
+    return Spent(count, time.perf_counter() - wall, time.process_time() - cpu)
 
 
 def _row_calls(row: str, calls: int) -> int:
@@ -304,18 +318,15 @@ def _row_calls(row: str, calls: int) -> int:
 
 def _measure(client: str, port: int, row: str, calls: int) -> tuple[float, float]:
     """(rate per second, CPU microseconds per call) of one round of one client."""
-    cpu0, wall0 = time.process_time(), time.perf_counter()
     if client == "nadisc.grpc, trio":
-        count = anyio.run(_ours, port, row, calls, backend="trio")
+        spent = anyio.run(_ours, port, row, calls, backend="trio")
     elif client == "nadisc.grpc, asyncio":
-        count = anyio.run(_ours, port, row, calls, backend="asyncio")
+        spent = anyio.run(_ours, port, row, calls, backend="asyncio")
     elif client == "grpclib":
-        count = asyncio.run(_grpclib(port, row, calls))
+        spent = asyncio.run(_grpclib(port, row, calls))
     else:
-        count = asyncio.run(_grpcio(port, row, calls))
-    wall = time.perf_counter() - wall0
-    cpu = time.process_time() - cpu0
-    return count / wall, cpu / count * 1e6
+        spent = asyncio.run(_grpcio(port, row, calls))
+    return spent.calls / spent.wall, spent.cpu / spent.calls * 1e6
 
 
 def main(argv: list[str] | None = None) -> Result:

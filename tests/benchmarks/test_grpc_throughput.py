@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncIterator
+
 import pytest
 
 from benchmarks import grpc_throughput
@@ -28,3 +31,30 @@ def test_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     # Over the whole run the server did work (the smoke rounds are short,
     # so one row's reading may be zero ticks, never all of them).
     assert sum(us for rounds in result.server_us.values() for us in rounds) > 0
+
+
+async def test_a_row_times_its_calls_alone() -> None:
+    """The timing is of the row's calls on a connected channel: what the
+    client did before (connect, warm up) is not in it, and every call or
+    streamed message is counted."""
+    made: list[str] = []
+
+    async def unary() -> bytes:
+        made.append("unary")
+        return b""
+
+    async def stream() -> AsyncIterator[bytes]:
+        for _ in range(3):
+            yield b""
+
+    def busy(seconds: float) -> None:
+        until = time.process_time() + seconds
+        while time.process_time() < until:
+            pass
+
+    busy(0.05)  # a client's set-up: not in the row's timing
+    spent = await grpc_throughput._run_row("unary c=4", 8, unary, stream)
+    assert spent.calls == 8 == len(made)
+    assert spent.cpu < 0.05
+    spent = await grpc_throughput._run_row("stream 1000 msgs", 400, unary, stream)
+    assert spent.calls == 2 * 3  # two streams (400 // 200) of three messages
