@@ -37,3 +37,14 @@ def test_smoke_run_prints_every_row_against_the_peer(capsys: pytest.CaptureFixtu
         assert row.json > 0 and row.grpc > 0 and row.peer > 0, row
         assert not math.isnan(row.ratio), row
         assert row.measure in out
+    # Rows measured once per round carry the median of their rounds' ratios;
+    # latency percentiles are of all samples, their ratio of the percentiles.
+    assert all(r.round_ratios is None for r in rows[:4])
+    assert all(r.round_ratios is not None for r in rows[4:])
+
+
+def test_a_per_round_ratio_is_what_the_row_reports() -> None:
+    row = etcd_peer.Row("m", 4.0, 3.0, 2.0, "ms", 1.0, round_ratios=(1.9, 1.4))
+    assert (row.json_ratio, row.ratio, row.ok) == (1.9, 1.4, False)
+    plain = etcd_peer.Row("m", 4.0, 3.0, 2.0, "ms", 2.0)
+    assert (plain.json_ratio, plain.ratio, plain.ok) == (2.0, 1.5, True)
