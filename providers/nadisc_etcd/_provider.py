@@ -352,7 +352,9 @@ class EtcdProvider:
         self._ttl_reads: dict[int, _Flight] = {}
         self._range_reads: dict[str, _Flight] = {}
         #: service -> (sent at, its records): one range shared by checks.
-        self._service_reads: dict[str, tuple[float, dict[bytes, KeyValue]]] = {}
+        #: Per service: (when sent, its records by key, the last key read
+        #: when the range was cut at the listing limit, else None).
+        self._service_reads: dict[str, tuple[float, dict[bytes, KeyValue], bytes | None]] = {}
         #: key -> when our put of it was answered (checks trust only later reads).
         self._put_at: dict[bytes, float] = {}
         #: service -> the mean wire size of its records at its last range
@@ -1306,10 +1308,11 @@ class EtcdProvider:
         shared = self._leases.get(lease)
         candidates: tuple[KeyValue, ...] | None = None
         if shared is not None and len(shared.keys) >= SHARED_CHECK_MIN:
-            sent, kvs = await self._service_keys(record.service, name, deadline)
-            # A range sent before our put answered may not show the key yet:
-            # that key is then read by itself.
-            if sent > self._put_at.get(key, math.inf):
+            sent, kvs, cut = await self._service_keys(record.service, name, deadline)
+            # A range sent before our put answered may not show the key yet,
+            # and a range cut at the listing limit does not show the keys
+            # after its last: such a key is then read by itself.
+            if sent > self._put_at.get(key, math.inf) and (cut is None or key <= cut):
                 found = kvs.get(key)
                 candidates = (found,) if found is not None else ()
         if candidates is None:
@@ -1327,9 +1330,11 @@ class EtcdProvider:
 
     async def _service_keys(
         self, service: str, name: str, deadline: float
-    ) -> tuple[float, Mapping[bytes, KeyValue]]:
-        """(when it was sent, the records of ``service``): one recent range
-        (sent at most ``fresh_check`` ago) that every check of it shares."""
+    ) -> tuple[float, Mapping[bytes, KeyValue], bytes | None]:
+        """(when it was sent, the records of ``service``, the last key read
+        when the range was cut at ``max_instances_per_service + 1`` records,
+        else None): one recent range (sent at most ``fresh_check`` ago) that
+        every check of it shares."""
         now = anyio.current_time()
         cached = self._service_reads.get(service)
         if cached is not None and now - cached[0] < self._leases.fresh_check:
@@ -1344,11 +1349,12 @@ class EtcdProvider:
                 limit=self._context.max_instances_per_service + 1,
                 deadline=deadline,
             )
-            self._service_reads[service] = (sent, {kv.key: kv for kv in answer.kvs})
+            cut = (answer.kvs[-1].key if answer.kvs else b"") if answer.more else None
+            self._service_reads[service] = (sent, {kv.key: kv for kv in answer.kvs}, cut)
             return len(answer.kvs)
 
         await self._single_flight(self._range_reads, service, name, deadline, read)
-        return self._service_reads.get(service, (-math.inf, {}))
+        return self._service_reads.get(service, (-math.inf, {}, None))
 
     async def deregister(self, registered: Registered, deadline: float) -> None:
         """Delete the key if it is still on our lease; the lease's last key

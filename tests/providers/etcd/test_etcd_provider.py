@@ -761,3 +761,22 @@ async def test_auth_token_refresh_and_revoked_permission(
         await provider.query("orders", soon(15))
     with pytest.raises(IdentityRevoked):
         await provider.prepare(soon(15))
+
+
+@both_wires
+async def test_checks_of_a_service_past_the_listing_limit_find_every_registration(
+    etcd_server: EtcdServer, make_provider: ProviderMaker
+) -> None:
+    """Checks of many registrations in one service share one range of it; a
+    range cut at max_instances_per_service + 1 records is not evidence that
+    the keys after its last one are gone: each of those is read by itself."""
+    provider = make_provider(etcd_server, context=make_context(max_instances_per_service=4))
+    registered = [
+        await provider.register(record(f"i-{n:02d}", registration=f"web-{n:02d}"), soon())
+        for n in range(12)
+    ]
+    assert len({r.handle for r in registered}) == 1  # one shared lease: checks share a range
+    health = [await provider.check(r, soon()) for r in registered]
+    assert health == [HealthStatus.HEALTHY] * 12
+    await provider.deregister(registered[-1], soon())
+    assert await provider.check(registered[-1], soon()) is HealthStatus.MISSING
