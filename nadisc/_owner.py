@@ -49,6 +49,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -1239,9 +1240,27 @@ async def open_discovery(
     except (RegistrationError, DeadlineExceeded) as exc:
         report = opened.close_report if opened is not None else None
         if not started and report is not None and report.registrations:
-            outcomes = ", ".join(_describe_entry(entry) for entry in report.registrations)
-            exc.add_note(f"registrations at close: {outcomes}")
+            exc.add_note(_close_note(report.registrations))
         raise
+
+
+#: Registrations a start-up failure's note names one by one; the rest are counted.
+_NOTE_NAMED = 20
+
+
+def _close_note(entries: Sequence[object]) -> str:
+    """What happened to each registration at the close after a failed start:
+    the first :data:`_NOTE_NAMED` by name, then the count of every outcome
+    (a note stays short with thousands of registrations)."""
+    named = ", ".join(_describe_entry(entry) for entry in entries[:_NOTE_NAMED])
+    if len(entries) <= _NOTE_NAMED:
+        return f"registrations at close: {named}"
+    counts = Counter(_describe_entry(entry).rpartition("=")[2] for entry in entries)
+    summary = ", ".join(f"{outcome}={n}" for outcome, n in sorted(counts.items()))
+    return (
+        f"registrations at close: {named} and {len(entries) - _NOTE_NAMED} more; "
+        f"all {len(entries)}: {summary}"
+    )
 
 
 def _describe_entry(entry: object) -> str:

@@ -563,3 +563,24 @@ async def test_cancelled_while_publishing_leaves_nothing_behind(
     assert registry.instance_ids() == ()
     assert provider.close_calls == 1
     assert all_tasks() == before
+
+
+def test_the_close_note_of_thousands_of_registrations_stays_short() -> None:
+    """A failed start names the first registrations and counts the rest by outcome."""
+    from types import SimpleNamespace
+
+    from nadisc._owner import _close_note
+
+    entries = [
+        SimpleNamespace(name=f"r{n:05d}", outcome=SimpleNamespace(value=value))
+        for n, value in enumerate(["deregistered"] * 9_000 + ["not_registered"] * 1_000)
+    ]
+    note = _close_note(entries)
+    assert note.startswith("registrations at close: r00000=deregistered, r00001=deregistered")
+    assert "r00019=deregistered and 9980 more" in note and "r00020" not in note
+    assert note.endswith("all 10000: deregistered=9000, not_registered=1000")
+    assert len(note) < 1_000
+    few = _close_note(entries[:3])
+    assert few == (
+        "registrations at close: r00000=deregistered, r00001=deregistered, r00002=deregistered"
+    )
