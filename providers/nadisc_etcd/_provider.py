@@ -351,9 +351,9 @@ class EtcdProvider:
         self._keepalives: dict[int, _Flight] = {}
         self._ttl_reads: dict[int, _Flight] = {}
         self._range_reads: dict[str, _Flight] = {}
-        #: service -> (sent at, its records): one range shared by checks.
-        #: Per service: (when sent, its records by key, the last key read
-        #: when the range was cut at the listing limit, else None).
+        #: One range per service, shared by checks: (when sent, its records by
+        #: key, the last key read when the range was cut at the listing limit,
+        #: else None).
         self._service_reads: dict[str, tuple[float, dict[bytes, KeyValue], bytes | None]] = {}
         #: key -> when our put of it was answered (checks trust only later reads).
         self._put_at: dict[bytes, float] = {}
