@@ -211,7 +211,7 @@ def h2_floor_us(calls: int) -> tuple[float, float]:
         return spent
 
     unary = sum(one(1, 10) for _ in range(calls)) / calls * 1e6
-    streams = max(1, calls // 200)
+    streams = _streams(calls)
     stream = sum(one(STREAM_MESSAGES, 100) for _ in range(streams)) / streams / STREAM_MESSAGES
     return unary, stream * 1e6
 
@@ -299,7 +299,7 @@ async def _run_row(
         count = _row_calls(row, calls)
     else:
         count = 0
-        for _ in range(max(1, calls // 200)):
+        for _ in range(_streams(calls)):
             if aiter:
                 async for _message in stream():
                     count += 1
@@ -313,7 +313,12 @@ def _row_calls(row: str, calls: int) -> int:
     if row.startswith("unary"):
         concurrency = int(row.rsplit("c=", 1)[1])
         return max(1, calls // concurrency) * concurrency
-    return max(1, calls // 200) * STREAM_MESSAGES
+    return _streams(calls) * STREAM_MESSAGES
+
+
+def _streams(calls: int) -> int:
+    """Streams of the stream row per round: one per 200 unary calls of a row."""
+    return max(1, calls // 200)
 
 
 def _measure(client: str, port: int, row: str, calls: int) -> tuple[float, float]:

@@ -1255,7 +1255,7 @@ def _close_note(entries: Sequence[object]) -> str:
     named = ", ".join(_describe_entry(entry) for entry in entries[:_NOTE_NAMED])
     if len(entries) <= _NOTE_NAMED:
         return f"registrations at close: {named}"
-    counts = Counter(_describe_entry(entry).rpartition("=")[2] for entry in entries)
+    counts = Counter(str(_outcome_of(entry)) for entry in entries)
     summary = ", ".join(f"{outcome}={n}" for outcome, n in sorted(counts.items()))
     return (
         f"registrations at close: {named} and {len(entries) - _NOTE_NAMED} more; "
@@ -1263,8 +1263,10 @@ def _close_note(entries: Sequence[object]) -> str:
     )
 
 
-def _describe_entry(entry: object) -> str:
-    name = getattr(entry, "name", "?")
+def _outcome_of(entry: object) -> object:
     outcome = getattr(entry, "outcome", None)
-    value = getattr(outcome, "value", outcome)
-    return f"{name}={value}"
+    return getattr(outcome, "value", outcome)
+
+
+def _describe_entry(entry: object) -> str:
+    return f"{getattr(entry, 'name', '?')}={_outcome_of(entry)}"
