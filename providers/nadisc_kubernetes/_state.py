@@ -137,10 +137,11 @@ class _Metadata:
     """Builds instance metadata, sharing one read-only mapping per distinct
     content (endpoints on one node in one zone share theirs)."""
 
-    __slots__ = ("_shared",)
+    __slots__ = ("shared",)
 
     def __init__(self) -> None:
-        self._shared: dict[tuple[str, ...], Mapping[str, str]] = {}
+        #: Content key (see :meth:`of`) -> its one mapping.
+        self.shared: dict[tuple[str, ...], Mapping[str, str]] = {}
 
     def of(
         self, slice_: EndpointSlice, endpoint: SliceEndpoint, app_protocol: str | None
@@ -157,14 +158,14 @@ class _Metadata:
             zones,
             app_protocol or "",
         )
-        shared = self._shared.get(key)
+        shared = self.shared.get(key)
         if shared is None:
             names = ("address_type", "zone", "node_name", "hostname", "hints.for_zones")
             items = {name: value for name, value in zip(names, key, strict=False) if value}
             items["address_type"] = slice_.addressType
             if app_protocol:
                 items["app_protocol"] = app_protocol
-            shared = self._shared[key] = MappingProxyType(items)
+            shared = self.shared[key] = MappingProxyType(items)
         return shared
 
 
@@ -211,8 +212,13 @@ def _slice_result(
         return _SliceResult((), ((key, f"port {port_name!r} has no usable number"),))
     members: list[tuple[str, int, Instance]] = []
     invalid: list[tuple[str, str]] = []
-    family_rank = _FAMILY_RANK.get(slice_.addressType, 2)
+    address_type = slice_.addressType
+    family_rank = _FAMILY_RANK.get(address_type, 2)
     app_protocol = slice_port.appProtocol
+    app = app_protocol or ""
+    # _Metadata.of for the common case (no hints, so no zones), inline: the
+    # same key it builds, so both find the same shared mapping.
+    shared_metadata = metadata.shared.get
     for position, endpoint in enumerate(slice_.endpoints or ()):
         # endpoint_state, its common case (not terminating) inline.
         conditions = endpoint.conditions
@@ -231,18 +237,26 @@ def _slice_result(
             continue
         ref = endpoint.targetRef
         identity = ref.uid if ref is not None and ref.uid else _identity(slice_, endpoint, number)
+        md = (
+            None
+            if endpoint.hints is not None
+            else shared_metadata(
+                (
+                    address_type,
+                    endpoint.zone or "",
+                    endpoint.nodeName or "",
+                    endpoint.hostname or "",
+                    "",
+                    app,
+                )
+            )
+        )
+        if md is None:
+            md = metadata.of(slice_, endpoint, app_protocol)
         try:
             # Identity (a uid or built from parts) and port (checked above)
             # are what the constructor would check: only the host is.
-            instance = trusted_instance(
-                identity,
-                addresses[0],
-                number,
-                1.0,
-                metadata.of(slice_, endpoint, app_protocol),
-                (),
-                draining,
-            )
+            instance = trusted_instance(identity, addresses[0], number, 1.0, md, (), draining)
         except ValueError as exc:
             invalid.append((f"{key}/{position}", str(exc)))
             continue
@@ -323,7 +337,7 @@ def build_snapshot(
         trust_unowned,
     )
     invalid: dict[str, str] = {}
-    best: dict[str, tuple[int, Instance]] = {}
+    best: dict[str, tuple[str, int, Instance]] = {}
     metadata = _Metadata()
     for slice_ in sorted(slices, key=lambda s: s.metadata.name):
         name = slice_.metadata.name
@@ -342,16 +356,16 @@ def build_snapshot(
             if cache is not None:
                 cache[name] = (slice_, key_of, result)
         invalid.update(result.invalid)
-        for identity, rank, instance in result.members:
-            known = best.get(identity)
-            if known is not None and known[0] <= rank:
+        for member in result.members:
+            known = best.get(member[0])
+            if known is not None and known[1] <= member[1]:
                 continue  # served, then IPv4, then the slice that sorts first wins
-            best[identity] = (rank, instance)
+            best[member[0]] = member
         if len(best) > max_instances:
             raise CapacityRejected(
                 f"{where}: more than max_instances_per_service={max_instances} endpoints"
             )
-    instances = tuple(best[identity][1] for identity in sorted(best))
+    instances = tuple([best[identity][2] for identity in sorted(best)])
     # Identities are unique (the keys of ``best``) and every host was
     # checked when its instance was built: no per-instance pass again.
     return ProviderSnapshot._assembled(alias, instances, evidence, invalid, -1)

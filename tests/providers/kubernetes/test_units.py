@@ -389,6 +389,27 @@ def test_endpoints_with_the_same_topology_share_one_metadata_mapping() -> None:
     by_id = {i.identity: i for i in listed.instances}
     assert by_id["pod-1"].metadata is by_id["pod-4"].metadata  # node-1, zone-a
     assert by_id["pod-2"].metadata is not by_id["pod-1"].metadata
+    # Every part of the content is in the sharing key: a hint, a hostname, the
+    # port's appProtocol, the address type (node-1 and zone-a throughout).
+    hinted = {**endpoint(7), "hints": {"forZones": [{"name": "zone-b"}]}}
+    empty_hint = {**endpoint(10), "hints": {}}
+    named = {**endpoint(13), "hostname": "w13"}
+    plain = slice_("t", [endpoint(1), hinted, empty_hint, named])
+    h2c = [{"name": "http", "port": 8080, "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"}]
+    grpc = slice_("u", [endpoint(16), endpoint(19)], ports=h2c)
+    v6 = slice_("v", [{**endpoint(22), "addresses": ["fd00::22"]}], address_type="IPv6")
+    listed = snapshot(service(), plain, grpc, v6)
+    by_id = {i.identity: i for i in listed.instances}
+    topology = {"address_type": "IPv4", "zone": "zone-a", "node_name": "node-1"}
+    assert dict(by_id["pod-1"].metadata) == topology
+    assert by_id["pod-10"].metadata is by_id["pod-1"].metadata  # no zones in the hint
+    assert dict(by_id["pod-7"].metadata) == {**topology, "hints.for_zones": "zone-b"}
+    assert dict(by_id["pod-13"].metadata) == {**topology, "hostname": "w13"}
+    assert by_id["pod-16"].metadata is by_id["pod-19"].metadata
+    assert dict(by_id["pod-16"].metadata) == {**topology, "app_protocol": "kubernetes.io/h2c"}
+    assert dict(by_id["pod-22"].metadata) == {**topology, "address_type": "IPv6"}
+    distinct = {id(by_id[f"pod-{n}"].metadata) for n in (1, 7, 13, 16, 22)}
+    assert len(distinct) == 5
 
 
 async def test_watch_lines_are_split_across_chunks_and_bounded() -> None:
