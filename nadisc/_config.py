@@ -60,13 +60,14 @@ from pydantic import (
     SecretStr,
     Strict,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from ._errors import ConfigError
-from ._instance import Instance, valid_host
+from ._instance import Instance, canonical_host, numeric_reading, valid_host
 
 __all__ = [
     "BUILTIN_PROVIDERS",
@@ -242,6 +243,47 @@ def _item_annotation(annotation: Any) -> Any:
     ):
         args = [a for a in get_args(shape) if a is not Ellipsis]
         return args[0] if args else Any
+    return None
+
+
+def _masked_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
+    return {k: "**********" if _is_secret_key(k) else v for k, v in metadata.items()}
+
+
+#: Why a secret-looking metadata key is refused (registrations, and the
+#: metadata a provider block adds to every registration).
+PUBLISHED_SECRET = (
+    "looks like a secret, and metadata is published to every observer of the registry; "
+    "remove it, or list the key in publish_secret_looking_metadata if it is meant to be public"
+)
+
+
+def secret_looking_keys(metadata: Iterable[str], allowed: Iterable[str]) -> list[str]:
+    """The keys of ``metadata`` that look secret and are not in ``allowed``."""
+    published = set(allowed)
+    return [key for key in metadata if _is_secret_key(key) and key not in published]
+
+
+def empty_port(url: str) -> bool:
+    """True when ``url``'s authority ends in ``:`` with no port after it
+    (``http://consul:``, a ``:${PORT}`` whose variable was empty): URL parsers
+    read that as the scheme's default port."""
+    authority = url.partition("://")[2].partition("/")[0].partition("?")[0]
+    return authority.partition("#")[0].rpartition("@")[2].endswith(":")
+
+
+def undialable(host: str | None, port: int | None) -> str | None:
+    """Why a server URL's parsed ``host`` and ``port`` name no server, or
+    None: port 0, or the unspecified address (the URL parser has already
+    turned a numeric shorthand such as ``0`` into ``0.0.0.0``)."""
+    if port == 0:
+        return "port 0 cannot be connected to (give 1-65535)"
+    try:
+        unspecified = host is not None and ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        unspecified = False
+    if unspecified:
+        return "the host is the unspecified address (0.0.0.0 or ::), which names no server"
     return None
 
 
@@ -618,6 +660,17 @@ class StaticInstanceConfig(_Frozen):
             return self.id
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
+
+    # Values under secret-looking metadata keys are shown masked, as in any
+    # provider block ("Secrets" in docs/config.md): in repr and str, and in
+    # JSON dumps. The model keeps them (the instance is built from them).
+    @field_serializer("metadata", when_used="json")
+    def _masked_metadata(self, metadata: dict[str, str]) -> dict[str, str]:
+        return _masked_metadata(metadata)
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, _masked_metadata(value) if name == "metadata" else value
 
     def to_instance(self) -> Instance:
         return Instance(
@@ -1023,6 +1076,9 @@ def binding_names(config: ConnectionConfig) -> Mapping[str, str]:
 # --------------------------------------------------------------------------- registration
 
 _UNSPECIFIED = {ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::")}
+#: A value that is exactly one ``${NAME}`` / ``${NAME:-fallback}`` placeholder
+#: (left as text unless the document is expanded: see nadisc._loading).
+WHOLE_PLACEHOLDER = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}$")
 
 
 class RegistrationConfig(_Frozen):
@@ -1069,15 +1125,8 @@ class RegistrationConfig(_Frozen):
 
     @model_validator(mode="after")
     def _no_secrets_published(self) -> RegistrationConfig:
-        allowed = set(self.publish_secret_looking_metadata)
-        for key in self.metadata:
-            if _is_secret_key(key) and key not in allowed:
-                raise _problem(
-                    f"metadata.{key}",
-                    "looks like a secret, and metadata is published to every observer of "
-                    "the registry; remove it, or list the key in "
-                    "publish_secret_looking_metadata if it is meant to be public",
-                )
+        for key in secret_looking_keys(self.metadata, self.publish_secret_looking_metadata):
+            raise _problem(f"metadata.{key}", PUBLISHED_SECRET)
         return self
 
     @model_validator(mode="before")
@@ -1099,12 +1148,31 @@ class RegistrationConfig(_Frozen):
             return None
         if not value or value != value.strip() or any(c.isspace() for c in value):
             raise ValueError("ip must be a non-empty address without whitespace")
+        if WHOLE_PLACEHOLDER.match(value):
+            return value  # not expanded (no environ given): judged when the plan is made
+        if not valid_host(value):
+            # Not a URL, host:port, user-info or bracketed address: the
+            # registry publishes this text as the address others dial.
+            raise ValueError(
+                "ip must be an IP address or a DNS host name (no port, scheme, "
+                "brackets or user-info)"
+            )
         try:
             address = ipaddress.ip_address(value)
         except ValueError:
+            if numeric_reading(value) is not None:
+                raise ValueError(
+                    "ip is a numeric host name, which resolvers read as an IPv4 number; "
+                    "write a dotted-quad address or a real host name"
+                ) from None
             return value  # a host name (resolved by the registry or the host)
-        if address in _UNSPECIFIED:
-            raise ValueError(f"{value} is not a reachable address; configure the real one")
+        if address in _UNSPECIFIED or (
+            isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped in _UNSPECIFIED
+        ):
+            raise ValueError(
+                "ip is the unspecified address, not a reachable one; "
+                "configure the address others reach"
+            )
         return value
 
     @property
@@ -1171,6 +1239,20 @@ class DiscoveryConfig(_Frozen):
             )
         if self.default_connection is not None and self.default_connection not in self.connections:
             raise _problem("default_connection", "names no configured connection")
+        most = self.limits.max_instances_per_service
+        for name, configured in self.connections.items():
+            # A static listing over the limit could never be served.
+            static = configured.static.services if configured.static else {}
+            for alias, instances in static.items():
+                if len(instances) > most:
+                    raise _problem(
+                        f"connections.{name}.static.services.{alias}",
+                        f"{len(instances)} instances exceed limits.max_instances_per_service "
+                        f"({most}): the listing would be withheld",
+                    )
+        # What the frozen plan checks again at open (nadisc._registration):
+        # one instance id, and one address, per connection and remote service.
+        by_identity: dict[tuple[str, str, str], str] = {}
         backend_keys: dict[tuple[str, str, str, int], str] = {}
         for name, registration in self.registrations.items():
             where = f"registrations.{name}"
@@ -1194,9 +1276,18 @@ class DiscoveryConfig(_Frozen):
                     "this service alias is not bound on the connection the registration "
                     "names (bind it under the provider block's services)",
                 )
+            if registration.instance_id is not None:
+                identity = (qualifier, remote, registration.instance_id)
+                if identity in by_identity:
+                    raise _problem(
+                        f"{where}.instance_id",
+                        "registers the same instance id as registration "
+                        f"{by_identity[identity]!r} (same connection and remote service)",
+                    )
+                by_identity[identity] = name
             if registration.ip is None or registration.port is None:
                 continue  # taken from the bound listener; the frozen plan checks it
-            key = (qualifier, remote, registration.ip, registration.port)
+            key = (qualifier, remote, canonical_host(registration.ip), registration.port)
             if key in backend_keys:
                 raise _problem(
                     where,
@@ -1296,23 +1387,70 @@ def validation_problems(
     class validated at ``prefix``) unknown fields get a spelling hint.
     """
     problems: list[tuple[str, str]] = []
+    #: Per path, whether its problems so far are only "not this type" ones:
+    #: a value that fits no member of a union gets one error per member, and
+    #: a more specific one (a number out of range) says what is wrong.
+    type_only: dict[str, bool] = {}
     for error in exc.errors(include_input=False, include_url=False, include_context=True):
-        loc = list(error["loc"])
+        loc = list(_without_union_tags(model, error["loc"]))
         ctx = error.get("ctx") or {}
         field = ctx.get("field") if error["type"] == _ERROR_TYPE else None
         if field:
             loc.extend(str(field).split("."))
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if len(loc) >= 2 and loc[-1] == "[key]":
+            # A mapping key that is not valid (an integer connection name):
+            # the path names the key as written.
+            loc = [*loc[:-2], str(loc[-2])]
+            message = f"the key: {message}"
         rendered = _render_loc(tuple(loc))
         joiner = "." if rendered and not rendered.startswith("[") else ""
         path = prefix + joiner + rendered
-        message = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = "unknown field"
             found = _model_at(model, error["loc"][:-1]) if model is not None else None
             if found is not None:
                 message = _unknown_field(str(error["loc"][-1]), found.model_fields)
+        is_type = str(error["type"]).endswith("_type")
+        if path in type_only and len(loc) < len(error["loc"]):
+            # Another member's error at the same path (a union tag was dropped).
+            if is_type and not type_only[path]:
+                continue
+            if not is_type and type_only[path]:
+                problems = [p for p in problems if p[0] != path]
+        type_only[path] = is_type and type_only.get(path, True)
         problems.append((path, message))
     return problems
+
+
+def _without_union_tags(
+    model: type[BaseModel] | None, loc: Sequence[int | str]
+) -> Sequence[int | str]:
+    """``loc`` without the member tags pydantic puts after a union-typed field
+    (``port.str``, ``port.constrained-int``): they are not config keys. The
+    shape is followed from ``model`` through models, mappings and lists; past
+    a union (or without a model) the rest is kept as it is."""
+    if model is None:
+        return loc
+    current: Any = model
+    kept: list[int | str] = []
+    for at, part in enumerate(loc):
+        current = _strip(current)
+        origin = get_origin(current)
+        if origin in (Union, UnionType):
+            return [*kept, *loc[at + 1 :]]  # ``part`` is the member's tag
+        kept.append(part)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            info = current.model_fields.get(str(part))
+            if info is None:
+                return [*kept, *loc[at + 1 :]]
+            current = info.annotation
+        elif origin in (dict, list, tuple) and get_args(current):
+            args = get_args(current)
+            current = args[-1] if origin is dict else args[0]
+        else:
+            return [*kept, *loc[at + 1 :]]
+    return kept
 
 
 def config_error(problems: Sequence[tuple[str, str]], default: str = "discovery") -> ConfigError:

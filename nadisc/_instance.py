@@ -30,6 +30,7 @@ import ipaddress
 import math
 import operator
 import re
+import socket
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -118,6 +119,38 @@ def valid_host(host: str) -> bool:
             _VALID_HOSTS.clear()
         _VALID_HOSTS.add(host)
     return ok
+
+
+_NUMERIC_LABEL = re.compile(r"^(?:[0-9]+|0x[0-9a-f]*)$")
+
+
+def numeric_reading(host: str) -> str | None:
+    """How resolvers and URL parsers read a host name that is a number in
+    disguise (``"0"``, ``"127.1"``, ``"2130706433"``, ``"0x7f.1"``, a last
+    label of digits or hex): the dotted quad the C resolver's ``inet_aton``
+    makes of it, or ``""`` when it reads none; ``None`` for an IP address in
+    its usual form or a real host name."""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    bare = host.lower().rstrip(".")
+    try:
+        return socket.inet_ntoa(socket.inet_aton(bare))
+    except (OSError, ValueError):
+        pass
+    return "" if _NUMERIC_LABEL.match(bare.rsplit(".", 1)[-1]) else None
+
+
+def canonical_host(host: str) -> str:
+    """``host`` spelled one way, for telling whether two hosts are the same:
+    an IP address in its compressed form (``0:0:0:0:0:0:0:1`` is ``::1``),
+    a name in lower case without a trailing dot."""
+    try:
+        return ipaddress.ip_address(host).compressed
+    except ValueError:
+        return host.lower().rstrip(".")
 
 
 def _check_host(host: str) -> bool:

@@ -46,6 +46,7 @@ from pydantic import BaseModel, ValidationError
 
 from ._config import (
     BUILTIN_PROVIDERS,
+    WHOLE_PLACEHOLDER,
     ConnectionConfig,
     DiscoveryConfig,
     config_error,
@@ -392,7 +393,6 @@ def load_config_file(
 # --------------------------------------------------------------------------- ${VARS}
 
 _VARIABLE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_WHOLE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}$")
 _INT = re.compile(r"^-?(?:0|[1-9][0-9]*)$")
 _FLOAT = re.compile(r"^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?$")
 
@@ -466,7 +466,7 @@ def _expand(document: Any, environ: Mapping[str, str], path: str, *, secret: boo
     if "${" in leftover:
         raise ConfigError(where, "unterminated or malformed ${...} reference")
     expanded = _VARIABLE.sub(replace, document)
-    if not secret and _WHOLE.match(document):
+    if not secret and WHOLE_PLACEHOLDER.match(document):
         return _typed(expanded)
     return expanded
 

@@ -7,13 +7,23 @@ any credential word (``Bearer``, ``token``, ``password``, ``Authorization``,
 ...) cut out, so a body that echoes the request (a reflecting proxy, a debug
 page) cannot put a password or a token into a message.
 
+A body that echoes the request carries a secret the way the request did:
+JSON-escaped (a quote or a non-ASCII letter in a password), percent-encoded
+(a form or a query string, either case of hex digits) or HTML-escaped (a
+debug page). Each secret is masked in every one of those spellings, and a
+quoted value after a credential word is masked up to its closing quote
+(escaped quotes included), not to the first quote in it.
+
 Cost: one bounded decode and two passes over at most ``4 * limit`` bytes.
 """
 
 from __future__ import annotations
 
+import html
+import json
 import re
 from collections.abc import Iterable
+from urllib.parse import quote, quote_plus
 
 __all__ = ["redacted_excerpt"]
 
@@ -21,7 +31,10 @@ _CREDENTIAL = re.compile(
     r"(?i)(bearer|basic|token|secret|password|passwd|authorization|x-consul-token|api[-_]?key)"
     # The value, with an auth scheme in front of it taken along
     # (``Authorization: Bearer <token>`` masks the token, not the word).
-    r"([\"']?\s*[:=]?\s*[\"']?)((?:(?:bearer|basic|digest)\s+)?[^\s\"',;&}<]+)"
+    r"([\"']?\s*[:=]?\s*)"
+    # A quoted value whole, escapes included (to the end of the text when
+    # it is not closed), or a bare one.
+    r"(\"(?:[^\"\\]|\\.)*\"?|'(?:[^'\\]|\\.)*'?|(?:(?:bearer|basic|digest)\s+)?[^\s\"',;&}<]+)"
 )
 #: Words that say what happened to a credential rather than being one: after
 #: a credential word and a space only (no ``:``, ``=`` or quote), they stay,
@@ -48,9 +61,49 @@ _VERDICTS = frozenset(
 
 
 def _mask(match: re.Match[str]) -> str:
-    if not match.group(2).strip() and match.group(3).lower().rstrip("!.?") in _VERDICTS:
+    value = match.group(3)
+    quote_mark = value[0]
+    if quote_mark in "\"'":
+        return f"{match.group(1)}{match.group(2)}{quote_mark}***{quote_mark}"
+    if not match.group(2).strip() and value.lower().rstrip("!.?") in _VERDICTS:
         return match.group(0)
     return f"{match.group(1)}{match.group(2)}***"
+
+
+def _percent_lower(match: re.Match[str]) -> str:
+    return match.group(0).lower()
+
+
+def _spellings(secret: str) -> set[str]:
+    """``secret`` as a request may have carried it, and an echo may repeat it."""
+    escaped = json.dumps(secret)[1:-1]
+    percent = quote(secret, safe="")
+    forms = {
+        secret,
+        escaped,
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        # JSON may escape "/" too.
+        escaped.replace("/", "\\/"),
+        percent,
+        re.sub("%[0-9A-F]{2}", _percent_lower, percent),
+        quote_plus(secret),
+        quote(secret),
+        html.escape(secret),
+        html.escape(secret, quote=False),
+    }
+    forms.discard("")
+    return forms
+
+
+def _masked(text: str, secrets: Iterable[str]) -> str:
+    forms: set[str] = set()
+    for secret in secrets:
+        if secret:
+            forms |= _spellings(secret)
+    # The longest first: a spelling that contains another is masked whole.
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, "***")
+    return text
 
 
 def redacted_excerpt(body: bytes | str, secrets: Iterable[str] = (), *, limit: int = 200) -> str:
@@ -59,9 +112,7 @@ def redacted_excerpt(body: bytes | str, secrets: Iterable[str] = (), *, limit: i
         text = body[: limit * 4].decode("utf-8", "replace")
     else:
         text = body[: limit * 4]
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
+    text = _masked(text, secrets)
     text = _CREDENTIAL.sub(_mask, text)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -67,7 +67,6 @@ import logging
 import math
 import random
 import re
-import socket
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -90,6 +89,7 @@ from ._errors import (
     RegistrationError,
     RegistrationRejected,
 )
+from ._instance import canonical_host, numeric_reading
 from ._journal import RegistrationJournal
 from ._provider import (
     Capabilities,
@@ -131,7 +131,6 @@ _HOSTNAME = re.compile(
 )
 _LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback", "localhost.localdomain"})
 #: A last label resolvers and URL parsers read as (part of) an IPv4 number.
-_NUMERIC_LABEL = re.compile(r"^(?:[0-9]+|0x[0-9a-f]*)$")
 _THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
 #: NAT64 prefixes (well-known and local-use) sit inside the reserved ::/8
 #: but carry routable IPv4 addresses.
@@ -467,11 +466,9 @@ def _check_host_name(name: str, host: str, *, allow_loopback: bool, hint: str) -
         )
     bare = host.lower().rstrip(".")
     last = bare.rsplit(".", 1)[-1]
-    numeric: str | None = None
-    with contextlib.suppress(OSError):
-        numeric = socket.inet_ntoa(socket.inet_aton(bare))
-    if numeric is not None or _NUMERIC_LABEL.match(last):
-        what = f" (read as {numeric})" if numeric is not None else ""
+    numeric = numeric_reading(host)
+    if numeric is not None:
+        what = f" (read as {numeric})" if numeric else ""
         raise RegistrationError(
             name,
             f"{host!r} is a numeric host name{what} that resolvers and URL parsers "
@@ -655,7 +652,7 @@ def freeze_plan(
                 path=_path(item.name, "instance_id"),
             )
         by_identity[identity] = item.name
-        address = (item.qualifier, record.service, record.host.lower(), record.port)
+        address = (item.qualifier, record.service, canonical_host(record.host), record.port)
         other = by_address.get(address)
         if other is not None:
             raise RegistrationError(

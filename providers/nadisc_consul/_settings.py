@@ -16,11 +16,14 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from ._hosts import is_loopback_host, is_unspecified_host
+from nadisc._config import PUBLISHED_SECRET, empty_port, secret_looking_keys, undialable
+
+from ._hosts import is_loopback_host, is_unspecified_host, numeric_host_reading
 
 __all__ = ["ConsulSettings", "ServiceBinding"]
 
@@ -61,7 +64,7 @@ class ConsulSettings(BaseModel):
     #: HTTP API address of the local Consul agent (no credentials in it).
     url: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8500")
     #: ACL token, sent as `Authorization: Bearer` (never in a URL).
-    token: SecretStr | None = None
+    token: SecretStr | None = Field(default=None, min_length=1)
     #: PEM bundle of the CA that signed the agent's certificate (https only).
     ca_file: str | None = None
     #: Datacenter to query (default: the agent's).
@@ -98,7 +101,11 @@ class ConsulSettings(BaseModel):
     cluster_id: str | None = Field(default=None, min_length=1, max_length=512)
     #: Tags added to every registered instance.
     tags: tuple[str, ...] = ()
-    #: Meta added to every registered instance (readable by every observer).
+    #: Meta keys that look secret (``db_password``) but are meant to be
+    #: published: every observer of the registry reads them.
+    publish_secret_looking_metadata: tuple[str, ...] = ()
+    #: Meta added to every registered instance (readable by every observer; a
+    #: secret-looking key is refused unless in publish_secret_looking_metadata).
     meta: dict[str, str] = Field(default_factory=dict)
     #: How often a registration is re-sent to the agent (seconds).
     reregister_interval: float = Field(default=30.0, gt=0, le=86400)
@@ -170,6 +177,43 @@ class ConsulSettings(BaseModel):
             raise ValueError("url must not carry a query or fragment (a token belongs in token)")
         return value
 
+    @field_validator("url", mode="before")
+    @classmethod
+    def _port_is_given_when_a_colon_says_so(cls, value: object) -> object:
+        # The URL parser reads ``http://consul:`` (``:${CONSUL_PORT}`` with an
+        # empty variable, say) as the scheme's default port: refuse it instead.
+        if isinstance(value, str) and empty_port(value):
+            raise ValueError("':' after the host but no port (give 1-65535)")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _port_is_dialable(cls, value: AnyHttpUrl) -> AnyHttpUrl:
+        # The parser already refuses a port that is not a number or above
+        # 65535; port 0 names no listening socket.
+        problem = undialable(value.host, value.port)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("advertised_host")
+    @classmethod
+    def _advertised_host_is_an_address_or_a_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        reading = numeric_host_reading(value)
+        if reading is not None:
+            raise ValueError(
+                f"advertised_host is a numeric host name ({reading}) that resolvers and "
+                "URL parsers take for an IPv4 number, not a name, and do not all read "
+                "alike; write a dotted-quad address (a.b.c.d) or a real host name"
+            )
+        if is_unspecified_host(value):
+            raise ValueError(
+                "advertised_host must be a routable host, not an unspecified (wildcard) address"
+            )
+        return value
+
     @field_validator("health_check_path")
     @classmethod
     def _path_is_absolute(cls, value: str | None) -> str | None:
@@ -179,7 +223,10 @@ class ConsulSettings(BaseModel):
 
     @field_validator("meta")
     @classmethod
-    def _meta_keys(cls, value: dict[str, str]) -> dict[str, str]:
+    def _meta_keys(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        allowed = info.data.get("publish_secret_looking_metadata") or ()
+        for key in secret_looking_keys(value, allowed):
+            raise ValueError(f"meta key {key!r} {PUBLISHED_SECRET}")
         for key, item in value.items():
             if not _META_KEY.match(key):
                 raise ValueError(
@@ -200,16 +247,18 @@ class ConsulSettings(BaseModel):
             raise ValueError("ca_file is only meaningful with an https url")
         if self.initial_backoff > self.max_backoff:
             raise ValueError("initial_backoff must not exceed max_backoff")
-        if self.advertised_host is not None:
-            if is_unspecified_host(self.advertised_host):
-                raise ValueError(
-                    "advertised_host must be a routable host, not an unspecified (wildcard) address"
-                )
-            if is_loopback_host(self.advertised_host) and not self.allow_loopback:
-                raise ValueError(
-                    "advertised_host is a loopback host, unreachable for other "
-                    "machines; set allow_loopback for local development"
-                )
+        # The wildcard and numeric spellings are refused by the field's own
+        # validator (the error then names ``advertised_host``); loopback
+        # depends on allow_loopback.
+        if (
+            self.advertised_host is not None
+            and is_loopback_host(self.advertised_host)
+            and not self.allow_loopback
+        ):
+            raise ValueError(
+                "advertised_host is a loopback host, unreachable for other "
+                "machines; set allow_loopback for local development"
+            )
         return self
 
     def binding(self, service: str) -> ServiceBinding:

@@ -21,6 +21,8 @@ messages, and it is only unwrapped at the moment the provider authenticates.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping
 from typing import Literal
 from urllib.parse import urlsplit
@@ -38,6 +40,42 @@ def _check_path_text(value: str, what: str) -> str:
     if "//" in value:
         raise ValueError(f"{what} must not contain an empty path segment ('//')")
     return value
+
+
+#: A host name as URL clients accept it: letters, digits, '-', '_' and dots.
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.?$")
+
+
+def _authority(netloc: str) -> tuple[str, str]:
+    """``(problem, authority)`` of an endpoint URL's ``host[:port]`` (a URL
+    with user-info was refused before). ``problem`` is empty when the host is
+    an IP address or a host name and the port, when given, a decimal number
+    in 1-65535; ``authority`` is then the host with the port as a plain
+    number (``:02379`` becomes ``:2379``). Problems never quote the input."""
+    if netloc.startswith("["):
+        host, _, rest = netloc[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            return "text after the ']' of the IPv6 address is not ':<port>'", ""
+        try:
+            ipaddress.IPv6Address(host.partition("%")[0])
+        except ValueError:
+            return "the host between '[' and ']' is not an IPv6 address", ""
+        host, has_port, port = f"[{host}]", rest[:1], rest[1:]
+    else:
+        host, has_port, port = netloc.partition(":")
+        if not host:
+            return "the host is empty", ""
+        if not _HOST_NAME.match(host):
+            return "the host is not an IP address or a host name", ""
+    if not has_port:
+        return "", host
+    if not port:
+        return "':' after the host but no port (give 1-65535)", ""
+    if not (port.isascii() and port.isdigit()):
+        return "the port is not a number (give 1-65535)", ""
+    if not 1 <= int(port) <= 65_535:
+        return "the port is outside 1-65535", ""
+    return "", f"{host}:{int(port)}"
 
 
 class EtcdServiceBinding(BaseModel):
@@ -120,16 +158,24 @@ class EtcdSettings(BaseModel):
     def _endpoints_are_http_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         cleaned: list[str] = []
         for index, url in enumerate(value):
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
+            try:
+                parts = urlsplit(url)
+            except ValueError:  # a bad [IPv6] host, say; its message quotes the input
+                raise ValueError(f"endpoints[{index}]: the host does not parse") from None
+            if parts.scheme not in ("http", "https"):
                 raise ValueError(f"endpoints[{index}]: not an http(s) URL with a host")
             if parts.username is not None or parts.password is not None:
                 raise ValueError(
                     f"endpoints[{index}]: credentials belong in username/password, not the URL"
                 )
+            if not parts.hostname:
+                raise ValueError(f"endpoints[{index}]: the host is empty")
             if parts.query or parts.fragment or parts.path not in ("", "/"):
                 raise ValueError(f"endpoints[{index}]: must not carry a path, query or fragment")
-            cleaned.append(f"{parts.scheme}://{parts.netloc}")
+            problem, authority = _authority(parts.netloc)
+            if problem:
+                raise ValueError(f"endpoints[{index}]: {problem}")
+            cleaned.append(f"{parts.scheme}://{authority}")
         if len(set(cleaned)) != len(cleaned):
             raise ValueError("endpoints: duplicate URL")
         return tuple(cleaned)

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from nadisc import ConfigError, tls_context_for
+from nadisc._config import empty_port, undialable
 
 from ._exec import API_VERSIONS, ExecPlugin, ExecTokenSource
 from ._settings import KubernetesSettings
@@ -208,11 +209,11 @@ def _host_port(host: str, port: str) -> str:
 def _in_cluster(settings: KubernetesSettings, env: Mapping[str, str]) -> ClusterAccess:
     host = env.get("KUBERNETES_SERVICE_HOST", "")
     port = env.get("KUBERNETES_SERVICE_PORT_HTTPS") or env.get("KUBERNETES_SERVICE_PORT", "")
-    if not host or not port.isdigit():
+    if not host or not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
         raise _problem(
             "credentials",
             "in_cluster needs KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT(_HTTPS) "
-            "in the environment (they are set inside a pod)",
+            "(a port in 1-65535) in the environment (they are set inside a pod)",
         )
     root = Path(settings.in_cluster_root)
     token_path = root / "token"
@@ -341,11 +342,18 @@ def _check_server(server: Any, where: str) -> str:
         raise ConfigError(f"{where}.server", "must be an http(s) URL")
     try:
         parts = urlsplit(server)
-        parts.port  # noqa: B018 - raises for a port that is not a number
+        port = parts.port  # raises for a port that is not a number
     except ValueError:
         raise ConfigError(f"{where}.server", "is not a valid URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{where}.server", "must be an http(s) URL")
+    if port is None and empty_port(server):
+        # ":" and nothing after it: the scheme's default port (443) would be
+        # dialled silently.
+        raise ConfigError(f"{where}.server", "has ':' after the host but no port")
+    problem = undialable(parts.hostname, port)
+    if problem is not None:
+        raise ConfigError(f"{where}.server", problem)
     # Credentials in the URL would be shown wherever the URL is (reprs,
     # httpx's request log) and make httpx send Basic instead of the token.
     if parts.username is not None or parts.password is not None:

@@ -21,9 +21,12 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+
+from nadisc._config import PUBLISHED_SECRET, empty_port, secret_looking_keys, undialable
 
 __all__ = ["NacosServiceBinding", "NacosSettings"]
 
@@ -204,11 +207,19 @@ class NacosSettings(BaseModel):
             "log in again this many seconds before the token's tokenTtl ends (at most half the TTL)"
         ),
     )
+    publish_secret_looking_metadata: list[str] = Field(
+        default_factory=list,
+        description=(
+            "keys of metadata that look secret (db_password, api_key) but are meant to be "
+            "published: every observer of the registry reads them"
+        ),
+    )
     metadata: dict[str, str] = Field(
         default_factory=dict,
         description=(
             "extra instance metadata on every registration of this connection "
-            "(a registration's own metadata wins on a shared key); at most 64 pairs"
+            "(a registration's own metadata wins on a shared key); at most 64 pairs; "
+            "a secret-looking key is refused unless listed in publish_secret_looking_metadata"
         ),
     )
 
@@ -224,6 +235,8 @@ class NacosSettings(BaseModel):
                     text = item.strip()
                     if "://" not in text:
                         text = "http://" + text
+                    if empty_port(text):
+                        raise ValueError("':' after the host but no port (give 1-65535)")
                     scheme, _, rest = text.partition("://")
                     if "/" not in rest:
                         text = f"{scheme}://{rest}{DEFAULT_CONTEXT_PATH}"
@@ -241,6 +254,9 @@ class NacosSettings(BaseModel):
                 raise ValueError("credentials do not belong in server_addr; use username/password")
             if url.query or url.fragment:
                 raise ValueError("server_addr takes no query or fragment")
+            problem = undialable(url.host, url.port)
+            if problem is not None:
+                raise ValueError(problem)
         return value
 
     @field_validator("group", "namespace")
@@ -286,7 +302,12 @@ class NacosSettings(BaseModel):
 
     @field_validator("metadata")
     @classmethod
-    def _metadata(cls, value: dict[str, str]) -> dict[str, str]:
+    def _metadata(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        # Published with every registration: the rule of a registration's own
+        # metadata (nadisc's RegistrationConfig) holds here too.
+        allowed = info.data.get("publish_secret_looking_metadata") or ()
+        for key in secret_looking_keys(value, allowed):
+            raise ValueError(f"metadata key {key!r} {PUBLISHED_SECRET}")
         if len(value) > 64:
             raise ValueError("at most 64 metadata pairs")
         for key, item in value.items():

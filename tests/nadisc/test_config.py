@@ -558,6 +558,23 @@ def test_registration_targets() -> None:
         (reg(ip="0.0.0.0"), "ip"),
         (reg(ip="::"), "ip"),
         (reg(ip=""), "ip"),
+        # Every spelling of the unspecified address, and what is not an address.
+        *[
+            (reg(ip=ip), "ip")
+            for ip in (
+                "0:0:0:0:0:0:0:0",
+                "[::]",
+                "::ffff:0.0.0.0",
+                "0",
+                "0.0.0.0.",
+                "0x0",
+                "127.1",
+                "2130706433",
+                "10.0.0.1:8080",
+                "http://10.0.0.1",
+                "user:pw-in-ip@10.0.0.1",
+            )
+        ],
         (reg(port=0), "port"),
         (reg(port=70_000), "port"),
         (reg(port="${PORT}"), "port"),
@@ -571,6 +588,17 @@ def test_registration_errors(registration: dict[str, Any], suffix: str) -> None:
     assert error.path == f"discovery.registrations.r.{suffix}", str(error)
 
 
+@pytest.mark.parametrize("ip", ["10.0.0.7", "fd00::7", "api.internal", "api-1.example.com."])
+def test_registration_ip_takes_addresses_and_host_names(ip: str) -> None:
+    config = parse_config(business(r=reg(ip=ip)))
+    assert config.registrations["r"].ip == ip
+
+
+def test_registration_ip_errors_do_not_echo_the_value() -> None:
+    error = error_of(business(r=reg(ip="user:pw-in-ip@10.0.0.1")))
+    assert "pw-in-ip" not in str(error)
+
+
 def test_unknown_qualifier_message() -> None:
     error = error_of(business(r=reg(qualifier="nope-secret-ref")))
     assert error.path == "discovery.registrations.r.qualifier"
@@ -582,6 +610,28 @@ def test_duplicate_backend_key_is_refused() -> None:
     error = error_of(business(a=reg(), b=reg()))
     assert error.path == "discovery.registrations.b"
     assert "'a'" in error.detail
+
+
+def test_the_same_instance_id_twice_is_refused() -> None:
+    error = error_of(
+        business(
+            a=reg(ip="10.0.0.1", port=8080, instance_id="node-1"),
+            b=reg(ip="10.0.0.2", port=9090, instance_id="node-1"),
+        )
+    )
+    assert error.path == "discovery.registrations.b.instance_id"
+    assert "'a'" in error.detail
+
+
+def test_the_same_address_in_another_spelling_is_refused() -> None:
+    error = error_of(
+        business(a=reg(ip="fd00::1", port=7070), b=reg(ip="fd00:0:0:0:0:0:0:1", port=7070))
+    )
+    assert error.path == "discovery.registrations.b"
+    error = error_of(
+        business(a=reg(ip="api.example", port=7070), b=reg(ip="API.example.", port=7070))
+    )
+    assert error.path == "discovery.registrations.b"
 
 
 def test_placeholders_are_not_expanded() -> None:
@@ -723,3 +773,50 @@ def test_provider_model_errors_get_hints_too() -> None:
         validate_provider_block("b", connection, EtcdSettings)
     assert info.value.path == "discovery.connections.b.etcd.dial_timeout"
     assert "did you mean 'dial_timeout_ms'" in info.value.detail
+
+
+# ----------------------------------------------------------------- error paths
+
+
+def test_a_union_fields_error_names_the_field_and_the_specific_problem() -> None:
+    """pydantic puts a member tag after a union-typed field (``port.str``,
+    ``port.constrained-int``) and one error per member: the path is the
+    config key, and the out-of-range problem wins over "not a string"."""
+
+    def kubernetes(port: object) -> dict[str, Any]:
+        return {"provider": "kubernetes", "kubernetes": {"services": {"a": {"port": port}}}}
+
+    error = error_of(doc(connections={"primary": kubernetes(0)}))
+    assert error.problems == (
+        (
+            "discovery.connections.primary.kubernetes.services.a.port",
+            "Input should be greater than or equal to 1",
+        ),
+    )
+    # A value that is no member's type keeps each member's message, at the key.
+    error = error_of(doc(connections={"primary": kubernetes([80])}))
+    assert {path for path, _ in error.problems} == {
+        "discovery.connections.primary.kubernetes.services.a.port"
+    }
+    assert len(error.problems) == 2
+
+
+def test_a_mapping_key_of_the_wrong_type_is_named_as_written() -> None:
+    error = error_of(doc(connections={1: static()}))
+    assert error.path == "discovery.connections.1"
+    assert error.detail.startswith("the key: ")
+
+
+def test_a_static_listing_over_the_instance_limit_is_refused_at_load() -> None:
+    instances = [{"host": f"10.0.0.{n}", "port": 80} for n in range(1, 4)]
+    limits = {"max_instances_per_service": 2}
+    error = error_of(doc(limits=limits, connections={"primary": static({"a": instances})}))
+    assert error.path == "discovery.connections.primary.static.services.a"
+    assert "max_instances_per_service" in error.detail
+    config = parse_config(
+        doc(
+            limits={"max_instances_per_service": 3},
+            connections={"primary": static({"a": instances})},
+        )
+    )
+    assert len(config.connections["primary"].static.instances("a")) == 3  # type: ignore[union-attr]

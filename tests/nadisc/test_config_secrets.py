@@ -6,7 +6,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from nadisc import ConfigError, load_config
-from nadisc._config import provider_block, validate_provider_block
+from nadisc._config import block_secrets, provider_block, validate_provider_block
 
 from .config_support import installed
 
@@ -142,3 +142,30 @@ def test_config_errors_carry_no_input_values() -> None:
         load_config(bad)
     assert info.value.path == "discovery.connections.primary.request_timeout_ms"
     assert "PWSECRET2" not in str(info.value) + repr(info.value)
+
+
+def test_static_instance_metadata_under_a_secret_looking_key_is_masked() -> None:
+    """The static block is a provider block too: its instances' metadata under
+    secret-looking keys shows masked, and the instance still gets the value."""
+    config = load_config(
+        """
+discovery:
+  enabled: true
+  connections:
+    primary:
+      provider: static
+      static:
+        services:
+          orders:
+            - {host: 10.0.0.1, port: 8080, metadata: {db_password: HIDDEN1, zone: a}}
+"""
+    )
+    for shown in (repr(config), str(config), config.model_dump_json()):
+        assert "HIDDEN1" not in shown
+        assert "zone" in shown and "**********" in shown
+    static = config.connections["primary"].static
+    assert static is not None
+    [instance] = static.instances("orders")
+    assert instance.metadata == {"db_password": "HIDDEN1", "zone": "a"}
+    # The connection's provider block holds it as a secret (failure reasons mask it).
+    assert "HIDDEN1" in block_secrets(provider_block(config.connections["primary"]))

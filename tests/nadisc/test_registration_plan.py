@@ -187,6 +187,12 @@ def test_duplicate_backend_keys() -> None:
     assert info.value.registration == "b"
     with pytest.raises(RegistrationError, match="same address"):
         freeze_plan([spec("a"), spec("b", instance_id="other")], CONNECTIONS)
+    # The same address in another spelling is the same address.
+    with pytest.raises(RegistrationError, match="same address"):
+        freeze_plan(
+            [spec("a", ip="fd00::5"), spec("b", ip="fd00:0:0:0:0:0:0:5", instance_id="other")],
+            CONNECTIONS,
+        )
     with pytest.raises(RegistrationError, match="twice"):
         freeze_plan([spec("a"), spec("a", port=9)], CONNECTIONS)
     # Same address on another connection, or for another service, is fine.

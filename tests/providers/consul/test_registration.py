@@ -189,6 +189,27 @@ def test_every_spelling_of_a_wildcard_bind_is_rewritten_only_with_allow_loopback
     assert payload["Address"] == "localhost"
 
 
+@pytest.mark.parametrize(
+    ("host", "kind"),
+    [
+        ("0", "wildcard"),
+        ("0x0", "wildcard"),
+        ("0.0", "wildcard"),
+        ("127.1", "loopback"),
+        ("2130706433", "loopback"),
+        ("0x7f.1", "loopback"),
+        ("0177.0.0.1", "loopback"),
+    ],
+)
+def test_numeric_spellings_of_wildcard_and_loopback_count_as_what_they_read(
+    host: str, kind: str
+) -> None:
+    with pytest.raises(RegistrationError, match=f"refusing to advertise the {kind}"):
+        build_registration(record(host=host), settings())
+    local, _, _ = build_registration(record(host=host), settings(allow_loopback=True))
+    assert local["Address"] == ("localhost" if kind == "wildcard" else host)
+
+
 @pytest.mark.parametrize("host", ["10.0.0.1", "2001:db8::1", "[2001:db8::1]", "app.internal"])
 def test_routable_hosts_are_advertised_as_given(host: str) -> None:
     payload, _, _ = build_registration(record(host=host), settings())

@@ -9,6 +9,7 @@ import pytest
 from nadisc_consul import ConsulProvider, ConsulSettings, ServiceBinding
 from pydantic import ValidationError
 
+import nadisc
 from nadisc import ConfigError
 from tests.providers.consul.conftest import context
 
@@ -102,9 +103,98 @@ def test_a_loopback_advertised_host_needs_allow_loopback(host: str) -> None:
     assert settings(advertised_host=host, allow_loopback=True).advertised_host == host
 
 
-@pytest.mark.parametrize("host", ["10.1.2.3", "2001:db8::5", "app.internal"])
+@pytest.mark.parametrize(
+    "host",
+    ["10.1.2.3", "2001:db8::5", "[2001:db8::5]", "app.internal", "consul-1", "host0x1", "a1.b2"],
+)
 def test_a_routable_advertised_host_is_accepted(host: str) -> None:
     assert settings(advertised_host=host).advertised_host == host
+
+
+#: Spellings the C resolver (``inet_aton``) reads as another address, and
+#: what it reads: ``getaddrinfo`` maps them there, other clients look the
+#: text up as a name.
+NUMERIC_SPELLINGS = [
+    ("0", "0.0.0.0"),
+    ("0x0", "0.0.0.0"),
+    ("0.0", "0.0.0.0"),
+    ("127.1", "127.0.0.1"),
+    ("127.0.1", "127.0.0.1"),
+    ("2130706433", "127.0.0.1"),
+    ("0x7f.1", "127.0.0.1"),
+    ("0x7F000001", "127.0.0.1"),
+    ("0177.0.0.1", "127.0.0.1"),
+    ("127.1.", "127.0.0.1"),
+    ("10.1", "10.0.0.1"),
+    ("167837953", "10.1.1.1"),
+]
+
+
+@pytest.mark.parametrize(("host", "reading"), NUMERIC_SPELLINGS)
+def test_a_numeric_advertised_host_is_refused_always(host: str, reading: str) -> None:
+    for allow_loopback in (False, True):
+        with pytest.raises(ValidationError) as info:
+            settings(advertised_host=host, allow_loopback=allow_loopback)
+        (error,) = info.value.errors()
+        assert error["loc"] == ("advertised_host",)
+        assert f"advertised_host is a numeric host name (read as {reading})" in error["msg"]
+        assert "dotted-quad" in error["msg"]
+
+
+@pytest.mark.parametrize("host", ["app.123", "app.0x1f", "1.2.3.4.5", "999.1.1.1"])
+def test_a_host_name_ending_in_a_number_is_refused(host: str) -> None:
+    with pytest.raises(ValidationError, match="its last label is a number"):
+        settings(advertised_host=host)
+
+
+def consul_document(**block: str) -> str:
+    fields = ", ".join(f"{key}: '{value}'" for key, value in block.items())
+    return f"""
+discovery:
+  enabled: true
+  connections:
+    primary:
+      provider: consul
+      consul: {{{fields}, services: {{self: {{name: api}}}}}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("host", "reason"),
+    [(host, f"read as {reading}") for host, reading in NUMERIC_SPELLINGS[:9]]
+    + [("0.0.0.0", "not an unspecified (wildcard) address"), ("::", "(wildcard)")],
+)
+def test_a_refused_advertised_host_is_a_config_error_at_its_path(host: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        nadisc.load_config(consul_document(advertised_host=host), require_providers=True)
+    assert info.value.path == "discovery.connections.primary.consul.advertised_host"
+    assert reason in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://127.0.0.1:abc", "invalid port number"),
+        ("http://127.0.0.1:99999", "invalid port number"),
+        ("http://127.0.0.1:0", "port 0 cannot be connected to"),
+        ("https://[::1]:0", "port 0 cannot be connected to"),
+        ("http://127.0.0.1:", "':' after the host but no port"),
+        ("http://[::1]:/", "':' after the host but no port"),
+        ("http://:8500", "empty host"),
+    ],
+)
+def test_a_url_with_a_bad_port_or_host_is_a_config_error_at_its_path(url: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        nadisc.load_config(consul_document(url=url), require_providers=True)
+    assert info.value.path == "discovery.connections.primary.consul.url"
+    assert reason in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:1", "http://consul:65535", "https://[::1]:8501/", "http://consul"]
+)
+def test_a_url_with_a_dialable_port_is_accepted(url: str) -> None:
+    assert settings(url=url).url.port in (1, 65535, 8501, 80)
 
 
 @pytest.mark.parametrize(
@@ -129,3 +219,43 @@ def test_rejected_input_is_never_echoed_and_the_token_never_shown() -> None:
     good = settings(token="hunter2", url="https://consul.example:8501")
     assert "hunter2" not in repr(good) and "hunter2" not in str(good)
     assert "hunter2" not in repr(good.model_dump())
+
+
+def test_connection_meta_under_a_secret_looking_key_is_refused_unless_listed() -> None:
+    """The connection's meta goes out with every registration: a
+    secret-looking key is refused at load as on a registration's own."""
+    text = """
+discovery:
+  enabled: true
+  connections:
+    primary:
+      provider: consul
+      consul:
+        meta: {db_password: pw-meta-2, region: eu}
+        services: {self: {name: api}}
+"""
+    with pytest.raises(ConfigError) as info:
+        nadisc.load_config(text, require_providers=True)
+    assert info.value.path == "discovery.connections.primary.consul.meta"
+    assert "db_password" in str(info.value) and "pw-meta-2" not in str(info.value)
+    allowed = ConsulSettings.model_validate(
+        {
+            "meta": {"db_password": "pw-meta-2", "region": "eu"},
+            "publish_secret_looking_metadata": ["db_password"],
+        }
+    )
+    assert allowed.meta == {"db_password": "pw-meta-2", "region": "eu"}
+
+
+@pytest.mark.parametrize("url", ["http://0:8500", "http://0.0.0.0:8500", "http://[::]:8500"])
+def test_a_url_whose_host_is_the_unspecified_address_is_refused(url: str) -> None:
+    with pytest.raises(ValidationError, match="unspecified"):
+        ConsulSettings.model_validate({"url": url})
+
+
+def test_an_empty_token_is_refused_not_sent() -> None:
+    # An empty token would be sent as "Bearer " (the agent's anonymous
+    # policy); no token is written by leaving the key out.
+    with pytest.raises(ValidationError):
+        ConsulSettings.model_validate({"token": ""})
+    assert ConsulSettings.model_validate({}).token is None

@@ -251,6 +251,12 @@ def test_a_kubeconfig_list_is_merged_as_kubectl_merges_it(tmp_path: Path) -> Non
         "https://k8s.example:6443/#hunter2",
         "https://k8s.example:notaport",
         "ftp://k8s.example",
+        # Dialled as something else than written: port 0, the default port
+        # for a bare ':', the unspecified address.
+        "https://k8s.example:0",
+        "https://k8s.example:",
+        "https://0.0.0.0:6443",
+        "https://[::]:6443",
     ],
 )
 def test_a_server_url_with_credentials_is_refused_without_echoing_it(

@@ -359,6 +359,10 @@ def test_in_cluster_reads_the_service_account_files(tmp_path: Path) -> None:
     assert access.ca_file == str(tmp_path / "ca.crt") and access.tokens.current() == "tok-1"
     with pytest.raises(ConfigError, match="KUBERNETES_SERVICE_HOST"):
         resolve_access(KubernetesSettings.model_validate({"credentials": "in_cluster"}), {})
+    # A port that is not one (other digits than ASCII, 0, over 65535) is refused too.
+    for port in ("\u0664\u0664\u0663", "0", "65536"):
+        with pytest.raises(ConfigError, match="a port in 1-65535"):
+            resolve_access(parsed, {**env, "KUBERNETES_SERVICE_PORT_HTTPS": port})
 
 
 def test_a_token_file_is_reread_when_it_changes_and_on_demand(tmp_path: Path) -> None:

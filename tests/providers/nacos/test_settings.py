@@ -95,3 +95,40 @@ def test_json_schema_is_strict_and_marks_the_password() -> None:
     password = schema["properties"]["password"]["anyOf"][0]
     assert password == {"format": "password", "type": "string", "writeOnly": True}
     assert schema["properties"]["api"]["enum"] == ["auto", "v1", "v3"]
+
+
+def test_connection_metadata_under_a_secret_looking_key_is_refused_unless_listed() -> None:
+    """The connection's metadata goes out with every registration: a
+    secret-looking key is refused at load as on a registration's own."""
+    block = {"metadata": {"db_password": "pw-meta-1", "zone": "a"}}
+    config = DiscoveryConfig.model_validate(
+        {"enabled": True, "connections": {"p": {"provider": "nacos", "nacos": block}}}
+    )
+    with pytest.raises(ConfigError) as info:
+        validate_provider_block("p", config.connections["p"], NacosSettings)
+    assert info.value.path == "discovery.connections.p.nacos.metadata"
+    assert "db_password" in str(info.value) and "pw-meta-1" not in str(info.value)
+    allowed = NacosSettings.model_validate(
+        {**block, "publish_secret_looking_metadata": ["db_password"]}
+    )
+    assert allowed.metadata == {"db_password": "pw-meta-1", "zone": "a"}
+
+
+@pytest.mark.parametrize(
+    ("address", "words"),
+    [
+        ("http://127.0.0.1:0/nacos", "port 0"),
+        ("127.0.0.1:0", "port 0"),
+        ("127.0.0.1:", "no port"),
+        ("0:8848", "unspecified"),
+        ("http://[::]:8848", "unspecified"),
+    ],
+)
+def test_a_server_addr_that_names_no_server_is_refused(address: str, words: str) -> None:
+    with pytest.raises(ValidationError, match=words):
+        NacosSettings.model_validate({"server_addr": address})
+
+
+def test_a_dialable_server_addr_is_kept() -> None:
+    settings = NacosSettings.model_validate({"server_addr": "[::1]:8848, nacos-1:8848"})
+    assert settings.base_urls == ("http://[::1]:8848/nacos", "http://nacos-1:8848/nacos")
