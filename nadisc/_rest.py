@@ -64,7 +64,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import anyio
 import httpx
@@ -197,8 +197,20 @@ class _CappedStream(httpx.AsyncByteStream):
         await self._inner.aclose()
 
 
+#: Statuses whose responses carry no body (RFC 9110 section 6.4.1).
+_NO_BODY = frozenset({204, 304})
+
+
 def _cap(response: httpx.Response, limit: int) -> None:
     """Refuse a too-large declared body now; count the rest while it is read."""
+    try:
+        method = response.request.method
+    except RuntimeError:  # a response built without its request
+        method = ""
+    if method == "HEAD" or response.status_code in _NO_BODY:
+        # No body follows, whatever Content-Length says (it tells the size
+        # a GET would get, RFC 9110 sections 8.6 and 15.4.5).
+        return
     declared = response.headers.get("content-length")
     # ASCII digits only: str.isdigit() also accepts digits int() refuses ("²").
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
@@ -705,21 +717,35 @@ class RestDiscoveryClient:
         # The transport takes this budget as is (it started here).
         request.extensions[BUDGET_EXTENSION] = budget
         direct = auth is USE_CLIENT_DEFAULT and follow_redirects is USE_CLIENT_DEFAULT
-        deadline = budget.deadline
-        if deadline < anyio.current_effective_deadline():
-            with anyio.move_on_at(deadline):
-                return await self._read(request, budget, direct, auth, follow_redirects)
-            raise CallTimeout(
-                f"connection {name!r}: {budget.describe()} ran out",
-                limit=budget.limit,
-                seconds=budget.seconds,
-            )
-        return await self._read(request, budget, direct, auth, follow_redirects)
+        # Until the headers are in, the transport holds the call to the
+        # budget itself (the pool's timeouts, or a scope of its own): a hung
+        # instance then ends as the attempt's timeout, counted against it (an
+        # outlier), and the CallTimeout names the service and chains the
+        # attempt's error. The body's read is bounded here (_read_body).
+        return await self._read(request, budget, name, direct, auth, follow_redirects)
+
+    @staticmethod
+    async def _read_body(response: httpx.Response, budget: Budget, name: str) -> None:
+        """Read the (capped) body within the call's budget."""
+        if budget.deadline >= anyio.current_effective_deadline():
+            await response.aread()  # the caller's own scope ends first
+            return
+        with anyio.move_on_at(budget.deadline):
+            await response.aread()
+            return
+        service = unquote(response.request.url.raw_path.split(b"/")[1].decode("ascii"))
+        raise CallTimeout(
+            f"connection {name!r} service {service!r}: {budget.describe()} ran out "
+            "while the response body was read",
+            limit=budget.limit,
+            seconds=budget.seconds,
+        )
 
     async def _read(
         self,
         request: httpx.Request,
         budget: Budget,
+        name: str,
         direct: bool,
         auth: Any,
         follow_redirects: Any,
@@ -739,7 +765,7 @@ class RestDiscoveryClient:
             response.request = request
             try:
                 _cap(response, self._max_body)
-                await response.aread()
+                await self._read_body(response, budget, name)
             finally:
                 if not response.is_closed:
                     await _close_quietly(response)
@@ -750,7 +776,7 @@ class RestDiscoveryClient:
         )
         try:
             _cap(response, self._max_body)
-            await response.aread()
+            await self._read_body(response, budget, name)
         finally:
             if not response.is_closed:
                 await _close_quietly(response)

@@ -25,7 +25,16 @@ import anyio
 import httpx
 import pytest
 
-from nadisc import DiscoveryOwner, DiscoveryTransport, Instance, RestConfig
+from nadisc import (
+    CallTimeout,
+    DiscoveryOwner,
+    DiscoveryTransport,
+    Instance,
+    ResponseTooLarge,
+    RestConfig,
+    RestDiscoveryClient,
+    RestOptions,
+)
 from tests.nadisc.owner_support import memory_owner, policy
 from tests.nadisc.test_transport import SERVICE, closed_port_instance, provider
 from tests.support_http import HttpBackend, serve_backends
@@ -202,3 +211,70 @@ async def test_the_attempt_timeout_ends_a_hung_attempt_on_a_pool_that_ignores_ti
         assert route is not None
         stats = route.statistics()
         assert stats.failures["timeout"] == stats.sent["slow"] >= 1
+
+
+async def test_through_the_rest_client_a_hung_instance_is_a_counted_timeout_and_ejected() -> None:
+    """owner.rest() with no attempt timeout: each call sent to the hung
+    instance ends at the budget as that attempt's timeout (counted against
+    it, so it is ejected like through the transport), and the CallTimeout
+    names the service and chains the attempt's error."""
+    async with serve_backends(HttpBackend("a")) as (a,):
+        with hung_instance("hung") as hung:
+            memory = provider(a.instance(), hung)
+            async with (
+                memory_owner(
+                    {"primary": memory}, policies={"primary": policy(rest=RestConfig())}
+                ) as owner,
+                RestDiscoveryClient(
+                    owner, options=RestOptions(request_timeout=0.3, connect_timeout=0.1)
+                ) as rest,
+            ):
+                outcomes: list[str] = []
+                for _ in range(14):
+                    try:
+                        await rest.get("/x", service=SERVICE)
+                        outcomes.append("ok")
+                    except CallTimeout as exc:
+                        outcomes.append("timeout")
+                        assert "service 'orders'" in str(exc)
+                        assert isinstance(exc.__cause__, httpx.TimeoutException)
+                        assert "instance 'hung'" in str(exc.__cause__)
+                assert rest.transport is not None
+                route = rest.transport.route("primary", SERVICE)
+                assert route is not None
+                stats = route.statistics()
+                # Five timeouts in a row (the default rule) ejected it.
+                assert outcomes.count("timeout") == stats.failures["timeout"] == 5
+                assert list(stats.ejected) == ["hung"]
+                assert outcomes[-4:] == ["ok"] * 4
+                assert stats.in_flight == {"a": 0, "hung": 0}
+
+
+@pytest.mark.parametrize("method", ["HEAD", "GET"])
+async def test_the_body_cap_leaves_a_bodyless_answer_alone(method: str) -> None:
+    """A HEAD answer (and a 304 or 204) declares the size a GET would get and
+    carries no body: the cap does not refuse it."""
+    big = b"x" * 20_000
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        status = 304 if request.url.path == "/cached" else 200
+        headers = {"content-length": str(len(big))}
+        body = b"" if request.method == "HEAD" or status == 304 else big
+        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body))
+
+    memory = provider(Instance("a", "127.0.0.1", 9))
+    async with (
+        memory_owner({"primary": memory}) as owner,
+        RestDiscoveryClient(
+            owner, transport=httpx.MockTransport(answer), max_body_bytes=5_000
+        ) as rest,
+    ):
+        cached = await rest.request(method, service=SERVICE, path="/cached")
+        assert cached.status_code == 304 and cached.content == b""
+        if method == "HEAD":
+            head = await rest.head("/", service=SERVICE)
+            assert head.status_code == 200 and head.content == b""
+            assert head.headers["content-length"] == "20000"
+        else:
+            with pytest.raises(ResponseTooLarge):
+                await rest.get("/", service=SERVICE)
