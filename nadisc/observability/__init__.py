@@ -12,7 +12,7 @@ work inside the request handlers hypercorn runs).
 * ``nadisc console`` and ``nadisc watch`` (see :mod:`nadisc.observability._commands`).
 """
 
-from ._commands import format_table, watch_remote
+from ._commands import ConsoleRefused, format_table, watch_remote
 from ._console import ConsoleApp, console_app
 from ._metrics import DiscoveryCollector, MetricsApp, metrics_app, register_metrics
 from ._model import ConsoleModel, ConsoleSample
@@ -21,6 +21,7 @@ from ._serve import serve
 __all__ = [
     "ConsoleApp",
     "ConsoleModel",
+    "ConsoleRefused",
     "ConsoleSample",
     "DiscoveryCollector",
     "MetricsApp",

@@ -116,9 +116,24 @@ def _normal_host(text: str) -> str:
     return host.rstrip(".")
 
 
-def host_of(value: str) -> str | None:
-    """The host part of a ``Host`` header value (``name``, ``name:port``,
-    ``[v6]``, ``[v6]:port``), normalised; None when it is malformed."""
+def _port(text: str) -> int | None:
+    """``text`` as a port number (0-65535); None when it is not one. ASCII
+    digits only: ``str.isdigit`` also accepts digits such as ``'²'`` that
+    ``int`` refuses, and ``int`` refuses more than 4,300 digits (leading
+    zeros count), so neither reaches ``int``."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    significant = text.lstrip("0") or "0"
+    if len(significant) > 5:
+        return None
+    port = int(significant)
+    return port if port <= 65535 else None
+
+
+def _host_port(value: str) -> tuple[str, int | None] | None:
+    """The normalised host and the port (None when absent) of a ``Host``
+    header value (``name``, ``name:port``, ``[v6]``, ``[v6]:port``); None
+    when it is malformed. Never raises."""
     text = value.strip()
     if not text or any(c in text for c in " /\\@?#"):
         return None
@@ -127,31 +142,42 @@ def host_of(value: str) -> str | None:
         if end < 0:
             return None
         rest = text[end + 1 :]
-        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+        if not rest:
+            return _normal_host(text[: end + 1]), None
+        port = _port(rest[1:]) if rest.startswith(":") else None
+        if port is None:
             return None
-        return _normal_host(text[: end + 1])
-    name, sep, port = text.rpartition(":")
+        return _normal_host(text[: end + 1]), port
+    name, sep, digits = text.rpartition(":")
     if not sep:
-        return _normal_host(text)
-    if ":" in name or not port.isdigit() or not name:
+        return _normal_host(text), None
+    port = _port(digits)
+    if ":" in name or port is None or not name:
         return None
-    return _normal_host(name)
+    return _normal_host(name), port
+
+
+def host_of(value: str) -> str | None:
+    """The host part of a ``Host`` header value (``name``, ``name:port``,
+    ``[v6]``, ``[v6]:port``), normalised; None when it is malformed (a port
+    that is not ASCII digits up to 65535 included)."""
+    parts = _host_port(value)
+    return None if parts is None else parts[0]
 
 
 def _origin_parts(origin: str) -> tuple[str, str, int] | None:
+    """``(scheme, host, port)`` of an ``Origin`` value (``scheme://host[:port]``,
+    http or https, the port defaulted by scheme); None when it is anything
+    else. Never raises: a header that does not parse is refused, not an error."""
     scheme, sep, rest = origin.strip().lower().partition("://")
     if not sep or scheme not in ("http", "https") or not rest or "/" in rest:
         return None
-    host = host_of(rest)
-    if host is None:
+    parts = _host_port(rest)
+    if parts is None:
         return None
-    port = 443 if scheme == "https" else 80
-    if rest.startswith("["):
-        tail = rest[rest.find("]") + 1 :]
-        if tail:
-            port = int(tail[1:])
-    elif ":" in rest:
-        port = int(rest.rpartition(":")[2])
+    host, port = parts
+    if port is None:
+        port = 443 if scheme == "https" else 80
     return scheme, host, port
 
 
@@ -168,6 +194,9 @@ class RequestGuard:
     are the ``Host`` header's) or one of ``origins`` (``scheme://host[:port]``).
     A handshake without ``Origin`` comes from a program, not a page, and is
     let through (it still needs the token when one is set).
+
+    A malformed value (a port that is not ASCII digits up to 65535, such as
+    ``127.0.0.1:²``) is refused like a foreign one; the checks never raise.
     """
 
     def __init__(self, hosts: Sequence[str] = (), origins: Sequence[str] = ()) -> None:

@@ -24,10 +24,14 @@ Contract:
   same environment variable as ``Authorization: Bearer``; a lost connection
   is retried with backoff (0.1 s doubling to 1 s), and the status line
   shows the data's age (``STALE`` past what the console's interval allows).
+  A refusal (a wrong or missing token: close code 4401; the Host or Origin
+  check: HTTP 403) is not retried: the watch says so and exits with 1.
+  What it prints shows the URL without user-info, query or fragment.
   On a terminal the table is cut to its width and redrawn on resize.
 
 Exit status: 0 (stopped by SIGINT/Ctrl-C, SIGTERM or after ``--updates``;
-no traceback), 2 on a usage or config error, 1 when discovery failed.
+no traceback), 2 on a usage or config error, 1 when discovery failed or
+the followed console refused the watch.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, TextIO
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
@@ -48,7 +54,10 @@ from .._config import DiscoveryConfig
 from .._errors import ConfigError, DiscoveryError
 from ._model import DEFAULT_INTERVAL, overview_part, service_part
 
-__all__ = ["add_commands", "format_table", "watch_remote"]
+if TYPE_CHECKING:
+    from trio_websocket import WebSocketConnection
+
+__all__ = ["ConsoleRefused", "add_commands", "format_table", "watch_remote"]
 
 DEFAULT_BIND = "127.0.0.1:8765"
 TOKEN_ENV = "NADISC_CONSOLE_TOKEN"
@@ -443,13 +452,17 @@ def _run_watch(
     view = _View(out, as_json=args.json, updates=args.updates, err=err)
     import trio
 
+    refused: list[ConsoleRefused] = []
     if args.connect is not None:
         keys = items if config is None else _service_keys(config, items)
         token = _token(environ, args.token_env)
-        url = args.connect
+        url = _connect_url(args.connect)
 
         async def body() -> None:
-            await watch_remote(url, keys, view, token)
+            try:
+                await watch_remote(url, keys, view, token)
+            except ConsoleRefused as exc:
+                refused.append(exc)
 
     else:
         assert config is not None
@@ -468,6 +481,12 @@ def _run_watch(
         if rest is not None:
             raise
         return 0
+    if refused:
+        exc = refused[0]
+        hint = f"; the token comes from ${args.token_env}" if exc.code in (401, 4401) else ""
+        err.write(f"nadisc: {exc}{hint}; not retrying\n")
+        err.flush()
+        return 1
     return 0
 
 
@@ -521,19 +540,186 @@ RECONNECT_FIRST = 0.1
 RECONNECT_MAX = 1.0
 #: Seconds between redraws while no message arrives (the age keeps moving).
 _REDRAW = 1.0
+#: How a console refuses a client for good, by WebSocket close code (after
+#: the handshake) and by HTTP status (instead of it; hypercorn answers a
+#: close before the handshake with 403): retrying cannot help.
+_REFUSED_CLOSE = {
+    4401: "refused the token (close code 4401)",
+    4403: "refused this client (close code 4403: its Host or Origin check)",
+    4404: "has no feed at this path (close code 4404)",
+}
+_REFUSED_STATUS = {
+    401: "refused the token (HTTP 401)",
+    403: "refused the handshake (HTTP 403: its Host or Origin check, or no feed at this path)",
+}
+
+
+class ConsoleRefused(DiscoveryError):
+    """The console :func:`watch_remote` follows refused it for good: a wrong
+    or missing token (close code 4401, HTTP 401), its Host or Origin check,
+    or a path that is no feed (HTTP 403, close codes 4403 and 4404).
+
+    ``code`` is the close code or HTTP status; ``url`` the console's URL as
+    shown (no user-info, query or fragment). The message carries no
+    credential.
+    """
+
+    def __init__(self, url: str, code: int, why: str) -> None:
+        super().__init__(f"the console at {url} {why}")
+        self.url = url
+        self.code = code
+
+
+def _shown_url(url: str) -> str:
+    """``url`` as ``watch --connect`` prints it: without user-info, query or
+    fragment, any of which may carry a credential (``ws://ops:pw@host/ws``,
+    ``?token=...``, ``#token=...``)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "(a URL that does not parse)"
+    netloc = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _connect_url(url: str) -> str:
+    """``url`` when it is a ``ws://`` or ``wss://`` URL with a host and a valid
+    port; else a ConfigError that shows it without credentials."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        valid = parts.scheme in ("ws", "wss") and bool(parts.hostname)
+        _ = parts.port  # raises ValueError when it is not a number in range
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ConfigError(
+            "--connect", f"expected ws://HOST[:PORT]/PATH or wss://..., got {_shown_url(url)!r}"
+        )
+    return url
+
+
+def _refusal(exc: BaseException, url: str, token: str | None) -> ConsoleRefused | None:
+    """The refusal ``exc`` says the console made, if it is one."""
+    from trio_websocket import ConnectionClosed, ConnectionRejected
+
+    if isinstance(exc, ConnectionClosed) and exc.reason is not None:
+        code = exc.reason.code
+        why = _REFUSED_CLOSE.get(code)
+    elif isinstance(exc, ConnectionRejected):
+        code = exc.status_code
+        why = _REFUSED_STATUS.get(code)
+    else:
+        return None
+    if why is None:
+        return None
+    if code in (401, 4401) and token is None:
+        why = why.replace("refused the token", "needs a token")
+    return ConsoleRefused(url, code, why)
+
+
+def _lost_reason(exc: BaseException) -> str:
+    """Why a connection was lost, in a few words (no URL, no credential)."""
+    from trio_websocket import ConnectionClosed, ConnectionRejected
+
+    if isinstance(exc, ConnectionClosed):
+        return "closed" if exc.reason is None else f"closed with code {exc.reason.code}"
+    if isinstance(exc, ConnectionRejected):
+        return f"HTTP {exc.status_code}"
+    for error in (exc, exc.__cause__):
+        if isinstance(error, OSError) and error.strerror:
+            return error.strerror
+    return type(exc).__name__
+
+
+#: Seconds to connect and to finish the opening (or closing) handshake
+#: (trio-websocket's own default).
+_HANDSHAKE_TIMEOUT = 60.0
+
+
+@asynccontextmanager
+async def _open_socket(
+    url: str, headers: list[tuple[bytes, bytes]]
+) -> AsyncIterator[WebSocketConnection]:
+    """The WebSocket to the console at ``url`` (a ``ws://`` or ``wss://`` URL),
+    raising what ``trio_websocket.open_websocket_url`` raises, unwrapped.
+
+    The TCP stream is ours and closed on the way out: trio-websocket leaves
+    its own to the garbage collector when the peer closes first or rejects
+    the handshake (a refused token, a console going away). The ``Host``
+    header brackets an IPv6 address. (The tests' seam: they put a console
+    over memory streams here.)
+    """
+    import ssl
+
+    import trio
+    from trio_websocket import ConnectionTimeout, HandshakeError, wrap_client_stream
+
+    parts = urllib.parse.urlsplit(url)
+    secure = parts.scheme == "wss"
+    host = parts.hostname or ""
+    port = parts.port or (443 if secure else 80)
+    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    name = f"[{host}]" if ":" in host else host
+    authority = name if port == (443 if secure else 80) else f"{name}:{port}"
+    stream: trio.abc.Stream
+    try:
+        with trio.fail_after(_HANDSHAKE_TIMEOUT):
+            if secure:
+                context = ssl.create_default_context()
+                stream = await trio.open_ssl_over_tcp_stream(
+                    host, port, ssl_context=context, https_compatible=True
+                )
+            else:
+                stream = await trio.open_tcp_stream(host, port)
+    except trio.TooSlowError:
+        raise ConnectionTimeout from None
+    except OSError as exc:
+        raise HandshakeError from exc
+    try:
+        async with trio.open_nursery() as nursery:
+            with trio.move_on_after(_HANDSHAKE_TIMEOUT) as opening:
+                socket = await wrap_client_stream(
+                    nursery, stream, authority, resource, extra_headers=headers
+                )
+            if opening.cancelled_caught:
+                raise ConnectionTimeout
+            try:
+                yield socket
+            finally:
+                with trio.move_on_after(_HANDSHAKE_TIMEOUT):
+                    await socket.aclose()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # One error (the handshake's rejection from trio-websocket's reader
+        # task, or the caller's own): raised as itself, as trio-websocket does.
+        errors = [e for e in group.exceptions if not isinstance(e, trio.Cancelled)]
+        if len(errors) == 1:
+            raise errors[0] from None
+        raise
+    finally:
+        await stream.aclose()
 
 
 async def watch_remote(url: str, keys: Sequence[str], view: Any, token: str | None) -> None:
     """Follow a console's ``/ws`` and show ``keys`` (``connection/service``,
     or a bare service name matching it on any connection) through ``view``.
 
-    A lost or refused connection is retried with backoff (0.1 s doubling
-    up to 1 s), and ``view.notice`` says so; the table keeps the last rows,
-    marked with their growing age, until the console answers again.
+    A lost or unreachable connection is retried with backoff (0.1 s
+    doubling up to 1 s), and ``view.notice`` says so with the attempt
+    count; the table keeps the last rows, marked with their growing age,
+    until the console answers again. The link counts as back (``reconnected``)
+    once the console delivered state over it, not at the handshake.
+
+    Raises :class:`ConsoleRefused` when the console refuses the client for
+    good (a wrong or missing token, its Host or Origin check): retrying
+    would not help; ``ConfigError`` when ``url`` is not a ``ws://`` or
+    ``wss://`` URL. Nothing it prints or raises carries the URL's
+    user-info, query or fragment.
     """
     import trio
-    from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+    from trio_websocket import ConnectionClosed, HandshakeError
 
+    _connect_url(url)
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     services: dict[str, dict[str, Any]] = {}
     #: The overview's ``connections`` (the latest one received).
@@ -541,6 +727,7 @@ async def watch_remote(url: str, keys: Sequence[str], view: Any, token: str | No
     wanted = set(keys)
     clock: dict[str, float] = {"now": 0.0, "sampled": 0.0, "at": 0.0, "stale_after": 3.0}
     notice = getattr(view, "notice", None)
+    shown_as = _shown_url(url)
 
     def shown(key: str) -> bool:
         return key in wanted or key.partition("/")[2] in wanted
@@ -551,7 +738,7 @@ async def watch_remote(url: str, keys: Sequence[str], view: Any, token: str | No
         age = max(0.0, now - clock["sampled"])
         stale = " STALE" if age > clock["stale_after"] else ""
         rows = [_row(part, now) for key, part in sorted(services.items()) if shown(key)]
-        return rows, f"{link} · data {age:.1f}s old{stale} · {url}"
+        return rows, f"{link} · data {age:.1f}s old{stale} · {shown_as}"
 
     def draw(link: str, *, tick: bool = False) -> bool:
         rows, status = rows_and_status(link)
@@ -562,31 +749,39 @@ async def watch_remote(url: str, keys: Sequence[str], view: Any, token: str | No
     attempt = 0
     while True:
         try:
-            async with open_websocket_url(url, extra_headers=headers) as socket:
-                if attempt and notice is not None:
-                    notice(f"reconnected to {url}")
-                delay = RECONNECT_FIRST
-                attempt = 0
+            async with _open_socket(url, headers) as socket:
+                link = "connecting"
                 while True:
                     with trio.move_on_after(_REDRAW):
                         text = await socket.get_message()
                         message = _fold(json.loads(text), services, clock, trio.current_time())
                         if message is not None:
+                            if link != "live":
+                                # Back only now: a console that accepts the
+                                # handshake and then closes (a refused token)
+                                # has not reconnected anything.
+                                link = "live"
+                                if attempt and notice is not None:
+                                    notice(f"reconnected to {shown_as}")
+                                delay = RECONNECT_FIRST
+                                attempt = 0
                             if isinstance(message.get("overview"), Mapping):
                                 connections[:] = message["overview"].get("connections", [])
                             tick = message.get("type") == "tick"
-                            if not draw("live", tick=tick):
+                            if not draw(link, tick=tick):
                                 return
                         continue
-                    draw("live", tick=True)
+                    draw(link, tick=True)
         except (OSError, HandshakeError, ConnectionClosed) as exc:
-            reason = getattr(exc, "strerror", None) or type(exc).__name__
+            refused = _refusal(exc, shown_as, token)
+            if refused is not None:
+                raise refused from exc
             attempt += 1
             if notice is not None:
                 _rows, status = rows_and_status("disconnected")
                 notice(
-                    f"console connection lost ({reason}); reconnecting in {delay:.1f}s "
-                    f"(attempt {attempt}) · data {status.split('data ', 1)[1]}"
+                    f"console connection lost ({_lost_reason(exc)}); reconnecting in "
+                    f"{delay:.1f}s (attempt {attempt}) · data {status.split('data ', 1)[1]}"
                 )
             await trio.sleep(delay)
             delay = min(RECONNECT_MAX, delay * 2)
