@@ -212,6 +212,9 @@ class RouteMetrics:
     #: Whole-call latency per outcome: (outcome, counts per ``CALL_LATENCY_BUCKETS``
     #: bound plus one over the last, sum of seconds), in ``CALL_OUTCOMES`` order.
     latency: tuple[tuple[str, tuple[int, ...], float], ...] = ()
+    #: What the route calls with: ``"http"`` (the discovery transport, the REST
+    #: caller) or ``"grpc"`` (a gRPC discovery channel).
+    protocol: str = "http"
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,11 +447,14 @@ def _reader(owner: DiscoveryOwner) -> Callable[[float], ObserverSnapshot]:
             live_tasks=runtime.live_tasks,
             registrations=registrations,
             registration_states=tuple(states),
-            routes=tuple(
-                route_metrics(route)
-                for client in tuple(owner._rest.values())
-                if client.transport is not None
-                for route in transport_routes(client.transport)
+            routes=(
+                *(
+                    route_metrics(route)
+                    for client in tuple(owner._rest.values())
+                    if client.transport is not None
+                    for route in transport_routes(client.transport)
+                ),
+                *(route_metrics(route, "grpc") for route in tuple(owner._grpc_routes)),
             ),
             grpc_calls=tuple(
                 GrpcCallMetrics(
@@ -476,7 +482,7 @@ def transport_routes(transport: DiscoveryTransport) -> tuple[Route, ...]:
     return () if transport.closed else transport.routes()
 
 
-def route_metrics(route: Route) -> RouteMetrics:
+def route_metrics(route: Route, protocol: str = "http") -> RouteMetrics:
     """The balancer view of one route now. O(endpoints); reads only."""
     from poise import GenerationTracker, PeakEwma, ReadinessState
 
@@ -525,6 +531,7 @@ def route_metrics(route: Route) -> RouteMetrics:
         ejected_endpoints=len(ejected),
         ejections=stats.ejections,
         latency=tuple((k, counts, total) for k, (counts, total) in stats.latency.items()),
+        protocol=protocol,
     )
 
 

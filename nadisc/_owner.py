@@ -95,6 +95,7 @@ if TYPE_CHECKING:
     from ._grpc_calls import GrpcCallCounts
     from ._observer import RuntimeObserver
     from ._rest import RestDiscoveryClient
+    from ._route import Route
 
 __all__ = [
     "CloseReport",
@@ -355,6 +356,9 @@ class DiscoveryOwner:
         #: connection name -> its gRPC discovery channels' call counts (kept
         #: after the channels close, so exported counters never go backwards).
         self._grpc_calls: dict[str, GrpcCallCounts] = {}
+        #: The routes of the gRPC discovery channels open now (the observer
+        #: lists them with the REST callers' routes), in opening order.
+        self._grpc_routes: dict[Route, None] = {}
 
     # ------------------------------------------------------------------ no copies
 

@@ -234,6 +234,21 @@ REVIEWED: dict[tuple[str, str, str], Bound] = {
         'assert 0 < decoded["unchanged_ratio"] < decoded["careful_ratio"]',
     ): Bound("upper", 0.07 / 0.9, 1.0, "a digest against a careful decode of the same body"),
     (
+        "grpc/test_deadline_start.py",
+        "test_made_outside_a_scope_started_inside_it_carries_its_deadline",
+        "assert sent is not None and 25 < sent <= 30",
+    ): Bound("upper", 0.05, 5.0, "grpc-timeout is 30 s less the time to the send (tens of ms)"),
+    (
+        "grpc/test_deadline_start.py",
+        "test_the_call_timeout_still_counts_from_the_call_and_the_earlier_wins",
+        "assert first_sent is not None and 25 < first_sent <= 30",
+    ): Bound("upper", 0.05, 5.0, "grpc-timeout is 30 s less the time to the send (tens of ms)"),
+    (
+        "grpc/test_deadline_start.py",
+        "test_the_call_timeout_still_counts_from_the_call_and_the_earlier_wins",
+        "assert second_sent is not None and 4 < second_sent <= 5",
+    ): Bound("upper", 0.05, 1.0, "grpc-timeout is 5 s less the time to the send (tens of ms)"),
+    (
         "grpc/test_hosting.py",
         "test_shutdown_goes_not_serving_and_deregisters_then_waits_the_ack_and_grace_then_stops",
         "assert g.stop_at <= g.stopped_at <= report.started_at + report.total_seconds",

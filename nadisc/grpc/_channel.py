@@ -25,12 +25,21 @@ are accepted and ignored).
 - Unary-request calls the server never processed (GOAWAY above their stream
   id, REFUSED_STREAM) are retried on a new connection, up to
   ``transparent_retries`` (2) times; a discovery channel's subchannels use 0.
+- A connection attempt (TCP connect, TLS handshake, the server's first
+  SETTINGS) takes at most ``connect_timeout`` (20 s, grpc's own); past it
+  the calls waiting on it fail with UNAVAILABLE and it is dropped.
+- The target, every option and every call argument are checked up front: a
+  ``TypeError`` or ``ValueError`` naming what was wrong.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import math
+import os
+import re
+import socket
 import ssl
 from collections.abc import AsyncIterable, Callable, Generator, Iterable
 from types import TracebackType
@@ -73,6 +82,9 @@ _Handle = TypeVar("_Handle", bound="_CallHandle[Any, Any]")
 
 _USER_AGENT = b"nadisc-grpc/0.1"
 _RETRIES = 2
+#: grpc's own bound on a connection attempt (its minimum connect timeout): TCP
+#: connect, TLS handshake and the server's first SETTINGS frame.
+DEFAULT_CONNECT_TIMEOUT = 20.0
 #: No message is waiting (a deserializer may return ``None`` itself).
 _NOTHING = object()
 
@@ -96,20 +108,150 @@ def _fixed_block(headers: list[tuple[bytes, bytes]]) -> bytes:
     return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(k, v) for k, v in headers])
 
 
+_TARGET_FORMS = (
+    "host:port, [ipv6 address]:port, dns:host:port, dns:///host:port, "
+    "ipv4:address:port or ipv6:[address]:port"
+)
+#: A DNS name or an IPv4 literal: letters, digits, ``-``, ``_`` and dots.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_.])?\Z")
+#: What an ``authority`` may hold (RFC 3986: unreserved, percent-encoded, sub-delims, ``:@[]``).
+_AUTHORITY = re.compile(r"[A-Za-z0-9._~%!$&'()*+,;=:@\[\]-]+\Z")
+
+
+def _bad_target(target: str, why: str) -> ValueError:
+    return ValueError(f"gRPC target {target!r} {why} (accepted forms: {_TARGET_FORMS})")
+
+
 def _split_target(target: str) -> tuple[str, int]:
-    host = target.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:")
-    if host.startswith("["):
-        end = host.find("]")
-        if end < 0 or host[end + 1 : end + 2] != ":":
-            raise ValueError(f"gRPC target {target!r} is not [address]:port")
-        name, port = host[1:end], host[end + 2 :]
+    """``(host, port)`` of a target in one of :data:`_TARGET_FORMS`; ``ValueError`` else."""
+    if not isinstance(target, str):
+        raise TypeError(
+            f"gRPC target must be a str such as 'host:port', not {type(target).__name__}"
+        )
+    rest = target
+    family = ""
+    if rest.startswith("dns:"):
+        rest = rest[4:]
+        if rest.startswith("//"):
+            server, slash, rest = rest[2:].partition("/")
+            if not slash:
+                raise _bad_target(target, "has no host after dns://")
+            if server:
+                raise _bad_target(
+                    target,
+                    f"names a DNS server ({server!r}), which this channel does not support "
+                    "(it uses the system resolver: write dns:///host:port)",
+                )
+    elif rest.startswith(("ipv4:", "ipv6:")):
+        family, rest = rest[:4], rest[5:]
+    if rest.startswith("["):
+        end = rest.find("]")
+        if end < 0 or rest[end + 1 : end + 2] != ":":
+            raise _bad_target(target, "is not [address]:port")
+        name, port = rest[1:end], rest[end + 2 :]
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            raise _bad_target(target, "has no valid IPv6 address in brackets") from None
+        if family == "ipv4":
+            raise _bad_target(target, "is not an IPv4 address")
     else:
-        name, sep, port = host.rpartition(":")
+        name, sep, port = rest.rpartition(":")
         if not sep or not name:
-            raise ValueError(f"gRPC target {target!r} is not host:port")
+            raise _bad_target(target, "is not host:port")
+        if ":" in name:
+            try:
+                ipaddress.IPv6Address(name)
+            except ValueError:
+                scheme = name.partition(":")[0]
+                raise _bad_target(
+                    target, f"has a scheme this channel does not take ({scheme}:)"
+                ) from None
+            raise _bad_target(target, "has an IPv6 address without brackets (write [address]:port)")
+        if family == "ipv6":
+            raise _bad_target(target, "needs its IPv6 address in brackets")
+        if family == "ipv4":
+            try:
+                ipaddress.IPv4Address(name)
+            except ValueError:
+                raise _bad_target(target, "has no valid IPv4 address") from None
+        elif not (name.isascii() and _HOST_NAME.match(name)):
+            raise _bad_target(target, f"has no valid host name ({name!r})")
     if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-        raise ValueError(f"gRPC target {target!r} has no valid port")
+        raise _bad_target(target, "has no valid port")
     return name, int(port)
+
+
+def _tls_server_name(authority: str) -> str:
+    """The host part of an ``authority`` (its port and IPv6 brackets left out)."""
+    if authority.startswith("["):
+        return authority[1 : authority.find("]")] if "]" in authority else authority
+    host, sep, port = authority.rpartition(":")
+    return host if sep and port.isdigit() else authority
+
+
+def _positive_int(owner: str, name: str, value: object) -> int:
+    if type(value) is not int:
+        raise TypeError(f"{owner}: {name} must be an int, not {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{owner}: {name} must be positive, not {value}")
+    return value
+
+
+def _seconds(owner: str, name: str, value: object, *, optional: bool = False) -> float | None:
+    """Finite seconds > 0 (or ``None`` when ``optional``); names the option otherwise."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        allowed = "a number of seconds or None" if optional else "a number of seconds"
+        raise TypeError(f"{owner}: {name} must be {allowed}, not {type(value).__name__}")
+    if not 0 < value < math.inf:
+        raise ValueError(f"{owner}: {name} must be finite seconds > 0, not {value!r}")
+    return float(value)
+
+
+def _compression(owner: str, value: object) -> grpc.Compression | None:
+    """``None``, ``NoCompression`` or ``Gzip``; any other algorithm is refused."""
+    if value is None:
+        return None
+    if not isinstance(value, grpc.Compression):
+        raise TypeError(
+            f"{owner}: compression must be a grpc.Compression or None, not {type(value).__name__}"
+        )
+    if value not in (grpc.Compression.NoCompression, grpc.Compression.Gzip):
+        raise ValueError(
+            f"{owner}: compression {value.name} is not supported "
+            "(grpc.Compression.Gzip, grpc.Compression.NoCompression or None)"
+        )
+    return value
+
+
+def _os_reason(exc: OSError) -> str:
+    """What the OS said (``Connection refused``), from ``exc`` or, when anyio
+    gathered several attempts under one ``OSError``, from the attempts."""
+    reasons: list[str] = []
+    seen: list[BaseException] = [exc]
+    while seen:
+        error = seen.pop(0)
+        if isinstance(error, BaseExceptionGroup):
+            seen.extend(error.exceptions)
+            continue
+        reason = None
+        if isinstance(error, OSError):
+            # The errno's own words ("Connection refused"): asyncio's and trio's
+            # strerror wrap them in text of their own, or replace them.
+            if error.errno and error.errno > 0 and not isinstance(error, socket.gaierror):
+                reason = os.strerror(error.errno)
+            else:
+                reason = error.strerror
+        if reason:
+            if reason not in reasons:
+                reasons.append(reason)
+        elif error.__cause__ is not None and error is exc:
+            seen.append(error.__cause__)
+    if reasons:
+        return "; ".join(reasons)
+    return str(exc) or type(exc).__name__
 
 
 class Channel:
@@ -131,24 +273,59 @@ class Channel:
         keepalive_timeout: float = 20.0,
         keepalive_without_calls: bool = False,
         transparent_retries: int = _RETRIES,
+        connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         self._host, self._port = _split_target(target)
         self.target = target
-        for name, value in (
-            ("max_send_message_length", max_send_message_length),
-            ("max_receive_message_length", max_receive_message_length),
-            ("max_metadata_size", max_metadata_size),
+        owner = f"Channel({target!r})"
+        self.max_send = _positive_int(owner, "max_send_message_length", max_send_message_length)
+        self.max_receive = _positive_int(
+            owner, "max_receive_message_length", max_receive_message_length
+        )
+        self.max_metadata = _positive_int(owner, "max_metadata_size", max_metadata_size)
+        for name, window in (
+            ("stream_window", stream_window),
+            ("connection_window", connection_window),
         ):
-            if value <= 0:
-                raise ValueError(f"Channel({target!r}): {name} must be positive, not {value}")
-        if not 65535 <= stream_window < 2**31 or not 65535 <= connection_window < 2**31:
-            raise ValueError(f"Channel({target!r}): windows must be in [65535, 2**31)")
-        if keepalive_time is not None and keepalive_time <= 0:
-            raise ValueError(f"Channel({target!r}): keepalive_time must be positive")
-        if type(transparent_retries) is not int or transparent_retries < 0:
-            raise ValueError(f"Channel({target!r}): transparent_retries must be an int >= 0")
+            if type(window) is not int:
+                raise TypeError(f"{owner}: {name} must be an int, not {type(window).__name__}")
+            if not 65535 <= window < 2**31:
+                raise ValueError(f"{owner}: {name} must be in [65535, 2**31), not {window}")
+        self.keepalive_time = _seconds(owner, "keepalive_time", keepalive_time, optional=True)
+        ping_timeout = _seconds(owner, "keepalive_timeout", keepalive_timeout)
+        assert ping_timeout is not None
+        if type(keepalive_without_calls) is not bool:
+            raise TypeError(
+                f"{owner}: keepalive_without_calls must be a bool, "
+                f"not {type(keepalive_without_calls).__name__}"
+            )
+        #: TCP connect, TLS handshake and the server's first SETTINGS, at most this long.
+        self.connect_timeout = _seconds(owner, "connect_timeout", connect_timeout, optional=True)
+        if type(transparent_retries) is not int:
+            raise TypeError(
+                f"{owner}: transparent_retries must be an int >= 0, "
+                f"not {type(transparent_retries).__name__}"
+            )
+        if transparent_retries < 0:
+            raise ValueError(f"{owner}: transparent_retries must be an int >= 0")
         #: Same-host re-sends of a unary call the server never processed (0 under discovery).
         self.transparent_retries = transparent_retries
+        self.compression = _compression(owner, compression)
+        if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
+            raise TypeError(
+                f"{owner}: ssl_context must be an ssl.SSLContext or None, "
+                f"not {type(ssl_context).__name__}"
+            )
+        if authority is not None:
+            if not isinstance(authority, str):
+                raise TypeError(
+                    f"{owner}: authority must be a str or None, not {type(authority).__name__}"
+                )
+            if not (authority.isascii() and _AUTHORITY.match(authority)):
+                raise ValueError(
+                    f"{owner}: authority {authority!r} is not an ASCII host[:port] "
+                    "(no spaces, control characters or non-ASCII letters)"
+                )
         self._ssl = ssl_context
         if ssl_context is not None:
             # This changes the caller's context (Python sets ALPN per context
@@ -157,14 +334,9 @@ class Channel:
         host = f"[{self._host}]" if ":" in self._host else self._host
         self.authority = authority or f"{host}:{self._port}"
         self._scheme = b"https" if ssl_context is not None else b"http"
-        self.max_send = max_send_message_length
-        self.max_receive = max_receive_message_length
-        self.max_metadata = max_metadata_size
-        self.compression = compression
         self._stream_window = stream_window
         self._connection_window = connection_window
-        self.keepalive_time = keepalive_time
-        self._keepalive_timeout = keepalive_timeout
+        self._keepalive_timeout = ping_timeout
         self._keepalive_without_calls = keepalive_without_calls
         self._conn: Connection | None = None
         self._lock = anyio.Lock()
@@ -244,19 +416,28 @@ class Channel:
             self._tg.start_soon(conn.run)
             return conn
 
+    def _timed_out(self, what: str) -> str:
+        return (
+            f"the connection attempt to {self.target} timed out {what} "
+            f"after {self.connect_timeout} s (connect_timeout)"
+        )
+
     async def _connect(self) -> Connection:
+        timeout = self.connect_timeout
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        stream: anyio.abc.ByteStream | None = None
         try:
-            stream: anyio.abc.ByteStream
-            if self._ssl is None:
-                stream = await anyio.connect_tcp(self._host, self._port)
-            else:
-                stream = await anyio.connect_tcp(
-                    self._host,
-                    self._port,
-                    ssl_context=self._ssl,
-                    tls_hostname=self.authority.rpartition(":")[0].strip("[]"),
-                    tls_standard_compatible=False,
-                )
+            with anyio.move_on_at(deadline):
+                if self._ssl is None:
+                    stream = await anyio.connect_tcp(self._host, self._port)
+                else:
+                    stream = await anyio.connect_tcp(
+                        self._host,
+                        self._port,
+                        ssl_context=self._ssl,
+                        tls_hostname=_tls_server_name(self.authority),
+                        tls_standard_compatible=False,
+                    )
         except ssl.SSLError as exc:
             raise RpcError(
                 grpc.StatusCode.UNAVAILABLE,
@@ -266,11 +447,18 @@ class Channel:
         except OSError as exc:
             error = RpcError(
                 grpc.StatusCode.UNAVAILABLE,
-                f"cannot connect to {self.target}: {exc.strerror or type(exc).__name__}",
+                f"cannot connect to {self.target}: {_os_reason(exc)}",
                 where=self.target,
             )
             error.unprocessed = True  # no byte reached the server
             raise error from None
+        if stream is None:
+            what = (
+                "in the TCP connect" if self._ssl is None else "in the TCP connect or TLS handshake"
+            )
+            error = RpcError(grpc.StatusCode.UNAVAILABLE, self._timed_out(what), where=self.target)
+            error.unprocessed = True  # no request byte reached the server
+            raise error
         if self._ssl is not None:
             alpn = stream.extra(TLSAttribute.alpn_protocol, None)
             if alpn != "h2":
@@ -291,6 +479,8 @@ class Channel:
             keepalive_time=self.keepalive_time,
             keepalive_timeout=self._keepalive_timeout,
             keepalive_without_calls=self._keepalive_without_calls,
+            settings_deadline=deadline,
+            settings_timeout=self._timed_out("before the server's SETTINGS frame arrived"),
         )
 
     def start_soon(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -345,8 +535,12 @@ class _MultiCallable(Generic[Req, Resp]):
         serializer: Callable[[Req], bytes] | None,
         deserializer: Callable[[bytes], Resp] | None,
     ) -> None:
+        if not isinstance(method, str):
+            raise TypeError(f"gRPC method must be a str path, not {type(method).__name__}")
         if not method.startswith("/"):
             raise ValueError(f"gRPC method {method!r} must be a path such as /pkg.Service/Method")
+        if not (method.isascii() and method.isprintable()):
+            raise ValueError(f"gRPC method {method!r} must be printable ASCII")
         self._channel = channel
         self._method = method
         self._serializer: Callable[[Req], bytes] = serializer or _identity
@@ -384,11 +578,24 @@ class _MultiCallable(Generic[Req, Resp]):
                 f"{self._method}: per-call credentials are not supported "
                 "(give the Channel an ssl_context; send tokens as metadata)"
             )
-        if timeout is not None and not timeout >= 0:
-            raise ValueError(f"{self._method}: timeout must be >= 0 seconds, not {timeout!r}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+                raise TypeError(
+                    f"{self._method}: timeout must be a number of seconds or None, "
+                    f"not {type(timeout).__name__}"
+                )
+            if not timeout >= 0:
+                raise ValueError(f"{self._method}: timeout must be >= 0 seconds, not {timeout!r}")
+        if requests is not None and not isinstance(requests, Iterable | AsyncIterable):
+            raise TypeError(
+                f"{self._method}: request_iterator must be an iterable or an async iterable "
+                f"of requests (or None), not {type(requests).__name__}"
+            )
         extra = encode_metadata(metadata, self._channel.max_metadata)
         if compression is None:
             compression = self._channel.compression
+        else:
+            compression = _compression(self._method, compression)
         call: _Call[Req, Resp] = _Call(self, timeout, extra, compression == grpc.Compression.Gzip)
         if request is not _NOTHING:
             return kind(call, call.frame(request), None, writable=False)
@@ -408,7 +615,9 @@ class _Call(Generic[Req, Resp]):
         self._owner = owner
         self._channel = owner._channel
         self.deadline = anyio.current_time() + timeout if timeout is not None else math.inf
-        self._header_deadline = min(self.deadline, anyio.current_effective_deadline())
+        #: What ``grpc-timeout`` says: the earlier of :attr:`deadline` and the
+        #: enclosing cancel scope's deadline, read when the call starts.
+        self._header_deadline = self.deadline
         self._metadata = metadata
         self._gzip = gzip
         self.stream: Stream | None = None
@@ -444,6 +653,17 @@ class _Call(Generic[Req, Resp]):
                 f"{self._owner._method}: the request did not serialize ({type(exc).__name__})",
                 where="send",
             ) from exc
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            serializer = "request_serializer" if self._owner._serializer is not _identity else ""
+            raise TypeError(
+                f"{self._owner._method}: a request must serialize to bytes, not "
+                f"{type(payload).__name__}"
+                + (
+                    f" (the {serializer} returned it)"
+                    if serializer
+                    else " (without a request_serializer the method takes bytes)"
+                )
+            )
         limit = self._channel.max_send
         if len(payload) > limit:
             raise RpcError(
@@ -495,6 +715,10 @@ class _Call(Generic[Req, Resp]):
         """
         self.started = True
         self.opening = True
+        # The enclosing scope's deadline as it is now, in the task that starts
+        # the call (its first await, read, write or metadata wait), not when the
+        # call object was made.
+        self._header_deadline = min(self.deadline, anyio.current_effective_deadline())
         try:
             await self.open(first)
         except RpcError as exc:
@@ -729,6 +953,19 @@ class _CallHandle(Generic[Req, Resp]):
         self._requests = requests
         #: A stream-request call made without an iterator: write() and done_writing().
         self._writable = writable
+
+    @property
+    def stream_unprocessed(self) -> bool:
+        """Whether the server refused this call's stream unseen (REFUSED_STREAM,
+        or above a GOAWAY's last stream id): for a discovery channel."""
+        stream = self._call.stream
+        return stream is not None and stream.unprocessed
+
+    @property
+    def server_answered(self) -> bool:
+        """Whether the server's trailers (or a trailers-only answer) arrived."""
+        stream = self._call.stream
+        return stream is not None and stream.trailers is not None
 
     def __del__(self) -> None:
         call = self.__dict__.get("_call")

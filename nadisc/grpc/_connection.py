@@ -21,6 +21,12 @@ Concurrency: a stream waits for a slot while the server's
 ``SETTINGS_MAX_CONCURRENT_STREAMS`` are all in use (a queue on this
 connection; no second connection is opened for it).
 
+Connect timeout: with ``settings_deadline``, the server's first SETTINGS
+must arrive by then, or the connection is lost (its calls fail with
+UNAVAILABLE). After our own GOAWAY (:meth:`Connection.close`) frames from the
+server are dropped unread by ``h2``, whose state is CLOSED: never answered
+with a PROTOCOL_ERROR GOAWAY.
+
 GOAWAY: no new streams here; streams at or below ``last_stream_id`` go on;
 streams above it fail with ``unprocessed`` set, which tells the call it may
 retry them on a new connection. ``h2`` closes its state machine on a received
@@ -689,6 +695,8 @@ class Connection:
         keepalive_time: float | None,
         keepalive_timeout: float,
         keepalive_without_calls: bool,
+        settings_deadline: float = math.inf,
+        settings_timeout: str = "the server's SETTINGS frame did not arrive in time",
     ) -> None:
         self.name = name
         self._byte_stream = byte_stream
@@ -728,6 +736,11 @@ class Connection:
         self._keepalive_time = keepalive_time
         self._keepalive_timeout = keepalive_timeout
         self._keepalive_without_calls = keepalive_without_calls
+        #: When the server's first SETTINGS must have arrived (the channel's
+        #: connect_timeout), and what the calls are told when it did not.
+        self._settings_deadline = settings_deadline
+        self._settings_timeout = settings_timeout
+        self._settings_seen = anyio.Event()
         self._failure: RpcError | None = None
         self._closing = False
         self.done = anyio.Event()
@@ -856,8 +869,8 @@ class Connection:
             with self._scope:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._writer)
-                    if self._keepalive_time is not None:
-                        tg.start_soon(self._keepalive, self._keepalive_time)
+                    if self._keepalive_time is not None or self._settings_deadline < math.inf:
+                        tg.start_soon(self._timers)
                     await self._reader()
                     tg.cancel_scope.cancel()
         finally:
@@ -978,6 +991,11 @@ class Connection:
         ``False`` once the connection is lost (a broken protocol)."""
         if self.closed:
             return False
+        if self._closing:
+            # After our own GOAWAY the h2 state is CLOSED and every stream has
+            # failed: what the server still sends (its SETTINGS, replies to our
+            # frames) is read and dropped, never answered with PROTOCOL_ERROR.
+            return True
         try:
             events = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -1056,6 +1074,7 @@ class Connection:
                     if stream is not None:
                         stream.wake_sender()
             elif isinstance(event, h2.events.RemoteSettingsChanged):
+                self._settings_seen.set()
                 if h2.settings.SettingCodes.HEADER_TABLE_SIZE in event.changed_settings:
                     self._table_update_due = True
                 for stream in streams.values():
@@ -1105,21 +1124,56 @@ class Connection:
         if not self.streams:
             self.close()
 
-    async def _keepalive(self, interval: float) -> None:
+    async def _timers(self) -> None:
+        """The connect timeout's last part (the server's first SETTINGS) and keepalive.
+
+        One task for both, so a connection runs at most three (reader, writer,
+        this); it ends once SETTINGS arrived when keepalive is off.
+        """
+        interval = self._keepalive_time
+        next_ping = math.inf if interval is None else anyio.current_time() + interval
         while True:
-            await anyio.sleep(interval)
-            if not self.streams and not self._keepalive_without_calls:
-                continue
-            self._ping_acked = anyio.Event()
-            self.h2.ping(_PING_DATA)
-            self.flush()
-            with anyio.move_on_after(self._keepalive_timeout):
+            if self._settings_overdue():
+                return
+            settings_due = math.inf if self._settings_seen.is_set() else self._settings_deadline
+            if settings_due < next_ping:
+                with anyio.move_on_at(settings_due):
+                    await self._settings_seen.wait()
+                continue  # SETTINGS arrived, or the check above fails the connection
+            if interval is None:
+                return
+            await anyio.sleep_until(next_ping)
+            if (self.streams or self._keepalive_without_calls) and not await self._ping():
+                return
+            next_ping = anyio.current_time() + interval
+
+    def _settings_overdue(self) -> bool:
+        """The server's first SETTINGS did not arrive by the connect deadline: fail."""
+        if self._settings_seen.is_set() or anyio.current_time() < self._settings_deadline:
+            return False
+        self._lost(self._settings_timeout)
+        return True
+
+    async def _ping(self) -> bool:
+        """A keepalive PING; ``False`` (the connection lost) when no ACK came in time."""
+        self._ping_acked = anyio.Event()
+        self.h2.ping(_PING_DATA)
+        self.flush()
+        answer_due = anyio.current_time() + self._keepalive_timeout
+        while True:
+            due = answer_due
+            if not self._settings_seen.is_set():
+                due = min(due, self._settings_deadline)
+            with anyio.move_on_at(due):
                 await self._ping_acked.wait()
-                continue
-            self._lost(
-                f"the server did not answer a keepalive ping within {self._keepalive_timeout} s"
-            )
-            return
+                return True
+            if self._settings_overdue():
+                return False
+            if anyio.current_time() >= answer_due:
+                self._lost(
+                    f"the server did not answer a keepalive ping within {self._keepalive_timeout} s"
+                )
+                return False
 
 
 def _code_name(code: int) -> str:

@@ -17,9 +17,16 @@ four multicallables of :class:`~nadisc.grpc.Channel`). Underneath:
   is still running ends as ``UNAVAILABLE``;
 - a call the server never saw (REFUSED_STREAM, a stream above a GOAWAY's
   last id, a connection that failed before any byte) goes to another
-  instance inside the call's deadline; any other failure is the caller's
-  (and, with a :class:`RetryPolicy` for a method marked idempotent, retried
-  under gRPC's retry throttling);
+  instance inside the call's deadline (a streaming one too, while no
+  response was delivered, no ``write()`` went through and no request was
+  taken from an iterator that cannot be replayed); any other failure is the
+  caller's (and, with a :class:`RetryPolicy` for a method marked idempotent,
+  retried under gRPC's retry throttling);
+- an instance whose gRPC protocol metadata cannot be used (an invalid
+  ``nadisc-grpc-tls`` or ``nadisc-grpc-authority``, a conflict) is left out
+  of the balance when its listing is mirrored: never dialled, never blamed;
+- the route statistics count a gRPC attempt as the HTTP transport counts a
+  request (:func:`failure_of`): application statuses are successes;
 - ``first_serving=True`` on a call first asks ``grpc.health.v1`` Check of up
   to 16 candidates at once (see :mod:`nadisc.grpc._first_serving`).
 
@@ -33,10 +40,21 @@ or an explicit :class:`DiscoveryProtocol` for registries without metadata
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import random
+import re
 import ssl
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Generator, Iterable
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, cast
@@ -53,7 +71,16 @@ from .._errors import DiscoveryError, EvidenceUnavailable, LifecycleError
 from .._grpc_protocol import GRPC_AUTHORITY_KEY, GRPC_TLS_KEY, GRPC_TLS_MODES
 from .._observation import run_clock
 from .._retry import Failure, RetryRules, Step, retry_step
-from .._route import CALL_FAILURE_KINDS, Attempt, InstanceService, RestOptions, Route
+from .._route import (
+    NO_ENDPOINT,
+    STATUS,
+    TIMEOUT,
+    TRANSPORT,
+    Attempt,
+    InstanceService,
+    RestOptions,
+    Route,
+)
 from .._tls import grpc_tls_context
 from ._channel import Channel
 from ._errors import RpcError
@@ -70,13 +97,19 @@ if TYPE_CHECKING:
 __all__ = [
     "DiscoveryChannel",
     "DiscoveryProtocol",
+    "DiscoveryStreamCall",
+    "DiscoveryStreamUnaryCall",
+    "DiscoveryUnaryCall",
     "GrpcProtocolConflict",
     "GrpcProtocolError",
     "GrpcProtocolMissing",
     "discovery_channel",
 ]
 
-#: Statuses that say the instance, not the request, failed: they feed the ejector.
+logger = logging.getLogger(__name__)
+
+#: Statuses that say the instance, not the request, failed: they feed the ejector
+#: (and the route statistics count them; see :func:`failure_of`).
 _INSTANCE_FAILURES = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
@@ -132,6 +165,17 @@ class DiscoveryProtocol:
         return f"DiscoveryProtocol(authority={self.authority!r}, tls={self.tls})"
 
 
+#: What a registry-supplied ``:authority`` may hold (RFC 3986: unreserved,
+#: percent-encoded, sub-delims, ``:@[]``): printable ASCII, never a blank or a line break.
+_AUTHORITY = re.compile(r"[A-Za-z0-9._~%!$&'()*+,;=:@\[\]-]+")
+
+
+def _shown(value: str) -> str:
+    """A registry value for an error message: its repr, cut to 60 characters."""
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
 @dataclass(frozen=True, slots=True)
 class _Dial:
     target: str
@@ -161,7 +205,15 @@ def dial_for(
                 f"instance {instance.identity!r} has {GRPC_TLS_KEY}={mode!r}; "
                 f"expected one of {sorted(GRPC_TLS_MODES)}",
             )
-        return _Dial(target, meta.get(GRPC_AUTHORITY_KEY), tls_context if mode == "tls" else None)
+        authority = meta.get(GRPC_AUTHORITY_KEY)
+        if authority is not None and not _AUTHORITY.fullmatch(authority):
+            raise GrpcProtocolError(
+                where,
+                f"instance {instance.identity!r} has an invalid {GRPC_AUTHORITY_KEY} "
+                f"({_shown(authority)}): expected host[:port] in printable ASCII "
+                "(RFC 3986 characters, no spaces or line breaks)",
+            )
+        return _Dial(target, authority, tls_context if mode == "tls" else None)
     if protocol is None:
         raise GrpcProtocolMissing(
             where,
@@ -173,6 +225,28 @@ def dial_for(
     if protocol.tls:
         context = protocol.ssl_context or tls_context
     return _Dial(target, protocol.authority, context)
+
+
+class _EligibleBalancing(RouteBalancing):
+    """The route's balancing, behind a filter: only instances that can be dialled are mirrored.
+
+    An instance whose gRPC protocol metadata cannot be used (an invalid
+    ``nadisc-grpc-tls`` or ``nadisc-grpc-authority``, metadata together with a
+    ``DiscoveryProtocol``, neither) never enters the balance: it is never
+    picked, so it is never blamed. ``channel.rejected`` keeps why, per identity.
+    """
+
+    __slots__ = ("_channel",)
+
+    def __init__(self, channel: DiscoveryChannel, config: Any) -> None:
+        super().__init__(config)
+        self._channel = channel
+
+    def select(self, instances: Sequence[Instance]) -> Sequence[Instance]:
+        channel = self._channel
+        channel.prune({instance.identity for instance in instances})
+        eligible = [instance for instance in instances if channel.admit_listed(instance)]
+        return super().select(eligible if len(eligible) != len(instances) else instances)
 
 
 class _Subchannel:
@@ -256,12 +330,22 @@ class DiscoveryChannel:
         #: The service name the first-serving probe asks ``grpc.health.v1`` about.
         self.health_service = health_service
         self._channel_options = dict(channel_options or {})
-        if "transparent_retries" in self._channel_options:
-            raise TypeError(
-                "transparent_retries is the discovery channel's decision, not a subchannel option"
-            )
+        for owned in ("transparent_retries", "ssl_context", "authority"):
+            if owned in self._channel_options:
+                raise TypeError(
+                    f"{owned} is the discovery channel's decision (per instance), "
+                    "not a subchannel option"
+                )
+        # Checked now, by the channel's own checks, rather than when the first
+        # subchannel opens (inside a call, as an error of that call).
+        Channel("127.0.0.1:1", transparent_retries=0, **self._channel_options)
         self._route: Route | None = None
         self._subs: dict[str, _Subchannel] = {}
+        #: identity -> (the instance, how to dial it): decided once per listed value.
+        self._dials: dict[str, tuple[Instance, _Dial]] = {}
+        #: identity -> (the instance, why it cannot be dialled), for the current listing.
+        self.rejected: dict[str, tuple[Instance, GrpcProtocolError]] = {}
+        self._logged_general = False
         self._tg: anyio.abc.TaskGroup | None = None
         self._clock: Callable[[], float] = anyio.current_time
         self._tls_context: ssl.SSLContext | None = None
@@ -299,8 +383,10 @@ class DiscoveryChannel:
         observation = await self._handle.observe(self.service)
         policy = self._owner.connection_policy(self.qualifier)
         route = Route(observation, RestOptions.from_config(policy.rest), self._clock)
-        route.balancing = RouteBalancing(policy.balancing)
+        route.balancing = _EligibleBalancing(self, policy.balancing)
         self._route = route
+        # Listed by the owner's observer while open (console, metrics, watch).
+        self._owner._grpc_routes[route] = None
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -333,6 +419,7 @@ class DiscoveryChannel:
         route = self._route
         if route is not None:
             route.close()
+            self._owner._grpc_routes.pop(route, None)
         subs = list(self._subs.values())
         self._subs.clear()
         for sub in subs:
@@ -417,9 +504,7 @@ class DiscoveryChannel:
         tg = self._tg
         if tg is None or self._closed:
             raise RpcError(grpc.StatusCode.UNAVAILABLE, f"{self._where}: the channel is closed")
-        if self._tls_context is None:
-            self._tls_context = grpc_tls_context()
-        dial = dial_for(instance, self._protocol, self._where, self._tls_context)
+        dial = self.dial(instance)
         channel = Channel(
             dial.target,
             ssl_context=dial.ssl_context,
@@ -432,6 +517,68 @@ class DiscoveryChannel:
         sub = self._subs[identity] = _Subchannel(instance, dial)
         tg.start_soon(self._run_sub, sub, channel)
         return await self.subchannel(instance)
+
+    # -- eligibility -------------------------------------------------------------------
+
+    def admit_listed(self, instance: Instance) -> bool:
+        """Whether ``instance`` of a new listing can be dialled (synchronous).
+
+        Called when a listing is mirrored into the route. Decided once per
+        instance value; an instance that cannot be dialled is kept out of the
+        balance (never picked, never blamed), its reason in :attr:`rejected`,
+        and logged once.
+        """
+        identity = instance.identity
+        known = self._dials.get(identity)
+        if known is not None and (known[0] is instance or known[0] == instance):
+            return True
+        refused = self.rejected.get(identity)
+        if refused is not None and (refused[0] is instance or refused[0] == instance):
+            return False
+        try:
+            self.dial(instance)
+        except GrpcProtocolError as exc:
+            self._dials.pop(identity, None)
+            self.rejected[identity] = (instance, exc)
+            # A bad value is logged per instance; a missing or conflicting
+            # protocol (the channel's configuration) once per channel.
+            general = isinstance(exc, GrpcProtocolConflict | GrpcProtocolMissing)
+            if not (general and self._logged_general):
+                self._logged_general |= general
+                logger.warning("gRPC discovery: instance left out of the balance: %s", exc)
+            return False
+        self.rejected.pop(identity, None)
+        return True
+
+    def dial(self, instance: Instance) -> _Dial:
+        """How to dial ``instance`` (cached per value); ``GrpcProtocolError`` if it cannot be."""
+        identity = instance.identity
+        known = self._dials.get(identity)
+        if known is not None and (known[0] is instance or known[0] == instance):
+            return known[1]
+        if self._tls_context is None:
+            self._tls_context = grpc_tls_context()
+        dial = dial_for(instance, self._protocol, self._where, self._tls_context)
+        self._dials[identity] = (instance, dial)
+        return dial
+
+    def prune(self, identities: set[str]) -> None:
+        """Forget the decisions about instances no longer listed."""
+        for table in (self._dials, self.rejected):
+            if len(table) > len(identities) or any(key not in identities for key in table):
+                for key in [key for key in table if key not in identities]:
+                    del table[key]
+
+    def _no_eligible(self, route: Route) -> GrpcProtocolError | None:
+        """Why no listed instance can be dialled (None: some can, or none is listed)."""
+        if route.identities() or not self.rejected:
+            return None
+        _instance, error = next(iter(self.rejected.values()))
+        # A fresh error per call (the same object raised by many calls would
+        # chain their tracebacks), of the same type, with the same message.
+        prefix = f"{error.service}: "
+        message = str(error)
+        return type(error)(error.service, message.removeprefix(prefix))
 
     # -- the pick --------------------------------------------------------------------
 
@@ -517,6 +664,10 @@ class DiscoveryChannel:
                 raise RpcError(
                     grpc.StatusCode.UNAVAILABLE, f"{self._where}: {exc}", where="discovery"
                 ) from exc
+            if self.rejected:
+                ineligible = self._no_eligible(route)
+                if ineligible is not None:
+                    raise ineligible
             try:
                 if not (route.reconciled and balance.ready_nowait()):
                     with anyio.move_on_at(deadline):
@@ -643,7 +794,13 @@ class DiscoveryUnaryUnary(_DiscoveryMultiCallable):
 
 
 class DiscoveryStreamUnary(_DiscoveryMultiCallable):
-    """The stream-unary multicallable: one pick per call; never re-sent once started."""
+    """The stream-unary multicallable: one pick per call.
+
+    With a request iterator the call is a :class:`DiscoveryUnaryCall`; without
+    one, a :class:`DiscoveryStreamUnaryCall` (``write()``, ``done_writing()``,
+    then ``await call``). Either is re-sent only while the server never saw
+    it and no request it cannot replay was taken.
+    """
 
     def __call__(
         self,
@@ -654,15 +811,16 @@ class DiscoveryStreamUnary(_DiscoveryMultiCallable):
         credentials: Any = None,
         wait_for_ready: bool | None = None,
         compression: grpc.Compression | None = None,
-    ) -> DiscoveryUnaryCall:
-        if request_iterator is None:
-            raise ValueError(
-                f"{self._method}: a discovery channel needs the request iterator "
-                "(write()/done_writing() are not offered)"
-            )
+    ) -> DiscoveryUnaryCall | DiscoveryStreamUnaryCall:
+        if credentials is not None:
+            raise ValueError(f"{self._method}: per-call credentials are not supported")
         deadline = self._deadline(timeout)
+        if request_iterator is None:
+            return DiscoveryStreamUnaryCall(
+                self, deadline, metadata, compression, requests=None, writable=True
+            )
         return DiscoveryUnaryCall(
-            self, deadline, (request_iterator,), metadata, compression, False, False
+            self, deadline, (_Requests(request_iterator),), metadata, compression, False, False
         )
 
 
@@ -766,7 +924,9 @@ async def unary_call(
 
     ``handle`` (the caller's call object) gets each attempt's subchannel call
     (for its metadata, and for ``cancel()``); once it was cancelled, nothing
-    more is sent.
+    more is sent. A stream-request call's ``args`` hold a :class:`_Requests`
+    (re-sent only while no request was taken from an iterator that cannot be
+    replayed).
 
     One coroutine from the caller to the subchannel's call: every resumption
     of the call passes through as few frames as a plain channel's does.
@@ -775,6 +935,9 @@ async def unary_call(
     clock = channel._clock
     start = clock()
     code = 0  # OK
+    outcome_index = 0  # ok (an index into CALL_OUTCOMES)
+    observed = True
+    requests = args[0] if type(args[0]) is _Requests else None
     try:
         # The instances this call was sent to (made at its first failure).
         tried: set[str] | None = None
@@ -783,17 +946,28 @@ async def unary_call(
         policy = channel.retry_policy if idempotent else None
         throttle = channel.retry_throttle
         while True:
-            if first_serving:
-                await channel.apply_listing(deadline)
-                instance = await first_serving_pick(channel, deadline)
-                # The probe's winner is sent to directly, under a load guard
-                # of its own endpoint (as a picked call is).
-                held: Held[Any] = channel.hold(instance)
-            else:
-                attempt = Attempt(avoid=frozenset(tried), skips=len(tried)) if tried else Attempt()
-                found = channel.pick_now(attempt)
-                held = found if found is not None else await channel.pick(attempt, deadline)
-                instance = attempt.instance  # type: ignore[assignment]
+            try:
+                if first_serving:
+                    await channel.apply_listing(deadline)
+                    instance = await first_serving_pick(channel, deadline)
+                    # The probe's winner is sent to directly, under a load guard
+                    # of its own endpoint (as a picked call is).
+                    held: Held[Any] = channel.hold(instance)
+                else:
+                    attempt = (
+                        Attempt(avoid=frozenset(tried), skips=len(tried)) if tried else Attempt()
+                    )
+                    found = channel.pick_now(attempt)
+                    held = found if found is not None else await channel.pick(attempt, deadline)
+                    instance = attempt.instance  # type: ignore[assignment]
+            except Exception:
+                if not attempts and not transparent:
+                    outcome_index = _NO_ENDPOINT_OUTCOME
+                    channel.route.count_failure(NO_ENDPOINT)
+                else:
+                    outcome_index = _TIMEOUT_OUTCOME if clock() >= deadline else outcome_index
+                raise
+            inner: Any = None
             try:
                 sub = channel.live_subchannel(instance)
                 if sub is None:
@@ -808,7 +982,7 @@ async def unary_call(
                 sub.active += 1
                 try:
                     inner = call(
-                        *args,
+                        *(args if requests is None else (requests.attempt(),)),
                         timeout=None if deadline == math.inf else max(deadline - clock(), 0.0),
                         metadata=metadata,
                         compression=compression,
@@ -821,7 +995,9 @@ async def unary_call(
                 finally:
                     sub.leave()
             except Exception:
-                held.complete(failed=True)
+                # The caller's or the channel's (bad metadata, a closed
+                # channel): no evidence about the instance.
+                held.cancel()
                 raise
             except BaseException:
                 held.cancel()
@@ -829,46 +1005,36 @@ async def unary_call(
             attempts += 1
             if not isinstance(outcome, RpcError):
                 held.complete()
+                outcome_index = 0
                 if throttle is not None:
                     throttle.success()
                 return outcome
             error = outcome
             if handle is not None and handle._cancelled:
                 held.cancel()  # the caller's doing: no evidence about the instance
+                observed = False
                 raise error
-            held.complete(failed=error.code() in _INSTANCE_FAILURES)
-            channel.route.count_failure(_FAILURE_STATUS, held.key)
+            now = clock()
+            kind = failure_of(error, inner, now, deadline)
+            held.complete(failed=kind is not None)
+            outcome_index = 0 if kind is None else kind + 1
+            if kind is not None:
+                channel.route.count_failure(kind, held.key)
             if tried is None:
                 tried = set()
             tried.add(str(held.key))
-            now = clock()
-            if getattr(error, "unprocessed", False) and now < deadline:
+            if (
+                now < deadline
+                and never_seen(inner, error)
+                and (requests is None or requests.resendable())
+                and may_resend(channel.route, tried, attempts, transparent, now, deadline)
+            ):
                 # The server never saw it: the transport's rule decides (any
                 # method, not an attempt of the retry policy, at most one per
                 # listed instance), to an instance this round has not tried.
-                listed = channel.route.identities()
-                untried = any(identity not in tried for identity in listed)
-                if not untried and listed:
-                    tried.clear()  # every one was tried: a new round, anywhere
-                    untried = True
-                step = retry_step(
-                    _TRANSPARENT_ONLY,
-                    Failure.NOTHING_SENT,
-                    retryable=False,
-                    attempts=attempts,
-                    transparent=transparent,
-                    listed=len(listed),
-                    untried=untried,
-                    timed_out=False,
-                    now=now,
-                    cutoff=deadline,
-                    deadline=deadline,
-                    withdraw=_no_budget,
-                )
-                if step is Step.TRANSPARENT:
-                    transparent += 1
-                    attempts -= 1
-                    continue
+                transparent += 1
+                attempts -= 1
+                continue
             if policy is not None:
                 pushback = _pushback(error)
                 if throttle is not None and (
@@ -884,19 +1050,188 @@ async def unary_call(
     except RpcError as exc:
         code = exc.code().value[0]
         raise
+    except Exception:
+        code = _CANCELLED  # no status: not the server's (a protocol or caller error)
+        raise
     except BaseException:
         code = _CANCELLED
+        observed = False  # the caller's cancellation: no outcome of the route
         raise
     finally:
-        channel.stats.observe(code, clock() - start)
+        seconds = clock() - start
+        channel.stats.observe(code, seconds)
+        route = channel._route
+        if observed and route is not None and not (handle is not None and handle._cancelled):
+            route.observe_call(outcome_index, seconds)
 
 
-_FAILURE_STATUS = CALL_FAILURE_KINDS.index("status")
+def may_resend(
+    route: Route, tried: set[str], attempts: int, transparent: int, now: float, deadline: float
+) -> bool:
+    """Whether a call the server never saw goes to another instance now.
+
+    The transport's rule (:func:`nadisc._retry.retry_step`): any method, not
+    an attempt of the retry policy, at most one per listed instance, to an
+    instance this round has not tried; once every listed one was tried,
+    ``tried`` is cleared and a new round may go anywhere.
+    """
+    listed = route.identities()
+    untried = any(identity not in tried for identity in listed)
+    if not untried and listed:
+        tried.clear()  # every one was tried: a new round, anywhere
+        untried = True
+    step = retry_step(
+        _TRANSPARENT_ONLY,
+        Failure.NOTHING_SENT,
+        retryable=False,
+        attempts=attempts,
+        transparent=transparent,
+        listed=len(listed),
+        untried=untried,
+        timed_out=False,
+        now=now,
+        cutoff=deadline,
+        deadline=deadline,
+        withdraw=_no_budget,
+    )
+    return step is Step.TRANSPARENT
+
+
+def never_seen(inner: Any, error: RpcError) -> bool:
+    """Whether the server never saw the subchannel call ``inner`` that ended with ``error``:
+    the error says so, or its stream was refused or above a GOAWAY's last stream id."""
+    return error.unprocessed or (inner is not None and inner.stream_unprocessed)
+
+
+def failure_of(error: RpcError, inner: Any, now: float, deadline: float) -> int | None:
+    """The route failure kind (an index into ``CALL_FAILURE_KINDS``) of an attempt that
+    ended with ``error``, or None when the instance did its job.
+
+    - ``timeout``: DEADLINE_EXCEEDED once the call's own deadline passed (the
+      subchannel's timer, or the server's answer to the ``grpc-timeout`` we sent);
+    - ``status``: UNAVAILABLE, INTERNAL, UNKNOWN or RESOURCE_EXHAUSTED that the
+      server sent as its status (trailers, a trailers-only answer, an HTTP
+      status without ``grpc-status``), and DEADLINE_EXCEEDED it sent before
+      our deadline (its own, like an HTTP 504);
+    - ``transport``: those codes made by the client from what the connection
+      or stream did (refused, reset, closed, GOAWAY, REFUSED_STREAM, a broken
+      stream or protocol, no keepalive answer);
+    - None: any other status (NOT_FOUND, INVALID_ARGUMENT, ... are the
+      application's answers), and a request the client refused to send (it
+      did not serialize, or was over the send limit).
+    """
+    code = error.code()
+    answered = inner is not None and inner.server_answered
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return STATUS if answered and now < deadline else TIMEOUT
+    if code not in _INSTANCE_FAILURES or error.where == "send":
+        return None
+    if answered and not never_seen(inner, error):
+        return STATUS
+    return TRANSPORT
+
+
+#: Indexes into ``CALL_OUTCOMES`` (``ok`` is 0, then the failure kinds).
+_TIMEOUT_OUTCOME = TIMEOUT + 1
+_NO_ENDPOINT_OUTCOME = NO_ENDPOINT + 1
 #: The transparent half of :func:`nadisc._retry.retry_step`: gRPC's own retry
 #: policy (above) takes the place of the transport's attempts and statuses.
 _TRANSPARENT_ONLY = RetryRules(
     max_attempts=1, on_connect_failure=True, on_transport_error=False, on_retryable_status=False
 )
+
+
+class _Requests:
+    """The request iterator of a stream-request call, handed to each attempt.
+
+    A list or tuple is replayed whole to every attempt. Any other iterable
+    is iterated once, through a view per attempt that notes when a request
+    is first asked of it: from then on the call is never re-sent (those
+    requests cannot be asked for again), except when the first ask found the
+    iterator already ended (nothing was taken). The view of an abandoned
+    attempt asks nothing more of the iterator (its sender task may still
+    run for a moment), and an async iterator's ``aclose()`` is passed on only
+    by the current attempt's view, once something was asked of it.
+    """
+
+    __slots__ = ("_async", "_iterator", "asked", "ended_empty", "epoch", "source")
+
+    def __init__(self, source: Iterable[Any] | AsyncIterable[Any]) -> None:
+        self.source = source
+        self._async = isinstance(source, AsyncIterable)
+        self._iterator: Any = None
+        #: A request was asked of the caller's iterator (it may be gone).
+        self.asked = False
+        #: The first ask found the iterator ended: nothing was taken.
+        self.ended_empty = False
+        #: The number of the current attempt's view.
+        self.epoch = 0
+
+    def resendable(self) -> bool:
+        """Whether another attempt gets every request this one would have had."""
+        return isinstance(self.source, list | tuple) or not self.asked or self.ended_empty
+
+    def attempt(self) -> Iterable[Any] | AsyncIterable[Any]:
+        """What the next attempt iterates (the views of earlier ones stop asking)."""
+        source = self.source
+        if isinstance(source, list | tuple):
+            return source
+        self.epoch += 1
+        if self._async:
+            if self._iterator is None:
+                self._iterator = cast("AsyncIterable[Any]", source).__aiter__()
+            return _AsyncTaking(self, self.epoch)
+        if self._iterator is None:
+            self._iterator = iter(cast("Iterable[Any]", source))
+        return self._taking(self.epoch)
+
+    def _taking(self, epoch: int) -> Iterator[Any]:
+        iterator = self._iterator
+        first = True
+        while self.epoch == epoch:
+            self.asked = True
+            try:
+                item = next(iterator)
+            except StopIteration:
+                if first:
+                    self.ended_empty = True
+                return
+            first = False
+            yield item
+
+
+class _AsyncTaking:
+    """One attempt's view of a caller's async request iterator (see :class:`_Requests`)."""
+
+    __slots__ = ("_epoch", "_first", "_requests")
+
+    def __init__(self, requests: _Requests, epoch: int) -> None:
+        self._requests = requests
+        self._epoch = epoch
+        self._first = True
+
+    def __aiter__(self) -> _AsyncTaking:
+        return self
+
+    async def __anext__(self) -> Any:
+        requests = self._requests
+        if requests.epoch != self._epoch:
+            raise StopAsyncIteration  # an abandoned attempt: leave it to the current one
+        first, self._first = self._first, False
+        requests.asked = True
+        try:
+            return await requests._iterator.__anext__()
+        except StopAsyncIteration:
+            if first:
+                requests.ended_empty = True
+            raise
+
+    async def aclose(self) -> None:
+        requests = self._requests
+        if requests.epoch == self._epoch and requests.asked and not requests.ended_empty:
+            aclose = getattr(requests._iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
 
 def _no_budget(now: float) -> bool:
@@ -932,11 +1267,17 @@ class DiscoveryUnaryStream(_DiscoveryMultiCallable):
     ) -> DiscoveryStreamCall:
         if credentials is not None:
             raise ValueError(f"{self._method}: per-call credentials are not supported")
-        return DiscoveryStreamCall(self, self._deadline(timeout), (request,), metadata, compression)
+        return DiscoveryStreamCall(
+            self, self._deadline(timeout), metadata, compression, request=request
+        )
 
 
 class DiscoveryStreamStream(_DiscoveryMultiCallable):
-    """The stream-stream multicallable (one pick; never re-sent)."""
+    """The stream-stream multicallable (one pick; the stream stays on that instance).
+
+    With a request iterator, or without one: then ``write()`` and
+    ``done_writing()`` send the requests.
+    """
 
     def __call__(
         self,
@@ -948,117 +1289,350 @@ class DiscoveryStreamStream(_DiscoveryMultiCallable):
         wait_for_ready: bool | None = None,
         compression: grpc.Compression | None = None,
     ) -> DiscoveryStreamCall:
+        if credentials is not None:
+            raise ValueError(f"{self._method}: per-call credentials are not supported")
+        deadline = self._deadline(timeout)
         if request_iterator is None:
-            raise ValueError(
-                f"{self._method}: a discovery channel needs the request iterator "
-                "(write()/done_writing() are not offered)"
+            return DiscoveryStreamCall(
+                self, deadline, metadata, compression, requests=None, writable=True
             )
         return DiscoveryStreamCall(
-            self, self._deadline(timeout), (request_iterator,), metadata, compression
+            self, deadline, metadata, compression, requests=_Requests(request_iterator)
         )
 
 
-class DiscoveryStreamCall:
-    """A streaming-response call through discovery: ``async for``, ``read()``, ``cancel()``.
+_NO_REQUEST: Any = object()
 
-    The pick happens on the first read; the instance's load guard stays open
-    until the stream ends, so a draining subchannel waits for it.
+
+class _BoundCall:
+    """A call through discovery that is bound to one instance once it opened.
+
+    The pick happens on first use (a read, a write, a metadata or status
+    accessor, an await), by whichever task comes first; other tasks wait for
+    it. The instance's load guard stays open until the call ends, so a
+    draining subchannel waits for it. An attempt the server never saw (a
+    refused connection, REFUSED_STREAM, a stream above a GOAWAY's last id)
+    goes to another instance under the rule of unary calls
+    (:func:`may_resend`, within the deadline), as long as no response was
+    delivered, no ``write()`` or ``done_writing()`` went through, and no
+    request was taken from an iterator that cannot be replayed.
     """
 
     def __init__(
         self,
         mc: _DiscoveryMultiCallable,
         deadline: float,
-        args: tuple[Any, ...],
         metadata: MetadataLike | None,
         compression: grpc.Compression | None,
+        *,
+        request: Any = _NO_REQUEST,
+        requests: _Requests | None = None,
+        writable: bool = False,
     ) -> None:
         self._mc = mc
         self._deadline = deadline
-        self._args = args
+        self._request = request
+        self._requests = requests
+        self._writable = writable
         self._metadata = metadata
         self._compression = compression
+        #: The subchannel call of the attempt now (None: not opened, or moving on).
         self._call: Any = None
         self._held: Any = None
         self._sub: _Subchannel | None = None
         self._start = 0.0
+        self._started = False
         self._ended = False
-        #: Set when the task that opens the call is done (another task using
-        #: the call at the same time waits for it instead of picking again).
+        self._cancelled = False
+        #: Set while a task opens the call (another task waits for it).
         self._opening: anyio.Event | None = None
         self._open_error: BaseException | None = None
+        #: Instances this call was sent to; transparent moves so far.
+        self._tried: set[str] | None = None
+        self._transparent = 0
+        #: A response reached the caller / a write() or done_writing() went through.
+        self._delivered = False
+        self._wrote = False
+        #: The route outcome (an index into ``CALL_OUTCOMES``) if the call ends before a status.
+        self._outcome = 0
+
+    # -- the attempt -----------------------------------------------------------------
+
+    def _args(self) -> tuple[Any, ...]:
+        if self._writable:
+            return ()
+        if self._requests is not None:
+            return (self._requests.attempt(),)
+        return (self._request,)
+
+    def _failed(self) -> BaseException:
+        error = self._open_error
+        if isinstance(error, Exception):
+            return error
+        if error is None and self._cancelled:
+            return RpcError(grpc.StatusCode.CANCELLED, "cancelled by the caller")
+        return RpcError(grpc.StatusCode.CANCELLED, "the task opening the call was cancelled")
 
     async def _open(self) -> Any:
-        if self._call is not None:
-            return self._call
-        if self._opening is not None:
-            await self._opening.wait()
-            if self._call is None:
-                error = self._open_error
-                if isinstance(error, RpcError):
-                    raise error
-                raise RpcError(grpc.StatusCode.CANCELLED, "the task opening the call was cancelled")
-            return self._call
-        self._opening = anyio.Event()
-        try:
-            return await self._open_once()
-        finally:
-            self._opening.set()
+        while True:
+            call = self._call
+            if call is not None:
+                return call
+            if self._ended or self._open_error is not None:
+                raise self._failed()
+            opening = self._opening
+            if opening is not None:
+                await opening.wait()
+                continue
+            opening = self._opening = anyio.Event()
+            try:
+                return await self._open_once()
+            finally:
+                self._opening = None
+                opening.set()
 
     async def _open_once(self) -> Any:
         mc = self._mc
         channel = mc._channel
         clock = channel._clock
-        self._start = clock()
+        if not self._started:
+            self._started = True
+            self._start = clock()
+        tried = self._tried
+        attempt = Attempt(avoid=frozenset(tried), skips=len(tried)) if tried else Attempt()
         try:
-            attempt = Attempt()
-            held = channel.pick_now(attempt)
-            if held is None:
-                held = await channel.pick(attempt, self._deadline)
+            try:
+                held = channel.pick_now(attempt)
+                if held is None:
+                    held = await channel.pick(attempt, self._deadline)
+            except Exception:
+                if tried is None:
+                    self._outcome = _NO_ENDPOINT_OUTCOME
+                    channel.route.count_failure(NO_ENDPOINT)
+                elif clock() >= self._deadline:
+                    self._outcome = _TIMEOUT_OUTCOME
+                raise
+            if self._ended:  # cancelled while it was picked: nothing was sent
+                held.cancel()
+                raise self._failed()
             self._held = held
             instance: Instance = attempt.instance  # type: ignore[assignment]
             sub = channel.live_subchannel(instance)
             if sub is None:
                 sub = await channel.subchannel(instance)
+            if self._ended:
+                raise self._failed()
             sub.enter()
             self._sub = sub
             deadline = self._deadline
             self._call = sub.multicallable(mc)(
-                *self._args,
+                *self._args(),
                 timeout=None if deadline == math.inf else max(deadline - clock(), 0.0),
                 metadata=self._metadata,
                 compression=self._compression,
             )
         except BaseException as exc:
-            self._open_error = exc
-            self._end(exc)
+            if not self._ended:
+                self._open_error = exc
+                self._end(exc, None)
             raise
         return self._call
 
-    def _end(self, error: BaseException | None) -> None:
+    async def _run(self, op: Callable[[Any], Awaitable[Any]]) -> Any:
+        """``op(call)`` on the attempt now; an attempt the server never saw moves on."""
+        while True:
+            call = await self._open()
+            try:
+                return await op(call)
+            except RpcError as exc:
+                if not self._ended:
+                    if self._call is not call or self._resend(call, exc):
+                        continue  # on another instance (this task's or another's doing)
+                    self._end(exc, call)
+                raise
+            except BaseException as exc:
+                if self._call is call:
+                    self._end(exc, call)
+                raise
+
+    def _resend(self, call: Any, error: RpcError) -> bool:
+        """Whether the failed attempt ``call`` moves to another instance (synchronous).
+
+        When it does, the instance is charged as a unary call charges it, and
+        the next :meth:`_open` picks again, avoiding the instances tried.
+        """
+        if self._delivered or self._wrote or self._cancelled:
+            return False
+        requests = self._requests
+        if requests is not None and not requests.resendable():
+            return False
+        if not never_seen(call, error):
+            return False
+        channel = self._mc._channel
+        now = channel._clock()
+        deadline = self._deadline
+        if now >= deadline:
+            return False
+        held = self._held
+        tried = self._tried
+        if tried is None:
+            tried = self._tried = set()
+        tried.add(str(held.key))
+        if not may_resend(channel.route, tried, 1, self._transparent, now, deadline):
+            return False
+        self._transparent += 1
+        kind = failure_of(error, call, now, deadline)
+        held.complete(failed=kind is not None)
+        if kind is not None:
+            channel.route.count_failure(kind, held.key)
+            self._outcome = kind + 1
+        self._held = None
+        self._call = None
+        sub = self._sub
+        if sub is not None:
+            self._sub = None
+            sub.leave()
+        return True
+
+    def _end(self, error: BaseException | None, call: Any) -> None:
         if self._ended:
             return
         self._ended = True
         channel = self._mc._channel
+        now = channel._clock()
+        seconds = now - self._start if self._started else 0.0
+        outcome = self._outcome
+        observed = not self._cancelled
         if isinstance(error, RpcError):
             code = error.code().value[0]
         elif error is None:
             code = 0  # OK
         else:
             code = _CANCELLED
-        channel.stats.observe(code, channel._clock() - self._start)
+            observed = isinstance(error, Exception)  # a cancellation is the caller's
+        channel.stats.observe(code, seconds)
         held = self._held
         if held is not None:
-            if isinstance(error, RpcError) and error.code() in _INSTANCE_FAILURES:
-                held.complete(failed=True)
-            elif error is None or isinstance(error, RpcError):
+            if call is None or not observed:
+                held.cancel()  # nothing was sent, or the caller's doing: no evidence
+            elif isinstance(error, RpcError):
+                kind = failure_of(error, call, now, self._deadline)
+                held.complete(failed=kind is not None)
+                outcome = 0 if kind is None else kind + 1
+                if kind is not None:
+                    channel.route.count_failure(kind, held.key)
+            elif error is None:
                 held.complete()
+                outcome = 0
             else:
                 held.cancel()
+        route = channel._route
+        if observed and route is not None:
+            route.observe_call(outcome, seconds)
         sub = self._sub
         if sub is not None:
             self._sub = None
             sub.leave()
+
+    # -- what grpc.aio calls have ----------------------------------------------------
+
+    async def write(self, request: Any) -> None:
+        """Send one request (a stream-request call made without a request iterator)."""
+        if not self._writable:
+            raise RuntimeError(
+                "write() is for stream-request calls made without a request iterator"
+            )
+
+        async def write(call: Any) -> bool:
+            await call.write(request)
+            return self._written(call)
+
+        while not await self._run(write):
+            pass  # written to an attempt abandoned meanwhile (never seen): again
+
+    async def done_writing(self) -> None:
+        """End the requests (a stream-request call made without a request iterator)."""
+        if not self._writable:
+            raise RuntimeError(
+                "done_writing() is for stream-request calls made without a request iterator"
+            )
+
+        async def done_writing(call: Any) -> bool:
+            await call.done_writing()
+            return self._written(call)
+
+        while not await self._run(done_writing):
+            pass
+
+    def _written(self, call: Any) -> bool:
+        """After a write to ``call`` went through: True when ``call`` is still the
+        attempt (from now on the call is never moved), False when it was
+        abandoned meanwhile (the server never saw it: write to the next one)."""
+        if self._call is call or self._ended:
+            self._wrote = True
+            return True
+        return False
+
+    async def _finish(self) -> None:
+        """Until the call has its status (raises its error)."""
+        raise NotImplementedError
+
+    async def _settle(self) -> RpcError | None:
+        try:
+            await self._finish()
+        except RpcError as exc:
+            return exc
+        return None
+
+    async def code(self) -> grpc.StatusCode:
+        error = await self._settle()
+        return grpc.StatusCode.OK if error is None else error.code()
+
+    async def details(self) -> str:
+        error = await self._settle()
+        return "" if error is None else error.details() or ""
+
+    async def trailing_metadata(self) -> grpc.aio.Metadata:
+        error = await self._settle()
+        call = self._call
+        if call is not None:
+            result: grpc.aio.Metadata = await call.trailing_metadata()
+            return result
+        found = error.trailing_metadata() if error is not None else None
+        return found or grpc.aio.Metadata()
+
+    def cancel(self) -> bool:
+        """End the call as CANCELLED; False when it had already ended."""
+        if self._ended:
+            return False
+        self._cancelled = True
+        call = self._call
+        if call is not None:
+            call.cancel()
+        self._end(RpcError(grpc.StatusCode.CANCELLED, "cancelled by the caller"), call)
+        return True
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def done(self) -> bool:
+        return self._ended
+
+    def __del__(self) -> None:
+        if not self.__dict__.get("_ended", True) and self._held is not None:
+            self._held.cancel()
+
+
+class DiscoveryStreamCall(_BoundCall):
+    """A streaming-response call through discovery (unary-stream, stream-stream).
+
+    ``async for``, ``read()`` (``grpc.aio.EOF`` at the end), ``write()`` and
+    ``done_writing()`` (stream-stream made without a request iterator),
+    ``initial_metadata()``, ``trailing_metadata()``, ``code()``,
+    ``details()``, ``wait_for_connection()``, ``cancel()``, ``done()``, as
+    the plain channel's call. See :class:`_BoundCall` for the pick and when
+    it moves to another instance.
+    """
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self
@@ -1070,43 +1644,80 @@ class DiscoveryStreamCall:
         return response
 
     async def read(self) -> Any:
-        call = await self._open()
-        try:
-            response = await call.read()
-        except BaseException as exc:
-            self._end(exc)
-            raise
+        call = self._call
+        if call is not None and self._delivered:
+            # Bound for good: straight to the subchannel's call.
+            try:
+                response = await call.read()
+            except BaseException as exc:
+                self._end(exc, call)
+                raise
+        else:
+            response = await self._run(_read)
+            call = self._call
         if response is grpc.aio.EOF:
-            self._end(None)
+            self._end(None, call)
+        else:
+            self._delivered = True
         return response
 
+    async def _finish(self) -> None:
+        while await self.read() is not grpc.aio.EOF:
+            pass
+
+    async def wait_for_connection(self) -> None:
+        """Until the server answered with response headers (the call's error if it ended)."""
+        await self._run(_connected)
+
     async def initial_metadata(self) -> grpc.aio.Metadata:
-        call = await self._open()
+        # As grpc.aio: a call that ended without response headers has none
+        # (its error is for the reader and code()).
+        with contextlib.suppress(RpcError):
+            await self._run(_connected)
+        call = self._call
+        if call is None:
+            return grpc.aio.Metadata()
         result: grpc.aio.Metadata = await call.initial_metadata()
         return result
 
-    async def trailing_metadata(self) -> grpc.aio.Metadata:
-        call = await self._open()
-        result: grpc.aio.Metadata = await call.trailing_metadata()
-        return result
 
-    async def code(self) -> grpc.StatusCode:
-        call = await self._open()
-        result: grpc.StatusCode = await call.code()
-        return result
+class DiscoveryStreamUnaryCall(_BoundCall):
+    """A stream-unary call made without a request iterator: ``write()``,
+    ``done_writing()``, then ``await call`` for the response (the same one
+    every time). The metadata and status accessors wait for the outcome.
+    See :class:`_BoundCall` for the pick and when it moves to another instance.
+    """
 
-    def cancel(self) -> bool:
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._response().__await__()
+
+    async def _response(self) -> Any:
+        response = await self._run(_awaited)
+        self._end(None, self._call)
+        return response
+
+    async def _finish(self) -> None:
+        await self._response()
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        await self._settle()
         call = self._call
-        cancelled = bool(call.cancel()) if call is not None else False
-        self._end(RpcError(grpc.StatusCode.CANCELLED, "cancelled by the caller"))
-        return cancelled
+        if call is None:
+            return grpc.aio.Metadata()
+        result: grpc.aio.Metadata = await call.initial_metadata()
+        return result
 
-    def done(self) -> bool:
-        return self._ended
 
-    def __del__(self) -> None:
-        if not self._ended and self._held is not None:
-            self._held.cancel()
+def _read(call: Any) -> Awaitable[Any]:
+    return cast("Awaitable[Any]", call.read())
+
+
+def _connected(call: Any) -> Awaitable[Any]:
+    return cast("Awaitable[Any]", call.wait_for_connection())
+
+
+async def _awaited(call: Any) -> Any:
+    return await call
 
 
 def discovery_channel(

@@ -86,6 +86,12 @@ class RpcError(grpc.aio.AioRpcError):
         )
         self._where = where
 
+    @property
+    def where(self) -> str:
+        """Which part of the call failed, when the channel knows (``"send"``: a
+        request the client refused to send), else ``""``."""
+        return self._where
+
     def __str__(self) -> str:
         code = self.code()
         where = f" ({self._where})" if self._where else ""

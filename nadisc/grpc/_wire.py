@@ -24,7 +24,7 @@ import re
 import struct
 import zlib
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import unquote
 
 import grpc
@@ -76,15 +76,31 @@ _PREFIX = struct.Struct(">BI")
 def encode_metadata(
     metadata: MetadataLike | None, limit: int = DEFAULT_MAX_METADATA_SIZE
 ) -> list[tuple[bytes, bytes]]:
-    """Outbound metadata as HTTP/2 header pairs; ``ValueError`` names the bad key."""
+    """Outbound metadata as HTTP/2 header pairs; ``ValueError`` names the bad key,
+    ``TypeError`` says what ``metadata`` should have been."""
+    if metadata is None:
+        return []
+    if isinstance(metadata, str | bytes | bytearray | Mapping) or not isinstance(
+        metadata, Iterable
+    ):
+        raise TypeError(
+            "gRPC metadata must be grpc.aio.Metadata or a sequence of (key, value) pairs, "
+            f"not {type(metadata).__name__}"
+        )
     if not metadata:
         return []
-    pairs: Iterable[tuple[str, str | bytes]] = (
+    pairs: Iterable[object] = (
         metadata if not isinstance(metadata, grpc.aio.Metadata) else list(metadata)
     )
     out: list[tuple[bytes, bytes]] = []
     size = 0
-    for key, value in pairs:
+    for index, item in enumerate(pairs):
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            # Named by position and, when it has one, its key (never a value).
+            first = item[0] if isinstance(item, tuple | list) and item else None
+            key_note = f" (key {first!r})" if isinstance(first, str) else ""
+            raise ValueError(f"gRPC metadata item {index}{key_note} is not a (key, value) pair")
+        key, value = item
         if not isinstance(key, str) or not _KEY.match(key):
             raise ValueError(f"gRPC metadata key {key!r} is not lowercase [0-9a-z_.-]")
         if key.startswith("grpc-") or key in _RESERVED:

@@ -108,6 +108,7 @@ def _route_part(route: RouteMetrics) -> dict[str, Any]:
     return {
         "connection": route.connection,
         "service": route.service,
+        "protocol": route.protocol,
         "revision": route.revision,
         "calls": route.calls,
         "in_flight": route.in_flight,
@@ -472,6 +473,9 @@ class ConsoleModel:
         routes: dict[str, tuple[int, str]] = {}
         for route in (*snap.routes, *extra):
             key = f"{route.connection}/{route.service}"
+            if route.protocol != "http":
+                # A gRPC channel's route of the same service: a card of its own.
+                key = f"{key} ({route.protocol})"
             text = _dumps(_route_part(route))
             old = self._routes.get(key) or routes.get(key)
             if old is not None and old[1] == text:

@@ -7,9 +7,11 @@ backend's name in ``username`` (after sleeping ``response_size`` ms, or,
 for ``response_size=HOLD``, once the backend's ``release`` is set);
 ``StreamingOutputCall`` streams one message per ``response_parameters``
 entry, sleeping ``interval_us`` before each (real time: the tests that use
-it wait on events, not on the clock). The health answer is set per
-backend: SERVING, NOT_SERVING or ``hang`` (Check never answers until the
-backend stops).
+it wait on events, not on the clock). ``StreamingInputCall`` adds up the
+request payloads and ``FullDuplexCall`` answers each request with the
+backend's name and its payload; both note the payloads in ``received``.
+The health answer is set per backend: SERVING, NOT_SERVING or ``hang``
+(Check never answers until the backend stops).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class Backend:
         self.release = threading.Event()
         #: Set while a streaming call is running on this backend.
         self.streaming = threading.Event()
+        #: The payload bodies of every request a stream-request call received, in order.
+        self.received: list[bytes] = []
         self._lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
         backend = self
@@ -104,6 +108,24 @@ class Backend:
                         return
                     yield pb.StreamingOutputCallResponse(
                         payload=pb.Payload(body=backend.name.encode())
+                    )
+
+            def StreamingInputCall(self, request_iterator: Any, context: Any) -> Any:
+                with backend._lock:
+                    backend.calls += 1
+                size = 0
+                for request in request_iterator:
+                    size += len(request.payload.body)
+                    backend.received.append(request.payload.body)
+                return pb.StreamingInputCallResponse(aggregated_payload_size=size)
+
+            def FullDuplexCall(self, request_iterator: Any, context: Any) -> Any:
+                with backend._lock:
+                    backend.calls += 1
+                for request in request_iterator:
+                    backend.received.append(request.payload.body)
+                    yield pb.StreamingOutputCallResponse(
+                        payload=pb.Payload(body=backend.name.encode() + b":" + request.payload.body)
                     )
 
         pb_grpc.add_TestServiceServicer_to_server(Service(), self._server)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import struct
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -121,6 +122,20 @@ class H2Server:
             record.pings += 1
         elif isinstance(event, h2.events.StreamEnded):
             record.ended.add(event.stream_id or 0)
+
+
+def frame(payload: bytes, flag: int = 0) -> bytes:
+    """One gRPC message: the 5-byte prefix (``flag``: compressed) and ``payload``."""
+    return struct.pack(">BI", flag, len(payload)) + payload
+
+
+async def answer_ok(conn: Conn, event: h2.events.Event) -> None:
+    """A scenario: every request that ended is answered with one message ``ok``."""
+    if isinstance(event, h2.events.StreamEnded):
+        sid = event.stream_id or 0
+        await conn.respond(sid)
+        await conn.data(sid, frame(b"ok"))
+        await conn.trailers(sid)
 
 
 @asynccontextmanager

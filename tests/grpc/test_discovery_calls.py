@@ -100,6 +100,25 @@ async def test_the_subchannel_retry_is_not_an_option_under_discovery(discovery: 
             pass
 
 
+@pytest.mark.parametrize(
+    ("options", "error", "words"),
+    [
+        ({"authority": "x:1"}, TypeError, "authority is the discovery channel's decision"),
+        ({"ssl_context": None}, TypeError, "ssl_context is the discovery channel's decision"),
+        ({"keepalive_time": float("nan")}, ValueError, "keepalive_time"),
+        ({"max_send_message_length": "1"}, TypeError, "max_send_message_length"),
+        ({"no_such_option": 1}, TypeError, "no_such_option"),
+    ],
+)
+async def test_subchannel_options_are_checked_when_the_channel_is_made(
+    discovery: Opener, options: dict[str, object], error: type[Exception], words: str
+) -> None:
+    # Not at the first call, inside the subchannel's task.
+    with pytest.raises(error, match=words):
+        async with discovery(**options):
+            pass
+
+
 async def test_a_refused_connection_goes_to_another_instance(
     discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:

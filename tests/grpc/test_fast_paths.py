@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import contextlib
-import struct
 from typing import Any
 
 import anyio
@@ -28,7 +27,7 @@ import pytest
 from nadisc.grpc import Channel, RpcError
 from nadisc.grpc._channel import _TIMEOUT_LITERAL, _fixed_block
 
-from .support import Conn, h2_server
+from .support import Conn, frame, h2_server
 
 METHOD = "/fast.Service/Call"
 HEADERS = [
@@ -39,10 +38,6 @@ HEADERS = [
     (b"te", b"trailers"),
     (b"content-type", b"application/grpc"),
 ]
-
-
-def frame(payload: bytes) -> bytes:
-    return struct.pack(">BI", 0, len(payload)) + payload
 
 
 async def answer(conn: Conn, event: h2.events.Event) -> None:

@@ -26,7 +26,7 @@ from h2.errors import ErrorCodes
 
 from nadisc.grpc import Channel, RpcError
 
-from .support import Conn, Record, Scenario, grpc_tasks, h2_server
+from .support import Conn, Record, Scenario, frame, grpc_tasks, h2_server
 
 METHOD = "/hostile.Service/Call"
 
@@ -36,10 +36,6 @@ async def wait_for(predicate: Any) -> None:
     with anyio.fail_after(5):
         while not predicate():  # noqa: ASYNC110 - the server's record has no event
             await anyio.sleep(0.01)
-
-
-def frame(payload: bytes, flag: int = 0) -> bytes:
-    return struct.pack(">BI", flag, len(payload)) + payload
 
 
 #: Answers one request once the client ended it: ``answer(conn, stream_id)``.
@@ -505,9 +501,11 @@ def test_bad_targets_are_refused(target: str) -> None:
         Channel(target)
 
 
-@pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
-def test_bad_transparent_retries_are_refused(value: object) -> None:
-    with pytest.raises(ValueError, match="transparent_retries"):
+@pytest.mark.parametrize(
+    ("value", "error"), [(-1, ValueError), (1.5, TypeError), (True, TypeError), ("2", TypeError)]
+)
+def test_bad_transparent_retries_are_refused(value: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="transparent_retries"):
         Channel("127.0.0.1:80", transparent_retries=value)  # type: ignore[arg-type]
 
 

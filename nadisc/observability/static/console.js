@@ -399,6 +399,7 @@
     const { delta, total } = shares(key, r);
     return el("div", { class: "card", "data-route": key },
       el("h3", {}, el("span", { class: "name" }, r.service), el("span", { class: "meta" }, "on " + r.connection),
+        r.protocol === "grpc" ? pill("gRPC", "") : null,
         el("span", { class: "meta" }, r.calls + " calls"),
         el("span", { class: "meta" }, r.in_flight + " in flight"),
         failedCalls(r.failures),
