@@ -39,6 +39,12 @@ Running part
     hedges' own latencies are not samples (they would pull the percentile
     down and make hedges more frequent).
 
+    No result is dropped: each answer is returned or handed to ``discard``
+    exactly once, a loser's that came in the same instant as the winner's
+    (or while it was being cancelled), and the winner's own when the call
+    ends with an exception instead (its caller's cancel scope ended just as
+    it answered): a response is always closed and its load guard ends.
+
 Failures: an attempt that fails while another is out does not end the
 request; when every attempt started has failed and no hedge is due, the
 last failure propagates (the caller's retry rule decides what follows).
@@ -47,10 +53,11 @@ last failure propagates (the caller's retry rule decides what follows).
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import anyio
 
@@ -60,6 +67,8 @@ from ._errors import InvalidInput
 __all__ = ["Hedging", "LatencyWindow", "hedged_call"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 _DISCARD_SECONDS = 5.0
 
@@ -240,6 +249,19 @@ class _Race:
         self.wake = anyio.Event()
 
 
+async def _discard(discard: Callable[[T], Awaitable[object]] | None, value: T) -> None:
+    """Hand ``value`` to ``discard``, shielded and bounded; its failure is not the call's."""
+    if discard is None:
+        return
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_DISCARD_SECONDS):
+        try:
+            await discard(value)
+        except Exception as error:
+            # Closing an unwanted answer failed: the caller has its own answer (or
+            # its own exception, a cancellation above all), which this must not mask.
+            logger.debug("discarding a hedged attempt's result raised %r", error)
+
+
 async def hedged_call(
     attempt: Callable[[int], Awaitable[T]],
     hedging: Hedging | None,
@@ -255,9 +277,14 @@ async def hedged_call(
     for a request not ``idempotent``, or before the window has enough
     samples, this is ``await attempt(0)``. The losers are cancelled when the
     winner answers; the task group is this call's own, so nothing outlives it.
-    A loser that answered anyway (in the same instant) is handed to
-    ``discard`` (e.g. closing a response, which ends its load guard),
-    shielded and bounded to 5 s.
+
+    Every result an attempt produces is either returned or handed to
+    ``discard`` (e.g. closing a response, which ends its load guard), exactly
+    once, shielded and bounded to 5 s: a loser that answered anyway (in the
+    same instant, or while it was being cancelled), and the winner itself
+    when this call ends with an exception instead of returning it (the
+    caller's cancel scope ended just as it answered). An exception ``discard``
+    raises is logged (debug) and does not replace the call's outcome.
     """
     started = clock()
     if hedging is not None and idempotent:
@@ -277,10 +304,9 @@ async def hedged_call(
         except Exception as error:
             race.errors.append(error)
         else:
+            # No await from here to the claim: a result is never between owners.
             if race.won:
-                if discard is not None:
-                    with anyio.move_on_after(_DISCARD_SECONDS, shield=True):
-                        await discard(value)
+                await _discard(discard, value)
             else:
                 race.won = True
                 race.result = value
@@ -294,26 +320,35 @@ async def hedged_call(
             race.wake.set()
 
     sent = 0
-    async with anyio.create_task_group() as group:
-        race.running += 1
-        group.start_soon(one, 0)
-        hedge = True
-        while not race.won and race.running:
-            race.wake = wake = anyio.Event()
-            if hedge:
-                with anyio.move_on_after(delay):
-                    await wake.wait()
-                if wake.is_set():
-                    continue
-                if hedging.may_hedge(clock(), sent, budget):
-                    sent += 1
-                    race.running += 1
-                    group.start_soon(one, sent)
+    try:
+        async with anyio.create_task_group() as group:
+            race.running += 1
+            group.start_soon(one, 0)
+            hedge = True
+            while not race.won and race.running:
+                race.wake = wake = anyio.Event()
+                if hedge:
+                    with anyio.move_on_after(delay):
+                        await wake.wait()
+                    if wake.is_set():
+                        continue
+                    if hedging.may_hedge(clock(), sent, budget):
+                        sent += 1
+                        race.running += 1
+                        group.start_soon(one, sent)
+                    else:
+                        hedge = False
                 else:
-                    hedge = False
-            else:
-                await wake.wait()
-        group.cancel_scope.cancel()
+                    await wake.wait()
+            group.cancel_scope.cancel()
+    except BaseException:
+        # The group has ended (every attempt with it), so the race is decided: a
+        # winner that is not returned (the caller was cancelled as it answered, or
+        # another attempt raised what ends the call) is discarded, not dropped.
+        if race.won:
+            await _discard(discard, cast(T, race.result))
+        raise
+    # No await between the group's end and the return: the caller gets the winner.
     if race.won:
-        return race.result  # type: ignore[return-value]
+        return cast(T, race.result)
     raise race.errors[-1]
