@@ -663,6 +663,11 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         self._owner = owner
         self._options = options
         self._qualifiers = None if qualifiers is None else frozenset(qualifiers)
+        for name in self._qualifiers or ():
+            # An unknown name is refused now (QualifierError), not at the first call.
+            if not isinstance(name, str):
+                raise TypeError(f"qualifiers are connection names, not {type(name).__name__}")
+            owner.connection_policy(name)
         self._owns_pool = transport is None
         self._pool: httpx.AsyncBaseTransport = (
             transport

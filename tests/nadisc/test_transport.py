@@ -359,6 +359,11 @@ async def test_options_override_applies_to_every_connection() -> None:
                 assert response.status_code == 200
             with pytest.raises(Exception, match="closed"):
                 await t.handle_async_request(httpx.Request("GET", "nadisc://primary/orders/x"))
+            # A name the owner does not know is refused when the transport is made.
+            with pytest.raises(QualifierError, match="unknown connection 'nope'"):
+                DiscoveryTransport(owner, qualifiers=["primary", "nope"])
+            with pytest.raises(TypeError, match="connection names"):
+                DiscoveryTransport(owner, qualifiers=[None])  # type: ignore[list-item]
 
 
 async def test_head_is_retried_too_and_the_instance_scheme_is_used() -> None:
