@@ -33,7 +33,8 @@ what this client saw; a slow client blocks only its own send. With
 most is in flight (no socket or browser buffer keeps stale frames).
 
 Token: with ``token`` set, ``/ws`` needs ``Authorization: Bearer <token>``
-or a first text message ``{"token": "<token>"}`` within 5 s (browsers
+(a wrong one is refused at once) or a first text message
+``{"token": "<token>"}`` within 5 s (browsers
 cannot set WebSocket headers; the page takes the token from its URL
 fragment ``#token=...``, which never reaches the server or its logs);
 ``/state`` and ``/metrics`` need the header. A wrong token closes with
@@ -214,14 +215,15 @@ class ConsoleApp:
         if local_path(scope) != "/ws":
             await send({"type": "websocket.close", "code": 4404})
             return
-        authorized = self._token is None or (
-            header(scope, b"authorization") is not None and bearer_ok(scope, self._token)
-        )
+        # A token in the header is judged at once: a wrong one is refused
+        # without the wait for a token message (a client that sent one knows it).
+        offered = header(scope, b"authorization") is not None
+        authorized = self._token is None or (offered and bearer_ok(scope, self._token))
         credit = _Credit(b"ack=1" in bytes(scope.get("query_string") or b"").split(b"&"))
         await send({"type": "websocket.accept"})
         self.clients += 1
         try:
-            if not authorized and not await self._token_message(receive):
+            if not authorized and (offered or not await self._token_message(receive)):
                 await send({"type": "websocket.close", "code": _CLOSE_UNAUTHORIZED})
                 # Let the closing handshake finish before the handler returns.
                 with anyio.move_on_after(AUTH_TIMEOUT):

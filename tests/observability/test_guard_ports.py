@@ -145,3 +145,47 @@ async def test_the_served_console_answers_403_not_500_for_a_non_ascii_port() -> 
             line = await status_line(base, [f"GET {path} HTTP/1.1", "Host: 127.0.0.1:\u00b2"])
             assert line.startswith("HTTP/1.1 403"), (path, line)
         assert app.refused == 5
+
+
+@pytest.mark.trio_only
+async def test_a_wrong_header_token_is_refused_at_once(autojump_clock: object) -> None:
+    """A client that sent a token in its header gets 4401 at once, not after
+    the wait for a token message (which is for browsers, which cannot)."""
+    from nadisc import DiscoveryConfig, open_discovery
+    from nadisc.observability import console_app
+    from nadisc.observability._console import AUTH_TIMEOUT
+
+    closed_at: list[tuple[int, float]] = []
+    incoming = [{"type": "websocket.connect"}]
+
+    async def receive() -> dict[str, Any]:
+        if incoming:
+            return incoming.pop()
+        await trio.sleep_forever()  # the client says nothing more
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "websocket.close":
+            closed_at.append((message["code"], trio.current_time()))
+
+    async with open_discovery(DiscoveryConfig(enabled=True)) as owner:
+        app = console_app(owner, token="right-token")
+        for authorization in (b"Bearer wrong-token", b"Basic d3Jvbmc="):
+            incoming[:] = [{"type": "websocket.connect"}]
+            started = trio.current_time()
+            ws = {
+                "type": "websocket",
+                "path": "/ws",
+                "headers": [(b"host", b"127.0.0.1"), (b"authorization", authorization)],
+                "root_path": "",
+            }
+            await app(ws, receive, send)  # type: ignore[arg-type]
+            code, when = closed_at.pop()
+            assert code == 4401 and when == started
+        # Without a header the token message is still waited for.
+        incoming[:] = [{"type": "websocket.connect"}]
+        started = trio.current_time()
+        ws["headers"] = [(b"host", b"127.0.0.1")]
+        await app(ws, receive, send)  # type: ignore[arg-type]
+        code, when = closed_at.pop()
+        assert code == 4401 and when == started + AUTH_TIMEOUT
