@@ -186,10 +186,13 @@ SHARED_CHECK_MIN = 8
 class _Flight:
     """One request that concurrent callers share (see ``_single_flight``)."""
 
-    __slots__ = ("done", "failure", "result")
+    __slots__ = ("answered", "done", "failure", "result")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
+        #: Whether ``result`` is the server's answer (else the request failed,
+        #: or its caller was cancelled before the answer: nothing is known).
+        self.answered = False
         self.result = 0
         self.failure: ProviderFailure | None = None
 
@@ -1264,6 +1267,7 @@ class EtcdProvider:
             flight = flights[key] = _Flight()
             try:
                 flight.result = await call()
+                flight.answered = True
             except ProviderFailure as exc:
                 flight.failure = exc
                 raise
@@ -1280,7 +1284,14 @@ class EtcdProvider:
             )
         failure = flight.failure
         if failure is None:
-            return flight.result
+            if flight.answered:
+                return flight.result
+            # The caller that sent it stopped waiting (its deadline, a
+            # cancellation) before any answer: no answer is not "lease gone".
+            raise IncompleteSnapshot(
+                f"registration {name!r}: the shared request it waited for ended without an "
+                "answer (its sender stopped waiting)"
+            )
         for kind in (LeaseLost, OutcomeUnknown, IdentityRevoked):
             if isinstance(failure, kind):
                 raise kind(f"registration {name!r}: {failure}") from failure

@@ -984,3 +984,63 @@ def test_shared_keepalives_stay_within_the_renewal_window(
     assert max(gaps, default=0.0) <= 1.0 + pool.fresh + 1e-9
     # and far fewer than one per call when many registrations share it
     assert len(sent) <= 20 / pool.fresh + 2
+
+
+@pytest.mark.parametrize("outcome", ["cancelled", "answered", "lost"])
+async def test_a_shared_request_whose_sender_stopped_waiting_is_no_answer(outcome: str) -> None:
+    """Callers that join an in-flight keepalive get its answer, or its failure;
+    when its sender is cancelled (its deadline passed while the server hung)
+    they get a transient failure, never the default "TTL 0", which reads as
+    the lease gone and re-registers on a lease the server still holds."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("no request is sent here")
+
+    provider = EtcdProvider(
+        make_context(),
+        settings_of(endpoints=["http://a:1"]),
+        transport=httpx.MockTransport(handler),
+    )
+    flights: dict[object, object] = {}
+    release = anyio.Event()
+    later = anyio.current_time() + 3600
+
+    async def call() -> int:
+        await release.wait()
+        if outcome == "lost":
+            raise LeaseLost("lease 7 expired or was revoked")
+        return 30
+
+    got: dict[str, object] = {}
+
+    async def caller(name: str) -> None:
+        try:
+            got[name] = await provider._single_flight(flights, 7, name, later, call)  # type: ignore[arg-type]
+        except Exception as exc:
+            got[name] = exc
+
+    sender = anyio.CancelScope()
+
+    async def leader() -> None:
+        with sender:
+            await caller("leader")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(leader)
+        await anyio.wait_all_tasks_blocked()
+        group.start_soon(caller, "joiner")
+        await anyio.wait_all_tasks_blocked()
+        if outcome == "cancelled":
+            sender.cancel()
+        else:
+            release.set()
+    joiner = got["joiner"]
+    if outcome == "cancelled":
+        assert "leader" not in got
+        assert isinstance(joiner, IncompleteSnapshot), joiner
+        assert "ended without an answer" in str(joiner)
+    elif outcome == "answered":
+        assert got == {"leader": 30, "joiner": 30}
+    else:
+        assert isinstance(got["leader"], LeaseLost) and isinstance(joiner, LeaseLost)
+    assert not flights
