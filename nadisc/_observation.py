@@ -417,9 +417,16 @@ class Slot:
             self._fail(IncompleteSnapshot("the provider returned a malformed listing"), now)
             return False
         stats = self.connection.stats
-        if snapshot.invalid:
-            stats.invalid_records += len(snapshot.invalid)
-        self.invalid = snapshot.invalid
+        invalid = snapshot.invalid
+        if invalid:
+            # Each bad record once: a key the last listing did not already
+            # refuse for the same reason (a refresh or an unrelated change
+            # that lists it again is not another bad record).
+            previous = self.invalid
+            stats.invalid_records += sum(
+                1 for key, why in invalid.items() if previous.get(key) != why
+            )
+        self.invalid = invalid
         evidence = self.evidence
         if evidence.matches(snapshot):
             changed = evidence.on_success(snapshot, now, evidence.hold)

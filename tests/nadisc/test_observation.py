@@ -541,6 +541,16 @@ async def test_invalid_records_are_counted(autojump_clock: object) -> None:
         assert connection.invalid_records == 1
         (service,) = connection.services
         assert service.invalid_records == (("rec-7", "port missing"),)
+        # Listed again next to other changes, and through refreshes, the same
+        # bad record is not counted again; a new one (or a new reason) is.
+        for n in range(3):
+            p.set("orders", [inst("a"), inst(f"x{n}")], invalid={"rec-7": "port missing"})
+            await obs.changed(anyio.current_time() + 30)
+        await anyio.sleep(60)
+        assert owner.observer().snapshot().connection("primary").invalid_records == 1
+        p.set("orders", [inst("a")], invalid={"rec-7": "port 0", "rec-8": "no address"})
+        await obs.changed(anyio.current_time() + 30)
+        assert owner.observer().snapshot().connection("primary").invalid_records == 3
         # A later listing without malformed records clears the per-service view.
         p.set("orders", [inst("a"), inst("b")])
         await obs.changed(anyio.current_time() + 30)
