@@ -824,7 +824,22 @@ class DiscoveryStreamUnary(_DiscoveryMultiCallable):
         )
 
 
-class DiscoveryUnaryCall:
+class _Status:
+    """``code()`` and ``details()`` as ``grpc.aio`` calls have them, from ``_settle``."""
+
+    async def _settle(self) -> RpcError | None:
+        raise NotImplementedError
+
+    async def code(self) -> grpc.StatusCode:
+        error = await self._settle()
+        return grpc.StatusCode.OK if error is None else error.code()
+
+    async def details(self) -> str:
+        error = await self._settle()
+        return "" if error is None else error.details() or ""
+
+
+class DiscoveryUnaryCall(_Status):
     """A unary-response call through discovery, shaped as ``grpc.aio``'s.
 
     Sent when first awaited (a call never awaited sends nothing). Awaiting
@@ -860,14 +875,6 @@ class DiscoveryUnaryCall:
         except RpcError as exc:
             return exc
         return None
-
-    async def code(self) -> grpc.StatusCode:
-        error = await self._settle()
-        return grpc.StatusCode.OK if error is None else error.code()
-
-    async def details(self) -> str:
-        error = await self._settle()
-        return "" if error is None else error.details() or ""
 
     async def initial_metadata(self) -> grpc.aio.Metadata:
         return await self._metadata("initial_metadata")
@@ -1304,7 +1311,7 @@ class DiscoveryStreamStream(_DiscoveryMultiCallable):
 _NO_REQUEST: Any = object()
 
 
-class _BoundCall:
+class _BoundCall(_Status):
     """A call through discovery that is bound to one instance once it opened.
 
     The pick happens on first use (a read, a write, a metadata or status
@@ -1583,14 +1590,6 @@ class _BoundCall:
         except RpcError as exc:
             return exc
         return None
-
-    async def code(self) -> grpc.StatusCode:
-        error = await self._settle()
-        return grpc.StatusCode.OK if error is None else error.code()
-
-    async def details(self) -> str:
-        error = await self._settle()
-        return "" if error is None else error.details() or ""
 
     async def trailing_metadata(self) -> grpc.aio.Metadata:
         error = await self._settle()
