@@ -22,12 +22,14 @@ messages, and it is only unwrapped at the moment the provider authenticates.
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Mapping
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from nadisc._config import undialable
+from nadisc._instance import valid_host
 
 __all__ = ["EtcdServiceBinding", "EtcdSettings"]
 
@@ -40,10 +42,6 @@ def _check_path_text(value: str, what: str) -> str:
     if "//" in value:
         raise ValueError(f"{what} must not contain an empty path segment ('//')")
     return value
-
-
-#: A host name as URL clients accept it: letters, digits, '-', '_' and dots.
-_HOST_NAME = re.compile(r"^[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.?$")
 
 
 def _authority(netloc: str) -> tuple[str, str]:
@@ -65,8 +63,11 @@ def _authority(netloc: str) -> tuple[str, str]:
         host, has_port, port = netloc.partition(":")
         if not host:
             return "the host is empty", ""
-        if not _HOST_NAME.match(host):
+        if not valid_host(host):
             return "the host is not an IP address or a host name", ""
+    unspecified = undialable(host, None)  # 0.0.0.0 or [::]: the URL names no server
+    if unspecified is not None:
+        return unspecified, ""
     if not has_port:
         return "", host
     if not port:

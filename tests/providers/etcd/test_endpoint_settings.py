@@ -53,6 +53,12 @@ BAD_HOSTS = [
     ("http://[::1]x:2379", "text after the ']' of the IPv6 address"),
     ("http://etcd one:2379", "the host is not an IP address or a host name"),
     ("http://etcd%20one:2379", "the host is not an IP address or a host name"),
+    # The checks every provider's server address gets (nadisc._config.undialable,
+    # nadisc._instance.valid_host): no server at the unspecified address, and a
+    # number in disguise is no host name.
+    ("http://0.0.0.0:2379", "the host is the unspecified address"),
+    ("http://[::]:2379", "the host is the unspecified address"),
+    ("http://127.1:2379", "the host is not an IP address or a host name"),
 ]
 
 
