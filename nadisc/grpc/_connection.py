@@ -21,11 +21,14 @@ Concurrency: a stream waits for a slot while the server's
 ``SETTINGS_MAX_CONCURRENT_STREAMS`` are all in use (a queue on this
 connection; no second connection is opened for it).
 
-Connect timeout: with ``settings_deadline``, the server's first SETTINGS
-must arrive by then, or the connection is lost (its calls fail with
-UNAVAILABLE). After our own GOAWAY (:meth:`Connection.close`) frames from the
-server are dropped unread by ``h2``, whose state is CLOSED: never answered
-with a PROTOCOL_ERROR GOAWAY.
+Connect timeout: no stream opens before the server's first SETTINGS (so a
+listener that never speaks HTTP/2 holds no request); with
+``settings_deadline``, they must arrive by then, or the connection is lost
+and the calls waiting on it fail with UNAVAILABLE, marked unprocessed.
+
+After our own GOAWAY (:meth:`Connection.close`) frames from the server are
+dropped unread by ``h2``, whose state is CLOSED: never answered with a
+PROTOCOL_ERROR GOAWAY.
 
 GOAWAY: no new streams here; streams at or below ``last_stream_id`` go on;
 streams above it fail with ``unprocessed`` set, which tells the call it may
@@ -741,6 +744,8 @@ class Connection:
         self._settings_deadline = settings_deadline
         self._settings_timeout = settings_timeout
         self._settings_seen = anyio.Event()
+        #: Calls waiting for the server's first SETTINGS to open their stream.
+        self._waiting = 0
         self._failure: RpcError | None = None
         self._closing = False
         self.done = anyio.Event()
@@ -823,7 +828,30 @@ class Connection:
         """
         while True:
             if not self.usable:
+                failure = self._failure
+                if not self._settings_seen.is_set() and (self.closed or failure is not None):
+                    # Lost before the server spoke HTTP/2: no request was sent.
+                    error = RpcError(
+                        grpc.StatusCode.UNAVAILABLE if failure is None else failure.code(),
+                        "the connection closed before the server's SETTINGS arrived"
+                        if failure is None
+                        else failure.details() or "",
+                        where=self.name,
+                    )
+                    error.unprocessed = True
+                    raise error
                 raise Unprocessed
+            if not self._settings_seen.is_set():
+                # As grpc-go and grpc-java do, no stream before the server's
+                # first SETTINGS (a hung or non-HTTP/2 listener then holds no
+                # request). SETTINGS and a failure both set ``_slot_freed``;
+                # keepalive counts the waiting calls as calls.
+                self._waiting += 1
+                try:
+                    await self._slot_freed.wait()
+                finally:
+                    self._waiting -= 1
+                continue
             if len(self.streams) < self.h2.remote_settings.max_concurrent_streams:
                 break
             await self._slot_freed.wait()
@@ -1143,7 +1171,9 @@ class Connection:
             if interval is None:
                 return
             await anyio.sleep_until(next_ping)
-            if (self.streams or self._keepalive_without_calls) and not await self._ping():
+            if (
+                self.streams or self._waiting or self._keepalive_without_calls
+            ) and not await self._ping():
                 return
             next_ping = anyio.current_time() + interval
 

@@ -183,3 +183,50 @@ def _ours(coro: Any) -> bool:
     if code is None and inspect.iscoroutine(coro):
         code = coro.cr_code
     return code is not None and "nadisc/grpc" in code.co_filename.replace("\\", "/")
+
+
+class Hung:
+    """What a listener that never speaks saw: connections accepted and ended."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.accepted = 0
+        self.ended = 0
+        self.received = bytearray()
+
+
+@asynccontextmanager
+async def hung_listener() -> AsyncIterator[Hung]:
+    """Accepts TCP, reads what comes and never sends a byte (no SETTINGS, no TLS)."""
+    hung = Hung()
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    hung.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def hold(stream: anyio.abc.SocketStream) -> None:
+        hung.accepted += 1
+        async with stream:
+            try:
+                while True:
+                    hung.received += await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+        hung.ended += 1
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, hold)
+        yield hung
+        tg.cancel_scope.cancel()
+
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS = 0x0, 0x1
+
+
+def frame_types(data: bytes | bytearray) -> list[int]:
+    """The type of each whole HTTP/2 frame in ``data`` (9-byte headers)."""
+    kinds = []
+    while len(data) >= 9:
+        length = int.from_bytes(data[:3], "big")
+        kinds.append(data[3])
+        data = data[9 + length :]
+    return kinds

@@ -35,7 +35,7 @@ from nadisc.grpc import (
 from nadisc.grpc._first_serving import candidates
 from tests.grpc.conftest import Opener
 from tests.grpc.discovery_support import HOLD, backends, failing
-from tests.grpc.support import Conn, h2_server
+from tests.grpc.support import HEADERS, PREFACE, Conn, frame_types, h2_server, hung_listener
 
 PLAIN = {GRPC_TLS_KEY: "plaintext"}
 
@@ -131,6 +131,30 @@ async def test_a_refused_connection_goes_to_another_instance(
                 assert response.username == "b0"
             assert channel.route.statistics().failed.get("dead", 0) >= 1
             assert channel.stats.codes[grpc.StatusCode.OK.value[0]] == 6
+
+
+async def test_a_call_held_by_a_silent_listener_goes_to_another_instance(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
+) -> None:
+    # A hung process: the kernel accepts, nothing answers (no SETTINGS). No
+    # stream opens before the server's SETTINGS, so the request never left;
+    # at connect_timeout the call moves to the live instance.
+    with backends(pb, pb_grpc, 1) as servers:
+        async with hung_listener() as hung:
+            silent = Instance("silent", "127.0.0.1", hung.port, metadata=PLAIN)
+            async with discovery(silent, servers[0].instance(), connect_timeout=0.3) as (
+                _owner,
+                channel,
+                _memory,
+            ):
+                stub = pb_grpc.TestServiceStub(channel)
+                for _ in range(4):
+                    response = await stub.UnaryCall(pb.SimpleRequest(), timeout=10)
+                    assert response.username == "b0"
+                assert channel.route.statistics().sent.get("silent", 0) >= 1
+            assert hung.accepted >= 1
+            assert HEADERS not in frame_types(bytes(hung.received).replace(PREFACE, b""))
+            assert servers[0].calls == 4
 
 
 async def test_a_processed_call_is_never_re_sent_without_a_policy(
