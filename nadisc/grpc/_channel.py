@@ -627,6 +627,8 @@ class _Call(Generic[Req, Resp]):
         self._details: str = ""
         self._encoding: bytes | None = None
         self._sender_scope: anyio.CancelScope | None = None
+        #: The scope of a wait for a connection or a stream slot (see _wait_open).
+        self._open_scope: anyio.CancelScope | None = None
         self.started = False
         #: The stream is being opened (by the task that started the call).
         self.opening = False
@@ -683,11 +685,13 @@ class _Call(Generic[Req, Resp]):
         """
         attempt = 0
         while True:
-            conn = await self._channel.connection()
-            try:
-                stream = await conn.open_stream(self._fixed_headers(), self._metadata, body=first)
-            except Unprocessed:
-                continue
+            conn = self._channel._conn
+            if conn is None or not conn.open_now:
+                try:
+                    conn = await self._wait_open()
+                except Unprocessed:
+                    continue
+            stream = conn.start_stream(self._fixed_headers(), self._metadata, body=first)
             self.stream = stream
             if first is None:
                 return stream
@@ -706,6 +710,23 @@ class _Call(Generic[Req, Resp]):
                     exc.unprocessed = True  # a discovery channel may send it elsewhere
                 self._finish_from_error()
                 raise
+
+    async def _wait_open(self) -> Connection:
+        """A connection that takes a new stream now (connecting first when
+        there is none); :meth:`abort` (a caller's ``cancel()``) while this
+        waits ends the call with nothing sent."""
+        scope = self._open_scope = anyio.CancelScope()
+        try:
+            with scope:
+                conn = await self._channel.connection()
+                await conn.wait_open()
+        finally:
+            self._open_scope = None
+        if self._code is not None:  # aborted meanwhile: no stream, no request
+            # A cancellation of the caller's own scope wins over the abort.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            raise self._error()
+        return conn
 
     async def start(
         self, first: bytes | None, requests: Iterable[Req] | AsyncIterable[Req] | None
@@ -881,6 +902,8 @@ class _Call(Generic[Req, Resp]):
         if self._code is None:
             self._code = code
             self._details = details
+        if self._open_scope is not None:
+            self._open_scope.cancel()  # still waiting to open: nothing is sent
         stream = self.stream
         if stream is not None:
             stream.fail(RpcError(code, details, where=self._owner._method), reset=True)
@@ -931,6 +954,21 @@ class _Call(Generic[Req, Resp]):
                 contextlib.suppress(Exception),
             ):
                 await aclose()
+
+
+async def _caller_deadline() -> None:
+    """Let the caller's own deadline cancel it (it has passed) before an error
+    is raised in its place.
+
+    The server's DEADLINE_EXCEEDED for the ``grpc-timeout`` sent from the
+    caller's cancel scope can arrive in the same loop iteration as that
+    scope's timer (asyncio runs I/O callbacks first): the caller then sees
+    its own cancellation, as the deadline's owner, not an ``RpcError``. The
+    wait is bounded (the scope's timer is due already) in case the scope's
+    deadline was moved later meanwhile.
+    """
+    with anyio.move_on_after(0.05):
+        await anyio.sleep_forever()
 
 
 def _deadline_error(call: _Call[Any, Any]) -> RpcError:
@@ -993,8 +1031,14 @@ class _CallHandle(Generic[Req, Resp]):
                     await self._begin()
                 return await fn()
             raise _deadline_error(call)
-        except RpcError:
+        except RpcError as exc:
             call.release()
+            if (
+                exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+                and call._header_deadline < call.deadline
+                and anyio.current_time() >= call._header_deadline
+            ):
+                await _caller_deadline()
             raise
         except BaseException:
             call.abort(grpc.StatusCode.CANCELLED, "the caller was cancelled")

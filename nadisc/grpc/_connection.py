@@ -808,25 +808,25 @@ class Connection:
             if self.draining and not self.streams:
                 self.close()
 
-    async def open_stream(
-        self,
-        fixed: bytes,
-        metadata: list[tuple[bytes, bytes]],
-        *,
-        body: bytes | None = None,
-    ) -> Stream:
-        """A new stream with its request headers sent; waits for a concurrency slot first.
+    @property
+    def open_now(self) -> bool:
+        """A stream may start at once: usable, the server's SETTINGS in, a slot free."""
+        return (
+            not (self.closed or self.draining)
+            and self._settings_seen.is_set()
+            and len(self.streams) < self.h2.remote_settings.max_concurrent_streams
+        )
 
-        ``fixed`` is an HPACK block that uses no dynamic-table entry (the
-        multicallable's fixed headers and the call's ``grpc-timeout``);
-        ``metadata`` is encoded here, with this connection's encoder, right
-        before the block is queued (blocks must reach the server in the order
-        they were encoded). With ``body`` (a whole unary request) the request
-        is sent too and the stream ended, in the same flush, when the
-        windows take it at once; else :attr:`Stream.local_ended` stays false
-        and the caller sends ``body`` with :meth:`Stream.send`.
+    async def wait_open(self) -> None:
+        """Until :attr:`open_now` holds; :class:`Unprocessed` when the connection
+        takes no new streams, an ``RpcError`` marked unprocessed when it was lost
+        before the server's SETTINGS.
+
+        As grpc-go and grpc-java do, no stream opens before the server's first
+        SETTINGS (a hung or non-HTTP/2 listener then holds no request). Over
+        ``SETTINGS_MAX_CONCURRENT_STREAMS`` a stream waits for a slot here.
         """
-        while True:
+        while not self.open_now:
             if not self.usable:
                 failure = self._failure
                 if not self._settings_seen.is_set() and (self.closed or failure is not None):
@@ -841,20 +841,33 @@ class Connection:
                     error.unprocessed = True
                     raise error
                 raise Unprocessed
-            if not self._settings_seen.is_set():
-                # As grpc-go and grpc-java do, no stream before the server's
-                # first SETTINGS (a hung or non-HTTP/2 listener then holds no
-                # request). SETTINGS and a failure both set ``_slot_freed``;
-                # keepalive counts the waiting calls as calls.
-                self._waiting += 1
-                try:
-                    await self._slot_freed.wait()
-                finally:
-                    self._waiting -= 1
-                continue
-            if len(self.streams) < self.h2.remote_settings.max_concurrent_streams:
-                break
-            await self._slot_freed.wait()
+            # SETTINGS, a freed slot and a failure all set ``_slot_freed``;
+            # keepalive counts the calls waiting here as calls.
+            self._waiting += 1
+            try:
+                await self._slot_freed.wait()
+            finally:
+                self._waiting -= 1
+
+    def start_stream(
+        self,
+        fixed: bytes,
+        metadata: list[tuple[bytes, bytes]],
+        *,
+        body: bytes | None = None,
+    ) -> Stream:
+        """A new stream with its request headers sent (synchronous; only while
+        :attr:`open_now` holds, see :meth:`wait_open`).
+
+        ``fixed`` is an HPACK block that uses no dynamic-table entry (the
+        multicallable's fixed headers and the call's ``grpc-timeout``);
+        ``metadata`` is encoded here, with this connection's encoder, right
+        before the block is queued (blocks must reach the server in the order
+        they were encoded). With ``body`` (a whole unary request) the request
+        is sent too and the stream ended, in the same flush, when the
+        windows take it at once; else :attr:`Stream.local_ended` stays false
+        and the caller sends ``body`` with :meth:`Stream.send`.
+        """
         h2c = self.h2
         stream_id = h2c.get_next_available_stream_id()
         stream = Stream(self, stream_id, self._max_receive)

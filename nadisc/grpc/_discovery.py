@@ -1114,8 +1114,9 @@ def failure_of(error: RpcError, inner: Any, now: float, deadline: float) -> int 
     """The route failure kind (an index into ``CALL_FAILURE_KINDS``) of an attempt that
     ended with ``error``, or None when the instance did its job.
 
-    - ``timeout``: DEADLINE_EXCEEDED once the call's own deadline passed (the
-      subchannel's timer, or the server's answer to the ``grpc-timeout`` we sent);
+    - ``timeout``: DEADLINE_EXCEEDED once the call's own deadline, or the
+      caller's cancel scope's, passed (the subchannel's timer, or the server's
+      answer to the ``grpc-timeout`` we sent);
     - ``status``: UNAVAILABLE, INTERNAL, UNKNOWN or RESOURCE_EXHAUSTED that the
       server sent as its status (trailers, a trailers-only answer, an HTTP
       status without ``grpc-status``), and DEADLINE_EXCEEDED it sent before
@@ -1130,7 +1131,10 @@ def failure_of(error: RpcError, inner: Any, now: float, deadline: float) -> int 
     code = error.code()
     answered = inner is not None and inner.server_answered
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-        return STATUS if answered and now < deadline else TIMEOUT
+        # Our deadline is the earlier of the call's own and the caller's
+        # cancel scope's (both went out as ``grpc-timeout``).
+        ours = min(deadline, anyio.current_effective_deadline())
+        return STATUS if answered and now < ours else TIMEOUT
     if code not in _INSTANCE_FAILURES or error.where == "send":
         return None
     if answered and not never_seen(inner, error):
