@@ -113,6 +113,7 @@ from ._flat import (
     one_ended,
     pick,
 )
+from ._hedge import CallPicks, Peek, current_attempt, hedge_pick
 from ._outlier import OutlierDetector, OutlierEvent
 from ._peak_ewma import PeakEwma
 from ._policies import PowerOfTwoChoices
@@ -295,6 +296,7 @@ class Balance(Generic[Req, Resp]):
         "_park_seq",
         "_parked",
         "_parked_count",
+        "_peek",
         "_policy",
         "_project",
         "_ready",
@@ -380,6 +382,10 @@ class Balance(Generic[Req, Resp]):
         if not callable(clock):
             raise InvalidInput(f"clock must be callable, got {type(clock).__name__}")
         self._policy = cast("Policy[object]", policy)
+        # A turn-taking policy's pick without a turn, for a hedged call's extra
+        # attempts (None: the policy has none, and a hedge picks as any call).
+        peek = getattr(policy, "peek", None)
+        self._peek: Peek | None = peek if callable(peek) else None
         self._context = context
         self._project: Callable[[Req], object] | None = None if context is None else context.project
         self._observer = readiness_observer
@@ -936,7 +942,11 @@ class Balance(Generic[Req, Resp]):
         else:
             n = len(ready)
             project = self._project
-            i = self._policy.pick(ready, None if project is None else project(request), now)
+            context = None if project is None else project(request)
+            if self._peek is None or (attempt := current_attempt.get()) is None:
+                i = self._policy.pick(ready, context, now)
+            else:
+                i = self._attempt_pick(attempt, ready, context, now)
             if type(i) is not int or not 0 <= i < n:
                 raise _bad_pick(self._policy, i, n)
             ep = ready[i]
@@ -1188,7 +1198,11 @@ class Balance(Generic[Req, Resp]):
             ep = ready[pick(cast("list[Row]", self._rrows), draw, now)]
         else:
             project = self._project
-            i = self._policy.pick(ready, None if project is None else project(request), now)
+            context = None if project is None else project(request)
+            if self._peek is None or (attempt := current_attempt.get()) is None:
+                i = self._policy.pick(ready, context, now)
+            else:
+                i = self._attempt_pick(attempt, ready, context, now)
             if type(i) is not int or not 0 <= i < n:
                 raise _bad_pick(self._policy, i, n)
             ep = ready[i]
@@ -1203,6 +1217,35 @@ class Balance(Generic[Req, Resp]):
             ep._slot = len(idle)
             idle.append(ep)
         return ep, guard
+
+    def _attempt_pick(
+        self,
+        attempt: tuple[CallPicks, int],
+        ready: Sequence[Endpoint[Req, Resp]],
+        context: object,
+        now: float,
+    ) -> int:
+        """A pick inside an attempt of a hedged call (see poise._hedge), recorded.
+
+        The first pick of the call from this balance is the policy's; a
+        later attempt's pick is :func:`~poise._hedge.hedge_pick`, which
+        takes no turn. Synchronous: the record is shared by the call's
+        attempts, each in its own task.
+        """
+        picks, number = attempt
+        tried = picks.get(self)
+        if tried is None:
+            tried = picks[self] = []
+        if number and tried:
+            peek = self._peek
+            assert peek is not None
+            i = hedge_pick(peek, ready, context, now, tried)
+        else:
+            i = self._policy.pick(ready, context, now)
+            if type(i) is not int or not 0 <= i < len(ready):
+                raise _bad_pick(self._policy, i, len(ready))
+        tried.append(ready[i]._key)
+        return i
 
     # -- membership ----------------------------------------------------------
 

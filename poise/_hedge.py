@@ -45,6 +45,23 @@ Running part
     ends with an exception instead (its caller's cancel scope ended just as
     it answered): a response is always closed and its load guard ends.
 
+Picks: a hedge is a copy of an attempt that already had its turn, so
+    it must not take a turn of the balance's policy. Each attempt of a race
+    runs with a marker (a context variable: the attempt's number and the
+    call's record of the endpoints its attempts picked, per balance). A
+    :class:`~poise.Balance` whose policy can ``peek`` (the turn-taking
+    ones: :class:`~poise.RoundRobin`, :class:`~poise.WeightedRoundRobin`,
+    :class:`~poise.LeastLoaded`) records every pick of the call's attempts,
+    and answers a pick of a later attempt, once the call has picked from
+    that balance, with :func:`hedge_pick`: the policy's next turn among the
+    ready endpoints the call has not tried, taken without using it up. So
+    with hedging on, the first attempts of successive calls rotate exactly
+    as they would without it, and a hedge goes to another endpoint than the
+    attempts before it whenever one is ready. Other policies pick for a
+    hedge as for any call (power of two choices on the in-flight attempt's
+    load already steers away from it). The first pick of a hedge in a
+    balance the call had not used is an ordinary pick.
+
 Failures: an attempt that fails while another is out does not end the
 request; when every attempt started has failed and no hedge is due, the
 last failure propagates (the caller's retry rule decides what follows).
@@ -56,13 +73,15 @@ import bisect
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container, Hashable, Sequence
+from contextvars import ContextVar
 from typing import TypeVar, cast
 
 import anyio
 
 from ._budget import RetryBudget
-from ._errors import InvalidInput
+from ._errors import InvalidInput, SelectionError
+from ._protocols import Weighted
 
 __all__ = ["Hedging", "LatencyWindow", "hedged_call"]
 
@@ -71,6 +90,49 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 _DISCARD_SECONDS = 5.0
+
+#: A turn-taking policy's ``peek(ready, context, now, avoid)``.
+Peek = Callable[[Sequence[Weighted], object, float, Container[Hashable]], int]
+
+#: The endpoint keys one hedged call's attempts picked, in pick order, per balance.
+CallPicks = dict[object, list[Hashable]]
+
+#: Set in each attempt of a race (its own task): the call's picks and the
+#: attempt's number (0: the first). None outside a race.
+current_attempt: ContextVar[tuple[CallPicks, int] | None] = ContextVar(
+    "poise_hedged_attempt", default=None
+)
+
+
+def hedge_pick(
+    peek: Peek,
+    ready: Sequence[Weighted],
+    context: object,
+    now: float,
+    tried: Sequence[Hashable],
+) -> int:
+    """The index in ``ready`` of a hedge's pick; changes no policy state.
+
+    ``tried`` holds the keys the call's attempts picked so far (oldest
+    first). The hedge goes to the policy's next turn among the ready
+    endpoints not tried; when the call has tried every ready endpoint, among
+    those but the one it tried last; with one ready endpoint, to it.
+    Raises :class:`~poise.SelectionError` when ``peek`` answers an index out
+    of range (or ``ready`` is empty).
+    """
+    n = len(ready)
+    avoid: Container[Hashable] = ()
+    if tried and n > 1:
+        avoid = set(tried)
+        for index in range(n):
+            if ready[index].key not in avoid:
+                break
+        else:
+            avoid = (tried[-1],)
+    i = peek(ready, context, now, avoid)
+    if type(i) is not int or not 0 <= i < n:
+        raise SelectionError(f"{peek!r} returned {i!r} for {n} ready endpoint(s)")
+    return i
 
 
 class LatencyWindow:
@@ -285,6 +347,11 @@ async def hedged_call(
     when this call ends with an exception instead of returning it (the
     caller's cancel scope ended just as it answered). An exception ``discard``
     raises is logged (debug) and does not replace the call's outcome.
+
+    Each attempt runs in its own task with a marker a
+    :class:`~poise.Balance` reads: a later attempt's pick from a balance
+    the call already picked from takes no turn of a turn-taking policy
+    and avoids the endpoints the call tried (see the module docstring).
     """
     started = clock()
     if hedging is not None and idempotent:
@@ -297,8 +364,11 @@ async def hedged_call(
             hedging.window.record(now, now - started)
         return value
     race = _Race()
+    picks: CallPicks = {}
 
     async def one(n: int) -> None:
+        # This task's own context: the marker is seen by this attempt's picks only.
+        current_attempt.set((picks, n))
         try:
             value = await attempt(n)
         except Exception as error:

@@ -18,6 +18,14 @@ LeastLoaded            load(now)              full scan, ties rotate       O(n)
 WeightedRendezvous     key, weight, context   highest random weight        O(n) hashes
 =====================  =====================  ===========================  ==========
 
+The turn-taking policies (:class:`RoundRobin`, :class:`WeightedRoundRobin`,
+:class:`LeastLoaded`) also have ``peek(ready, context, now, avoid=())``: the
+index ``pick`` would return if the endpoints keyed in ``avoid`` were not
+ready, with the policy's state left as it is. The balance uses it for the
+extra attempts of a hedged call (see :func:`~poise.hedged_call`), so that a
+hedge, a copy of an attempt that already had its turn, takes no turn of its
+own: the next call's first pick is where it would have been without it.
+
 None of them allocates per pick except :class:`WeightedRendezvous` (one hash
 object per candidate), the first sighting of a key by the keyed policies, and
 their sweep of forgotten keys once every ``horizon`` picks.
@@ -34,7 +42,7 @@ import hashlib
 import math
 import random
 import struct
-from collections.abc import Hashable, Sequence
+from collections.abc import Container, Hashable, Sequence
 
 from ._errors import InvalidInput, SelectionError
 from ._protocols import Weighted
@@ -52,6 +60,10 @@ _INF = math.inf
 
 def _nothing_ready(policy: str) -> SelectionError:
     return SelectionError(f"{policy}: no ready endpoint to pick from")
+
+
+def _all_avoided(policy: str) -> SelectionError:
+    return SelectionError(f"{policy}: every ready endpoint is to be avoided")
 
 
 def _bad_weight(policy: str, endpoint: Weighted, weight: object) -> InvalidInput:
@@ -79,6 +91,10 @@ class RoundRobin:
 
     Cost: O(n) per pick (one dict lookup per ready endpoint), no allocation
     except for a key seen for the first time.
+
+    :meth:`peek` answers the same rule among the endpoints not avoided and
+    stamps nothing: the extra attempt of a hedged call goes to the endpoint
+    whose turn is next, and that endpoint keeps its turn.
     """
 
     __slots__ = ("_horizon", "_stamps", "_sweep_at", "_tick")
@@ -120,6 +136,36 @@ class RoundRobin:
             self._sweep_at = tick + self._horizon
         return best
 
+    def peek(
+        self,
+        ready: Sequence[Weighted],
+        context: object,
+        now: float,
+        avoid: Container[Hashable] = (),
+    ) -> int:
+        """The index :meth:`pick` would return without the ``avoid`` keys; no state changes.
+
+        The least recently picked endpoint whose key is not in ``avoid``
+        (the first in ``ready`` order on a tie). Raises
+        :class:`~poise.SelectionError` when nothing is left to pick.
+        """
+        get = self._stamps.get
+        best = -1
+        oldest = 0
+        for index in range(len(ready)):
+            key = ready[index].key
+            if key in avoid:
+                continue
+            stamp = get(key, 0)
+            if best < 0 or stamp < oldest:
+                best = index
+                oldest = stamp
+                if not stamp:
+                    break
+        if best < 0:
+            raise _nothing_ready("RoundRobin") if not ready else _all_avoided("RoundRobin")
+        return best
+
     def __repr__(self) -> str:
         return f"<RoundRobin tracked_keys={len(self._stamps)}>"
 
@@ -147,6 +193,11 @@ class WeightedRoundRobin:
     bounded by the endpoints seen in the last ``2 x horizon`` picks.
 
     Cost: O(n) per pick, no allocation except for a key seen for the first time.
+
+    :meth:`peek` answers what :meth:`pick` would choose among the endpoints
+    not avoided, and adds and subtracts nothing: the extra attempt of a
+    hedged call goes to the endpoint whose turn is next, and each
+    endpoint's share of the picks stays its weight.
     """
 
     __slots__ = ("_horizon", "_state", "_sweep_at", "_tick")
@@ -207,6 +258,58 @@ class WeightedRoundRobin:
         best_cell[0] -= total
         if tick >= self._sweep_at:
             self._sweep(tick)
+        return best
+
+    def peek(
+        self,
+        ready: Sequence[Weighted],
+        context: object,
+        now: float,
+        avoid: Container[Hashable] = (),
+    ) -> int:
+        """The index :meth:`pick` would return without the ``avoid`` keys; no state changes.
+
+        The largest ``current + weight`` among the endpoints not avoided
+        (the first in ``ready`` order on a tie); when all of those have
+        weight 0, the largest ``current``. Raises
+        :class:`~poise.SelectionError` when nothing is left to pick.
+        """
+        state = self._state
+        total = 0.0
+        best = -1
+        best_current = -_INF
+        for index in range(len(ready)):
+            endpoint = ready[index]
+            weight = endpoint.weight
+            if not 0.0 <= weight < _INF:
+                raise _bad_weight("WeightedRoundRobin", endpoint, weight)
+            key = endpoint.key
+            if key in avoid:
+                continue
+            cell = state.get(key)
+            current = (0.0 if cell is None else cell[0]) + weight
+            total += weight
+            if current > best_current or best < 0:
+                best_current = current
+                best = index
+        if best < 0:
+            raise (
+                _nothing_ready("WeightedRoundRobin")
+                if not ready
+                else _all_avoided("WeightedRoundRobin")
+            )
+        if total == 0.0:
+            # Only zero weights among the candidates: pick() shares equally.
+            best = -1
+            for index in range(len(ready)):
+                key = ready[index].key
+                if key in avoid:
+                    continue
+                cell = state.get(key)
+                current = 0.0 if cell is None else cell[0]
+                if current > best_current or best < 0:
+                    best_current = current
+                    best = index
         return best
 
     def _sweep(self, tick: int) -> None:
@@ -277,6 +380,9 @@ class LeastLoaded:
     minimum at once leads to herding) or when ``n`` is large.
 
     Cost: O(n) ``load(now)`` calls, no allocation.
+
+    :meth:`peek` scans the same way, skipping the endpoints to avoid, and
+    leaves the rotation where it is.
     """
 
     __slots__ = ("_next",)
@@ -304,6 +410,42 @@ class LeastLoaded:
                 best_load = load
                 best = index
         self._next = best + 1
+        return best
+
+    def peek(
+        self,
+        ready: Sequence[Weighted],
+        context: object,
+        now: float,
+        avoid: Container[Hashable] = (),
+    ) -> int:
+        """The index :meth:`pick` would return without the ``avoid`` keys; no state changes.
+
+        The lowest load among the endpoints not avoided, the first one met
+        scanning from the rotation's start (and wrapping around). Raises
+        :class:`~poise.SelectionError` when nothing is left to pick.
+        """
+        n = len(ready)
+        if n == 0:
+            raise _nothing_ready("LeastLoaded")
+        start = self._next
+        if start >= n:
+            start %= n
+        best = -1
+        best_load = _INF
+        for offset in range(n):
+            index = start + offset
+            if index >= n:
+                index -= n
+            endpoint = ready[index]
+            if endpoint.key in avoid:
+                continue
+            load = endpoint.load(now)
+            if best < 0 or load < best_load:
+                best_load = load
+                best = index
+        if best < 0:
+            raise _all_avoided("LeastLoaded")
         return best
 
     def __repr__(self) -> str:

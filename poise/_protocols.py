@@ -85,6 +85,14 @@ class Policy(Protocol[Ctx_contra]):
     ``SelectionError`` itself before asking). ``context`` is the affinity
     context (``None`` for request-independent policies). A policy may keep
     state keyed by endpoint key; it must not hold on to the endpoints.
+
+    A policy that keeps turns may also have ``peek(ready, context, now,
+    avoid)``: the index ``pick`` would return if the endpoints keyed in
+    ``avoid`` were not ready, changing no state (raising
+    ``SelectionError`` when every one is avoided). The balance then picks
+    a hedge with it, so that a hedge takes no turn (see
+    :func:`~poise.hedged_call`). It is optional and not part of this
+    protocol's required methods.
     """
 
     def pick(self, ready: Sequence[Weighted], context: Ctx_contra, now: float) -> int: ...
