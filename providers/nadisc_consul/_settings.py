@@ -1,8 +1,11 @@
 """Settings of one Consul connection (the ``consul:`` block of a connection).
 
-Frozen, unknown keys refused. Durations are seconds (floats). The ACL token
-is a :class:`pydantic.SecretStr`: it never appears in ``repr``, logs or error
-messages; only the HTTP header carries it.
+Frozen and strict: unknown keys are refused, and so is a value of another
+type than its field's (``wait: '30'``, ``enabled: 'yes'``, ``watch_burst:
+5.0``); a list setting takes a YAML list. Durations are seconds (floats; an
+integer is a number too). The ACL token is a :class:`pydantic.SecretStr`: it
+never appears in ``repr``, logs or error messages; only the HTTP header
+carries it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class ServiceBinding(BaseModel):
     """One service alias: the remote Consul service name (default: the alias)
     and an optional tag filter."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     #: Remote Consul service name (default: the alias).
     name: str = Field(min_length=1, max_length=512)
@@ -59,7 +62,9 @@ class ConsulSettings(BaseModel):
 
     #: ``hide_input_in_errors``: a rejected value (a url with a password in
     #: it, a token pasted in the wrong field) is never echoed by the error.
-    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+    #: ``strict``: no value is coerced into its field's type (a number in a
+    #: string, a float for an integer, a word or a number for a boolean).
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, hide_input_in_errors=True)
 
     #: HTTP API address of the local Consul agent (no credentials in it).
     url: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8500")
@@ -99,11 +104,13 @@ class ConsulSettings(BaseModel):
     allow_loopback: bool = False
     #: Cluster id published in the instance's meta.
     cluster_id: str | None = Field(default=None, min_length=1, max_length=512)
+    # The two tuples below are ``strict=False`` so the list a document holds
+    # becomes the tuple; each item stays strict (text only).
     #: Tags added to every registered instance.
-    tags: tuple[str, ...] = ()
+    tags: tuple[str, ...] = Field(default=(), strict=False)
     #: Meta keys that look secret (``db_password``) but are meant to be
     #: published: every observer of the registry reads them.
-    publish_secret_looking_metadata: tuple[str, ...] = ()
+    publish_secret_looking_metadata: tuple[str, ...] = Field(default=(), strict=False)
     #: Meta added to every registered instance (readable by every observer; a
     #: secret-looking key is refused unless in publish_secret_looking_metadata).
     meta: dict[str, str] = Field(default_factory=dict)

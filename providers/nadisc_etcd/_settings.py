@@ -1,6 +1,9 @@
 """The ``etcd`` provider block of a connection: a frozen, validated value object.
 
-Every field has its default here and nowhere else. The password is a
+Every field has its default here and nowhere else. The model is strict: a
+value of another type than its field's is refused, never converted
+(``ttl_seconds: '15'``, ``ttl_seconds: 15.0``, ``connect_timeout_ms: true``);
+a list setting takes a YAML list. The password is a
 :class:`pydantic.SecretStr`: it never appears in ``repr``, logs or error
 messages, and it is only unwrapped at the moment the provider authenticates.
 
@@ -85,7 +88,7 @@ class EtcdServiceBinding(BaseModel):
     ``name`` defaults to the alias itself.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     #: Remote service name in the key layout (default: the alias).
     name: str | None = Field(default=None, min_length=1, max_length=512)
@@ -103,11 +106,15 @@ class EtcdSettings(BaseModel):
     nor an endpoint URL: a URL may carry credentials.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+    #: ``strict``: no value is coerced into its field's type (a number in a
+    #: string, a float or a boolean for an integer).
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, hide_input_in_errors=True)
 
+    # ``strict=False``: the list a document holds becomes the tuple; each
+    # item stays strict (text only).
     #: Client URLs of the cluster members (``http://`` or ``https://``). The
     #: provider talks to the first one that accepts a connection.
-    endpoints: tuple[str, ...] = Field(min_length=1, max_length=32)
+    endpoints: tuple[str, ...] = Field(min_length=1, max_length=32, strict=False)
     #: Key prefix; instance keys are ``<prefix>/<service>/<instance-id>``. An
     #: empty prefix makes the service name the whole gRPC resolver target.
     prefix: str = Field(default="services", max_length=512)

@@ -1,13 +1,15 @@
 """Settings of one Nacos connection (the ``nacos:`` block of a connection).
 
-Frozen and strict: unknown keys are refused, credentials never ride in a
-``server_addr`` (``http://user:pass@host`` is refused: use ``username`` /
-``password``), the password is a :class:`pydantic.SecretStr` (never in a
-``repr``, a log line or an error message; validation errors never echo the
-input). ``server_addr`` takes one address or several (a list, or a
-comma-separated string as Nacos clients accept it), each with the context
-path, e.g. ``http://nacos-business:8848/nacos/``; a bare ``host:port`` means
-``http://host:port/nacos``.
+Frozen and strict: unknown keys are refused, and so is a value of another
+type than its field's (``beat_interval: '5'``, ``ephemeral: 'yes'``,
+``cluster_filter: 1``; an integer is a number of seconds too); credentials
+never ride in a ``server_addr`` (``http://user:pass@host`` is refused: use
+``username`` / ``password``), the password is a :class:`pydantic.SecretStr`
+(never in a ``repr``, a log line or an error message; validation errors
+never echo the input). ``server_addr`` takes one address or several (a list,
+or a comma-separated string as Nacos clients accept it), each with the
+context path, e.g. ``http://nacos-business:8848/nacos/``; a bare
+``host:port`` means ``http://host:port/nacos``.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def heartbeat_rules(metadata: dict[str, str]) -> dict[str, int] | str:
 class NacosServiceBinding(BaseModel):
     """One service alias: the remote Nacos service name (default: the alias)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     name: str = Field(
         min_length=1,
@@ -107,7 +109,10 @@ class NacosSettings(BaseModel):
     ``beat_interval`` (used until the server says otherwise).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+    #: ``strict``: no value is coerced into its field's type (a number in a
+    #: string, a word or a number for a boolean). ``server_addr``'s one-string
+    #: and list spellings are turned into its tuple before that check.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, hide_input_in_errors=True)
 
     server_addr: tuple[AnyHttpUrl, ...] = Field(
         default=(AnyHttpUrl("http://127.0.0.1:8848/nacos"),),
@@ -207,8 +212,10 @@ class NacosSettings(BaseModel):
             "log in again this many seconds before the token's tokenTtl ends (at most half the TTL)"
         ),
     )
+    # ``strict=False``: a tuple is taken for the list too; each item stays text.
     publish_secret_looking_metadata: list[str] = Field(
         default_factory=list,
+        strict=False,
         description=(
             "keys of metadata that look secret (db_password, api_key) but are meant to be "
             "published: every observer of the registry reads them"
