@@ -764,6 +764,12 @@ class Route:
     def count_sent(self, identity: str) -> None:
         self._sent[identity] = self._sent.get(identity, 0) + 1
 
+    def uncount_sent(self, identity: str) -> None:
+        """Take back :meth:`count_sent` for an admitted attempt that went
+        elsewhere before anything was sent (in the same synchronous step, so
+        no reader sees the count go down)."""
+        self._sent[identity] -= 1
+
     def count_failure(self, kind: int, identity: object = None) -> None:
         """Count one failure of ``kind`` (an index into :data:`CALL_FAILURE_KINDS`).
 

@@ -393,6 +393,15 @@ class Channel:
 
     # -- connections ---------------------------------------------------------
 
+    @property
+    def connecting(self) -> bool:
+        """A connection is being made, or is made and the server's first
+        SETTINGS are not in yet: a call now would wait for it."""
+        conn = self._conn
+        if conn is not None and conn.usable:
+            return not conn.greeted
+        return self._lock.locked()
+
     async def connection(self) -> Connection:
         """The current connection, opened (under the caller's deadline) when there is none."""
         conn = self._conn

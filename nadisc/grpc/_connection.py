@@ -757,6 +757,11 @@ class Connection:
     def usable(self) -> bool:
         return not (self.closed or self.draining)
 
+    @property
+    def greeted(self) -> bool:
+        """The server's first SETTINGS arrived (streams may open)."""
+        return self._settings_seen.is_set()
+
     def flush(self) -> None:
         """Put what ``h2`` has queued on the wire (synchronous).
 

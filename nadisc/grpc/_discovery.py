@@ -689,6 +689,36 @@ class DiscoveryChannel:
                 continue
             return held
 
+    def settle(self, held: Held[Any], attempt: Attempt) -> tuple[Held[Any], Attempt]:
+        """Prefer an instance whose connection is up to one still connecting.
+
+        When the instance ``attempt`` was admitted to has a connection being
+        made (a hung host that accepted TCP and never sent its SETTINGS stays
+        so until ``connect_timeout``), another instance that can be picked at
+        once takes the call, and the first pick's guard ends with no
+        evidence; else the first pick stands. grpc's pickers likewise give
+        calls only to READY subchannels. Synchronous.
+        """
+        instance = attempt.instance
+        assert instance is not None
+        sub = self._subs.get(instance.identity)
+        if sub is None or sub.channel is None or not sub.channel.connecting:
+            return held, attempt
+        for _ in range(2):  # a random policy may land on the same one again
+            other = Attempt(avoid=attempt.avoid | {str(held.key)}, skips=attempt.skips + 1)
+            found = self.pick_now(other)
+            if found is None:
+                continue
+            assert other.instance is not None
+            sub = self._subs.get(other.instance.identity)
+            if sub is not None and sub.channel is not None and sub.channel.connecting:
+                found.cancel()  # connecting too: the first pick stands
+                return held, attempt
+            held.cancel()  # nothing was sent
+            self.route.uncount_sent(instance.identity)
+            return found, other
+        return held, attempt
+
     def live_subchannel(self, instance: Instance) -> _Subchannel | None:
         """The open subchannel of exactly ``instance``, synchronously (None: see
         :meth:`subchannel`)."""
@@ -966,6 +996,7 @@ async def unary_call(
                     )
                     found = channel.pick_now(attempt)
                     held = found if found is not None else await channel.pick(attempt, deadline)
+                    held, attempt = channel.settle(held, attempt)
                     instance = attempt.instance  # type: ignore[assignment]
             except Exception:
                 if not attempts and not transparent:
@@ -1416,6 +1447,7 @@ class _BoundCall(_Status):
                 held = channel.pick_now(attempt)
                 if held is None:
                     held = await channel.pick(attempt, self._deadline)
+                held, attempt = channel.settle(held, attempt)
             except Exception:
                 if tried is None:
                     self._outcome = _NO_ENDPOINT_OUTCOME

@@ -157,6 +157,44 @@ async def test_a_call_held_by_a_silent_listener_goes_to_another_instance(
             assert servers[0].calls == 4
 
 
+@pytest.mark.parametrize("kind", ["unary", "stream"])
+async def test_an_instance_still_connecting_takes_no_new_call(
+    discovery: Opener, pb: ModuleType, pb_grpc: ModuleType, kind: str
+) -> None:
+    # The hung listener's connection never gets SETTINGS (no connect_timeout):
+    # the one call that opened it waits out its deadline; while it connects,
+    # every other call goes to the live instance (grpc picks READY only).
+    with backends(pb, pb_grpc, 1) as servers:
+        async with hung_listener() as hung:
+            silent = Instance("silent", "127.0.0.1", hung.port, metadata=PLAIN)
+            async with discovery(silent, servers[0].instance(), connect_timeout=None) as (
+                _owner,
+                channel,
+                _memory,
+            ):
+                stub = pb_grpc.TestServiceStub(channel)
+                failed = 0
+                for _ in range(10):
+                    try:
+                        if kind == "unary":
+                            response = await stub.UnaryCall(pb.SimpleRequest(), timeout=1)
+                            assert response.username == "b0"
+                        else:
+                            request = pb.StreamingOutputCallRequest(
+                                response_parameters=[pb.ResponseParameters(size=1)]
+                            )
+                            async for _ in stub.StreamingOutputCall(request, timeout=1):
+                                pass
+                    except RpcError as exc:
+                        assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                        failed += 1
+                statistics = channel.route.statistics()
+            assert failed <= 1
+            assert servers[0].calls == 10 - failed
+            assert statistics.sent.get("silent", 0) == failed  # moved calls are not counted
+            assert HEADERS not in frame_types(bytes(hung.received).replace(PREFACE, b""))
+
+
 async def test_a_processed_call_is_never_re_sent_without_a_policy(
     discovery: Opener, pb: ModuleType, pb_grpc: ModuleType
 ) -> None:
