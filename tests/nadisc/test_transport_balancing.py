@@ -133,6 +133,31 @@ async def test_a_slow_instance_is_hedged_and_the_loser_released(autojump_clock: 
         assert route.balancing.statistics().hedges == before
 
 
+@pytest.mark.parametrize("strategy", ["round_robin", "weighted"])
+async def test_a_hedge_takes_no_turn_so_first_attempts_alternate(
+    autojump_clock: object, strategy: LbStrategy
+) -> None:
+    # One slow instance of two: only the calls whose turn is the slow one's
+    # are hedged (a hedge that took the other turn made every call start on
+    # the slow one).
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await anyio.sleep(5.0 if request.url.host == "10.0.0.1" else 0.1)
+        return httpx.Response(200, text=request.url.host)
+
+    fleet = [Instance("slow", "10.0.0.1", 80), Instance("fast", "10.0.0.2", 80)]
+    pool = Pool(handler)
+    options = RestOptions(lb_strategy=strategy, request_timeout=30.0, connect_timeout=1.0)
+    async with transport(pool, fleet, options, hedge={"delay_ms": 300}) as (http, discovery, _):
+        firsts = []
+        for _ in range(8):
+            pool.hosts.clear()
+            assert (await http.get(URL)).text == "10.0.0.2"
+            firsts.append(pool.hosts[0])
+        assert firsts.count("10.0.0.1") == 4 and firsts.count("10.0.0.2") == 4, firsts
+        assert route_of(discovery).balancing.statistics().hedges == 4
+        assert route_of(discovery).statistics().in_flight == {"slow": 0, "fast": 0}
+
+
 @pytest.mark.parametrize("strategy", ["weighted", "p2c_peak_ewma"])
 async def test_a_hedge_goes_to_another_instance_than_the_first_attempt(
     autojump_clock: object, strategy: LbStrategy
