@@ -986,7 +986,9 @@ class Connection:
                     self._lost("the server closed the connection")
                     return
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                    self._lost(f"the connection broke: {type(exc).__name__}")
+                    # anyio's BrokenResourceError wraps the OS's reason (a reset).
+                    cause = exc.__cause__ if isinstance(exc, anyio.BrokenResourceError) else None
+                    self._lost(f"the connection broke: {type(cause or exc).__name__}")
                     return
                 if not self._received(data):
                     return
