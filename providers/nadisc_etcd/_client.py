@@ -85,12 +85,36 @@ from ._wire import (
     decode,
 )
 
-__all__ = ["Batches", "ClientCore", "EtcdClient", "Kind", "LineBuffer", "WatchStream", "discard"]
+__all__ = [
+    "Batches",
+    "ClientCore",
+    "EtcdClient",
+    "Kind",
+    "LineBuffer",
+    "ResponseTooLarge",
+    "WatchMessageTooLarge",
+    "WatchStream",
+    "discard",
+]
 
 logger = logging.getLogger(__name__)
 
 Kind = Literal["read", "write"]
 _M = TypeVar("_M", bound=msgspec.Struct)
+
+
+class ResponseTooLarge(CapacityRejected):
+    """An answer this process refused unread because it is larger than
+    ``max_response_bytes`` (the owner's ``limits.max_snapshot_bytes``): the
+    local limit, not a refusal by the server (etcd's own
+    ``RESOURCE_EXHAUSTED``, such as "too many requests", is a plain
+    ``CapacityRejected``). A range that meets it asks again in smaller pages."""
+
+
+class WatchMessageTooLarge(ResponseTooLarge):
+    """A watch message over ``max_response_bytes``, refused unread. A stream
+    resumed after it would send it again, so the watch ranges afresh from
+    a stream opened from now instead."""
 
 
 def _transport_failure(kind: Kind, message: str) -> ProviderFailure:
@@ -131,8 +155,8 @@ async def discard(response: httpx.Response, chunks: AsyncIterator[bytes]) -> Non
 class LineBuffer:
     """Splits a byte stream into newline-delimited lines, each at most ``limit`` bytes.
 
-    ``feed`` raises ``CapacityRejected`` as soon as a line (complete or not)
-    exceeds the limit, so memory stays O(limit).
+    ``feed`` raises ``WatchMessageTooLarge`` (a ``CapacityRejected``) as soon
+    as a line (complete or not) exceeds the limit, so memory stays O(limit).
     """
 
     __slots__ = ("_buffer", "_limit")
@@ -150,14 +174,16 @@ class LineBuffer:
             if end < 0:
                 break
             if end - start > self._limit:
-                raise CapacityRejected(f"a watch message exceeded max_response_bytes={self._limit}")
+                raise WatchMessageTooLarge(
+                    f"a watch message exceeded max_response_bytes={self._limit}"
+                )
             line = bytes(self._buffer[start:end]).strip()
             if line:
                 lines.append(line)
             start = end + 1
         del self._buffer[:start]
         if len(self._buffer) > self._limit:
-            raise CapacityRejected(f"a watch message exceeded max_response_bytes={self._limit}")
+            raise WatchMessageTooLarge(f"a watch message exceeded max_response_bytes={self._limit}")
         return lines
 
 
@@ -242,7 +268,8 @@ class WatchStream:
     async def next_batch(self) -> list[WatchResponse]:
         """Every message available now (at least one); waits for the next chunk
         when none is buffered. Raises ``IncompleteSnapshot`` when the stream ends
-        or breaks, ``CapacityRejected`` for an oversized message."""
+        or breaks, ``WatchMessageTooLarge`` (a ``CapacityRejected``) for an
+        oversized message."""
         while not self._pending:
             try:
                 chunk = await self._chunks.__anext__()
@@ -483,7 +510,7 @@ class EtcdClient(ClientCore):
     async def _read_bounded(self, response: httpx.Response, where: str) -> bytes:
         declared = response.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self._max_bytes:
-            raise CapacityRejected(
+            raise ResponseTooLarge(
                 f"{where}: response of {declared} bytes exceeds max_response_bytes="
                 f"{self._max_bytes}"
             )
@@ -493,7 +520,7 @@ class EtcdClient(ClientCore):
             data += chunk
             if len(data) > self._max_bytes:
                 await discard(response, chunks)
-                raise CapacityRejected(
+                raise ResponseTooLarge(
                     f"{where}: response exceeds max_response_bytes={self._max_bytes}"
                 )
         return bytes(data)

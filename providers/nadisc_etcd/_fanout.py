@@ -13,7 +13,8 @@ Member life::
     join ──► ranging (events buffered) ──accept(R)──► live (events applied)
                 ▲           │ R older than the open stream: range again
                 │           ▼
-                └──── compacted (the stream's start revision was compacted:
+                └──── compacted (the stream's start revision was compacted,
+                      or it refused a message over the response limit:
                       every member ranges again, the stream starts afresh)
 
 Stream continuity: :attr:`Fanout.revision` is the newest revision whose
@@ -67,6 +68,7 @@ class Member(Generic[_R]):
         "failure",
         "head",
         "live",
+        "oversized",
         "run",
         "state",
         "waker",
@@ -83,6 +85,9 @@ class Member(Generic[_R]):
         self.buffer: list[Event] = []
         #: The stream's start revision was compacted: range again.
         self.compacted = False
+        #: With ``compacted``: the stream refused a message over the response
+        #: limit instead (a resume would meet it again): range again too.
+        self.oversized = False
         #: Why the stream this member followed broke (reported once).
         self.failure: Exception | None = None
         #: Something happened the member's task must look at (set by the fan-out).
@@ -148,6 +153,7 @@ class Fanout(Generic[_R]):
         member.live = False
         member.buffer = []
         member.compacted = False
+        member.oversized = False
 
     def accept(self, member: Member[_R], revision: int) -> bool:
         """The member's state was just reset from a range at ``revision``.
@@ -310,8 +316,11 @@ class Fanout(Generic[_R]):
             member.failure = failure
             member.wake()
 
-    def compacted(self) -> None:
-        """The stream's start revision was compacted: every member ranges again."""
+    def compacted(self, *, oversized: bool = False) -> None:
+        """The stream's start revision was compacted, or (``oversized``) the
+        stream refused a message over the response limit, which a resumed
+        stream would send again: every member ranges again, and the stream
+        starts afresh from now."""
         self.host = None
         self.opened_from = None
         self.revision = None
@@ -319,4 +328,5 @@ class Fanout(Generic[_R]):
             member.live = False
             member.buffer = []
             member.compacted = True
+            member.oversized = oversized
             member.wake()

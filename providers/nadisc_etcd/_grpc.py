@@ -70,7 +70,14 @@ from anyio.abc import TaskStatus
 from nadisc import IncompleteSnapshot, LeaseLost, ProviderFailure, redacted_excerpt
 from nadisc.grpc import Channel, RpcError
 
-from ._client import ClientCore, Kind, _server_failure, _transport_failure
+from ._client import (
+    ClientCore,
+    Kind,
+    ResponseTooLarge,
+    WatchMessageTooLarge,
+    _server_failure,
+    _transport_failure,
+)
 from ._proto import MESSAGES as _M
 from ._settings import EtcdSettings
 from ._wire import (
@@ -155,8 +162,9 @@ class GrpcWatchStream:
 
     async def next_batch(self) -> list[WatchResponse]:
         """The next message (pushed-back ones first). ``IncompleteSnapshot``
-        when the stream ends or breaks, ``CapacityRejected`` for a message
-        over ``max_response_bytes``, a server refusal as the typed outcome."""
+        when the stream ends or breaks, ``WatchMessageTooLarge`` (a
+        ``CapacityRejected``) for a message over ``max_response_bytes``, a
+        server refusal as the typed outcome."""
         if self._pending:
             batch, self._pending = self._pending, []
             return batch
@@ -164,6 +172,8 @@ class GrpcWatchStream:
             message = await self._call.read()
         except RpcError as exc:
             status = _status(exc, self._secrets(), self._limit)
+            if _over_receive_limit(exc):
+                raise WatchMessageTooLarge(f"{self._where}: {status}") from exc
             where = f"{self._where}: the watch stream broke"
             raise _server_failure("read", where, status) from exc
         if message is grpc.aio.EOF:
@@ -174,11 +184,19 @@ class GrpcWatchStream:
         self._pending = messages + self._pending
 
 
+def _over_receive_limit(error: RpcError) -> bool:
+    """The channel refused a message over its receive limit
+    (``max_response_bytes``), not the server."""
+    return error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "receive limit" in (
+        error.details() or ""
+    )
+
+
 def _status(error: RpcError, secrets: tuple[str, ...], limit: int) -> GatewayStatus:
     code = error.code()
     number = int(code.value[0]) if code is not None else 2
     text = redacted_excerpt(error.details() or "", secrets)
-    if number == 8 and "receive limit" in text:  # the channel refused the message
+    if _over_receive_limit(error):
         text = f"a response exceeds max_response_bytes={limit}: {text}"
     return GatewayStatus.of(number, text)
 
@@ -625,4 +643,6 @@ def _failure(kind: Kind, refused: _Refused) -> ProviderFailure:
     status = refused.status
     if status.code in (1, 2, 13):  # CANCELLED, UNKNOWN, INTERNAL: the call broke
         return _transport_failure(kind, f"{refused.where}: {status}")
+    if _over_receive_limit(refused.error):
+        return ResponseTooLarge(f"{refused.where}: {status}")
     return _server_failure(kind, refused.where, status)

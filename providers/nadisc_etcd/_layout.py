@@ -22,10 +22,14 @@ here, and registrations written here are resolved by ``etcd:///`` targets.
 
 A record is a *confirmed invalid candidate* (listed in
 ``ProviderSnapshot.invalid`` with the reason, never served) when its value is
-not base64, longer than ``max_record_bytes``, not UTF-8 JSON, not an object,
-has ``Op`` other than 0 (Add), lacks ``Addr``, has an ``Addr`` without a port
-in 1-65535 (gRPC allows a bare host, we cannot dial one), or carries a
-``weight``/``tags`` of the wrong shape.
+not base64, longer than ``max_record_bytes``, not UTF-8, not JSON, not an
+object, has ``Op`` other than the integer 0 (Add), lacks ``Addr``, has an
+``Addr`` that is not a string or has no port in 1-65535 (gRPC allows a bare
+host, we cannot dial one), or carries a ``weight``/``tags`` of the wrong
+shape. A reason names a field's JSON type (``got the string "0"``, never a
+bare ``got 0``), quotes at most :data:`SHOWN_CHARS` characters of a scalar,
+names a list or an object by its type only, and says where JSON is
+malformed, never what is around it: a value may hold secrets.
 
 Decoding is pure and synchronous; it costs O(len(value)). A range's
 records are decoded column-wise by :func:`decode_records`: each value by
@@ -40,6 +44,7 @@ from __future__ import annotations
 import binascii
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -154,6 +159,10 @@ _RECORDS = msgspec.json.Decoder(_Record)
 _addr_of = attrgetter("Addr")
 _metadata_of = attrgetter("Metadata")
 _a2b = partial(binascii.a2b_base64, strict_mode=True)
+#: At most this many characters of a scalar field are quoted in a reason.
+SHOWN_CHARS = 40
+#: What :func:`_tags` finds when every item of a list is a string.
+_ALL_STRINGS = object()
 #: Empty metadata (the one view every instance without metadata shares).
 _NO_METADATA = cast("MappingProxyType[str, str]", _EMPTY)
 
@@ -161,36 +170,66 @@ _NO_METADATA = cast("MappingProxyType[str, str]", _EMPTY)
 def _split_addr(addr: str) -> tuple[str, int]:
     host, sep, port_text = addr.rpartition(":")
     if not sep or not host:
-        raise RecordError(f"Addr {addr!r} is not host:port")
+        raise RecordError(f"Addr {_quoted(addr)} is not host:port")
     if host[0] == "[" and host[-1] == "]":
         host = host[1:-1]
         if not host:
-            raise RecordError(f"Addr {addr!r} has an empty host")
+            raise RecordError(f"Addr {_quoted(addr)} has an empty host")
     elif ":" in host:
-        raise RecordError(f"Addr {addr!r}: an IPv6 host must be bracketed")
+        raise RecordError(f"Addr {_quoted(addr)}: an IPv6 host must be bracketed")
     # ASCII digits only: str.isdigit() also admits digits int() refuses ("²").
     if len(port_text) > 5 or not port_text.isdigit() or not port_text.isascii():
-        raise RecordError(f"Addr {addr!r}: port must be 1-65535")
+        raise RecordError(f"Addr {_quoted(addr)}: port must be 1-65535")
     port = int(port_text)
     if not 0 < port < 65536:
-        raise RecordError(f"Addr {addr!r}: port must be 1-65535")
+        raise RecordError(f"Addr {_quoted(addr)}: port must be 1-65535")
     return host, port
 
 
-def _weight(value: object) -> float:
+def _cut(text: str) -> str:
+    """``text`` cut to :data:`SHOWN_CHARS` characters (``...`` marks a cut)."""
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a JSON string, cut to :data:`SHOWN_CHARS` characters."""
+    quoted = json.dumps(text[:SHOWN_CHARS], ensure_ascii=False)
+    return quoted if len(text) <= SHOWN_CHARS else quoted[:-1] + '..."'
+
+
+def _shown(value: object) -> str:
+    """What a record field holds, for a reason: its JSON type, and for a
+    scalar its text cut to :data:`SHOWN_CHARS` characters, so the string
+    ``"0"`` never reads like the integer ``0``. A list or an object is
+    named by its type only: it may hold anything, secrets included."""
+    if value is None:
+        return "null"
     if isinstance(value, bool):
-        raise RecordError("Metadata.weight must be a number")
-    if isinstance(value, int | float):
+        return "the boolean true" if value else "the boolean false"
+    if isinstance(value, int):
+        return f"the integer {_cut(str(value))}"
+    if isinstance(value, float):
+        return f"the number {_cut(repr(value))}"
+    if isinstance(value, str):
+        return f"the string {_quoted(value)}"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+def _weight(value: object) -> float:
+    try:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError
         weight = float(value)
-    elif isinstance(value, str):
-        try:
-            weight = float(value)
-        except ValueError:
-            raise RecordError(f"Metadata.weight {value[:40]!r} is not a number") from None
-    else:
-        raise RecordError("Metadata.weight must be a number")
+    except OverflowError:  # an integer beyond the float range
+        weight = math.inf
+    except ValueError:
+        raise RecordError(
+            f"Metadata.weight must be a number or its decimal text, got {_shown(value)}"
+        ) from None
     if not (math.isfinite(weight) and weight > 0):
-        raise RecordError("Metadata.weight must be finite and > 0")
+        raise RecordError(f"Metadata.weight must be finite and > 0, got {_shown(value)}")
     return weight
 
 
@@ -198,6 +237,17 @@ def _text(value: object) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def _tags(value: object) -> tuple[str, ...]:
+    if isinstance(value, list):
+        odd = next((item for item in value if not isinstance(item, str)), _ALL_STRINGS)
+        if odd is _ALL_STRINGS:
+            return tuple(value)
+        got = f"a list holding {_shown(odd)}"
+    else:
+        got = _shown(value)
+    raise RecordError(f"Metadata.tags must be a list of strings, got {got}")
 
 
 def _extras(extra: dict[str, Any]) -> tuple[float, tuple[str, ...], dict[str, str]]:
@@ -209,12 +259,35 @@ def _extras(extra: dict[str, Any]) -> tuple[float, tuple[str, ...], dict[str, st
         if name == "weight":
             weight = _weight(item)
         elif name == "tags":
-            if not isinstance(item, list) or not all(isinstance(t, str) for t in item):
-                raise RecordError("Metadata.tags must be a list of strings")
-            tags = tuple(item)
+            tags = _tags(item)
         else:
             metadata[name] = _text(item)
     return weight, tags, metadata
+
+
+_BYTE_AT = re.compile(r"\(byte (\d+)\)")
+
+
+def _unreadable(raw: bytes, error: Exception) -> str:
+    """Why ``raw`` did not decode as JSON: not UTF-8 (and where), or not
+    JSON (and where, when the decoder says). Only positions, never text
+    around them: a value may hold secrets."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"value is not UTF-8 (invalid byte at offset {exc.start})"
+    if isinstance(error, RecursionError):
+        return "value is not valid JSON (nested too deeply)"
+    if isinstance(error, msgspec.ValidationError):
+        # The untyped decoder validates nothing but number ranges (1e400).
+        return "value is not valid JSON (a number is out of range)"
+    text = str(error)
+    at = _BYTE_AT.search(text)
+    if at is not None:
+        return f"value is not valid JSON (malformed at byte {at.group(1)})"
+    if "truncated" in text:
+        return "value is not valid JSON (it ends early)"
+    return "value is not valid JSON"
 
 
 def decode_record(identity: str, value_b64: str, *, max_record_bytes: int) -> Instance:
@@ -239,16 +312,20 @@ def decode_record_bytes(identity: str, raw: bytes, *, max_record_bytes: int) -> 
     try:
         # msgspec checks UTF-8 and parses in one C pass (no str copy first).
         document = _JSON.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
-        raise RecordError("value is not UTF-8 JSON") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise RecordError(_unreadable(raw, exc)) from None
     if not isinstance(document, dict):
         raise RecordError("value is not a JSON object")
     op = document.get("Op", 0)
     if isinstance(op, bool) or not isinstance(op, int) or op != 0:
-        raise RecordError(f"Op must be 0 (Add), got {_text(op)[:40]}")
-    addr = document.get("Addr")
-    if not isinstance(addr, str) or not addr:
-        raise RecordError("Addr is missing or not a string")
+        raise RecordError(f"Op must be the integer 0 (Add), got {_shown(op)}")
+    if "Addr" not in document:
+        raise RecordError("Addr is missing")
+    addr = document["Addr"]
+    if not isinstance(addr, str):
+        raise RecordError(f"Addr must be a string, got {_shown(addr)}")
+    if not addr:
+        raise RecordError("Addr is empty")
     host, port = _split_addr(addr)
     weight = 1.0
     tags: tuple[str, ...] = ()

@@ -40,8 +40,12 @@ observation leaves the failed state with a complete listing.
 Malformed records are confirmed invalid candidates: they are never served
 and are listed, with their key and reason, in ``ProviderSnapshot.invalid``;
 the valid rest is still a complete listing (a bad record written by someone
-else must not take every good instance down with it). A body that cannot be
-read completely is an ``IncompleteSnapshot``, one over the byte limit a
+else must not take every good instance down with it). A record too large
+for any response under ``max_response_bytes`` is one of them too: the range
+pages around it and names it by a keys-only read, and a watch message over
+the limit makes the watch range again (``_range_into``, ``_oversized``). A
+body that cannot be read completely is an ``IncompleteSnapshot``; a limit
+that holds not even one key, or the server's own ``RESOURCE_EXHAUSTED``, a
 ``CapacityRejected``.
 
 Registration::
@@ -116,13 +120,13 @@ from nadisc import (
     redacted_excerpt,
 )
 
-from ._client import Batches, EtcdClient
+from ._client import Batches, EtcdClient, ResponseTooLarge, WatchMessageTooLarge
 from ._fanout import Fanout, Member
 from ._layout import Layout, check_record, encode_record
 from ._leases import LeasePool
 from ._settings import EtcdSettings
 from ._state import Backoff, ProbeVerdict, ServiceState
-from ._wire import GatewayStatus, KeyValue, prefix_range_end
+from ._wire import GatewayStatus, KeyValue, RangeResponse, prefix_range_end
 
 if TYPE_CHECKING:
     from ._grpc import EtcdGrpcClient
@@ -242,6 +246,10 @@ class EtcdStatistics:
     #: Watches that started from their service's query listing, read at the
     #: revision their stream was created at, instead of a range.
     watch_listings_taken: int = 0
+    #: Watch messages refused as over ``max_response_bytes`` (etcd would send
+    #: one again on resume): each made the watch range again, from a stream
+    #: opened from now (on the shared stream, every watched service).
+    oversized_resyncs: int = 0
 
 
 @dataclass(slots=True)
@@ -256,6 +264,7 @@ class _Counts:
     publishes: int = 0
     probes: int = 0
     watch_listings_taken: int = 0
+    oversized_resyncs: int = 0
 
 
 class _Run:
@@ -281,6 +290,12 @@ class _Run:
 
 class _Compacted(Exception):
     """The watch start revision was compacted away: take a fresh range."""
+
+
+class _Oversized(_Compacted):
+    """The shared stream refused a message over ``max_response_bytes``
+    (:class:`~._client.WatchMessageTooLarge`): take a fresh range, as after
+    a compaction."""
 
 
 def _consumed(pages: list[tuple[KeyValue, ...]]) -> Iterator[KeyValue]:
@@ -411,6 +426,7 @@ class EtcdProvider:
             probes=c.probes,
             watch_connections=n.watch_connections,
             watch_listings_taken=c.watch_listings_taken,
+            oversized_resyncs=c.oversized_resyncs,
         )
 
     def _check_open(self) -> None:
@@ -490,16 +506,26 @@ class EtcdProvider:
         budget), all read at the revision of the first page (one consistent
         listing), decoded cooperatively (the loop gets a turn between pages
         and every few hundred records) and reusing what a live watch already
-        decoded. A page refused as over ``max_response_bytes`` is asked
-        again in smaller pages at the same revision.
+        decoded.
 
-        ``settled(revision)``, asked once the first page told the range's
-        revision: True stops there (the range is not needed: a live watch
-        already stands at or past it) and the state is left as it was;
-        returns whether the state was filled."""
+        A page refused as over ``max_response_bytes`` (records far larger
+        than estimated) is asked again in pages a quarter its size until
+        its keys are read, at the same revision (pinned by a count-only
+        range when the first page was refused). A record refused even alone
+        can never be read: it is named by a keys-only read of that one key
+        and listed invalid (:meth:`_unreadable`), and the range goes on
+        past it. Only a limit that holds not even that is
+        ``CapacityRejected``.
+
+        ``settled(revision)``, asked once the range's revision is known:
+        True stops there (the range is not needed: a live watch already
+        stands at or past it) and the state is left as it was; returns
+        whether the state was filled."""
         head = self._layout.service_prefix(state.service)
         end = prefix_range_end(head)
         pages: list[tuple[KeyValue, ...]] = []
+        #: Records too large to read in any response: key -> reason.
+        unread: dict[bytes, str] = {}
         count = 0
         start, revision = head, 0
         limit_bytes = self._context.max_response_bytes
@@ -508,26 +534,46 @@ class EtcdProvider:
         # A query a running watch may answer reads a small first page (it
         # tells the revision); any other range starts with a full page.
         short = settled is not None and state.service in self._live
+        # After a refused page: how many of its keys from ``start`` are not
+        # read yet (0: none), and the page size until they are (a quarter
+        # of the refused one). Pages never grow back into a refused one.
+        window = cap = 0
         while True:
-            limit = RANGE_PAGE if short and not revision else page_size(limit_bytes, estimate, most)
+            if window:
+                limit = min(cap, window)
+            elif short and not revision:
+                limit = RANGE_PAGE
+            else:
+                limit = page_size(limit_bytes, estimate, most)
             try:
                 answer = await self._client.range(
                     start, end, limit=limit, revision=revision, deadline=deadline
                 )
-            except CapacityRejected:
-                if limit <= 1:
-                    raise
-                # Records far larger than estimated: smaller pages, same revision.
-                estimate = max(estimate * 4, limit_bytes // 2 // max(1, limit // 4))
-                self._record_bytes[state.service] = estimate
-                continue
-            if not revision:
-                revision = answer.header.revision
-                if settled is not None and settled(revision):
-                    return False
-            if answer.kvs:
-                estimate = record_bytes(answer.kvs)
-                self._record_bytes[state.service] = estimate
+            except ResponseTooLarge:
+                if not revision:
+                    revision = (
+                        await self._client.range(start, end, count_only=True, deadline=deadline)
+                    ).header.revision
+                    if settled is not None and settled(revision):
+                        return False
+                if limit > 1:
+                    window, cap = limit, max(1, limit // 4)
+                    continue
+                answer = await self._unreadable(start, end, revision, deadline)
+                unread[answer.kvs[0].key] = (
+                    "value too large to read: a response holding only this record is over "
+                    f"max_response_bytes={limit_bytes} (limits.max_snapshot_bytes)"
+                )
+            else:
+                if not revision:
+                    revision = answer.header.revision
+                    if settled is not None and settled(revision):
+                        return False
+                if answer.kvs:
+                    estimate = record_bytes(answer.kvs)
+                    self._record_bytes[state.service] = estimate
+            if window:
+                window = max(0, window - len(answer.kvs))
             pages.append(answer.kvs)
             count += len(answer.kvs)
             if not answer.more:
@@ -543,9 +589,26 @@ class EtcdProvider:
             start = answer.kvs[-1].key + b"\x00"
             await anyio.lowlevel.checkpoint()
         live = self._live.get(state.service)
-        for _ in state.reset_steps(_consumed(pages), revision, reuse=live):
+        for _ in state.reset_steps(_consumed(pages), revision, reuse=live, refused=unread):
             await anyio.lowlevel.checkpoint()
         return True
+
+    async def _unreadable(
+        self, start: bytes, end: bytes, revision: int, deadline: float
+    ) -> RangeResponse:
+        """The first key from ``start`` at ``revision``, read keys-only: the
+        record a one-record page at that revision could not hold. (etcd
+        reports no value sizes; its key, ``mod_revision`` and the rest of
+        the range are what a keys-only read of one key tells.)"""
+        answer = await self._client.range(
+            start, end, keys_only=True, limit=1, revision=revision, deadline=deadline
+        )
+        if not answer.kvs:
+            raise IncompleteSnapshot(
+                f"{start.decode('utf-8', 'replace')!r}: a record refused as too large "
+                f"is not in a keys-only range at revision {revision}"
+            )
+        return answer
 
     async def query(self, service: str, deadline: float) -> ProviderSnapshot:
         """One range of the service prefix as a complete listing.
@@ -671,6 +734,15 @@ class EtcdProvider:
                 need_range = True
                 continue
             except ProviderFailure as exc:
+                if isinstance(exc, WatchMessageTooLarge) and not need_range:
+                    # The stream cannot go past that message: range afresh
+                    # (a record too large is listed invalid there) inside a
+                    # stream opened from now. Refused before the range was
+                    # taken, it is reported below instead (the limit may
+                    # not hold even the stream's own messages).
+                    self._oversized(service, exc)
+                    need_range = True
+                    continue
                 self._counts.watch_failures += 1
                 logger.info(
                     "etcd watch of %r on connection %r failed: %s",
@@ -687,6 +759,19 @@ class EtcdProvider:
             self._check_open()
             if not need_range:
                 self._counts.watch_resumes += 1
+
+    def _oversized(self, watched: str, failure: WatchMessageTooLarge) -> None:
+        """A watch message over the response limit makes the watch (every
+        service of a shared one) range again; counted and logged."""
+        self._counts.oversized_resyncs += 1
+        logger.warning(
+            "etcd watch of %r on connection %r: a message over max_response_bytes=%d was "
+            "refused (%s); ranging again",
+            watched,
+            self._context.name,
+            self._context.max_response_bytes,
+            failure,
+        )
 
     def _publish(self, run: _Run) -> None:
         try:
@@ -895,8 +980,9 @@ class EtcdProvider:
                         else:
                             await take_range()
                     await self._follow_shared(fanout, run, member)
-                except _Compacted:
-                    self._counts.compaction_resyncs += 1
+                except _Compacted as exc:
+                    if not isinstance(exc, _Oversized):
+                        self._counts.compaction_resyncs += 1
                     need_range = True
                     continue
                 except ProviderFailure as exc:
@@ -923,11 +1009,16 @@ class EtcdProvider:
         finally:
             member.waker = None
 
-    @staticmethod
-    def _taken_failure(member: Member[_Run]) -> ProviderFailure:
+    def _taken_failure(self, member: Member[_Run]) -> ProviderFailure:
         """Why a stream this member opened ended before its range was taken."""
         if member.compacted:
             member.compacted = False
+            if member.oversized:
+                member.oversized = False
+                return CapacityRejected(
+                    "the shared etcd watch refused a message over max_response_bytes="
+                    f"{self._context.max_response_bytes} while it opened"
+                )
             return IncompleteSnapshot("the shared etcd watch was compacted while it opened")
         failure, member.failure = member.failure, None
         if isinstance(failure, ProviderFailure):
@@ -954,7 +1045,7 @@ class EtcdProvider:
         while True:
             member.woken = False
             if member.compacted:
-                raise _Compacted
+                raise _Oversized if member.oversized else _Compacted
             failure = member.failure
             if failure is not None:
                 member.failure = None
@@ -1034,6 +1125,11 @@ class EtcdProvider:
             fanout.release_host(member)
         if isinstance(outcome, _Compacted):
             fanout.compacted()
+        elif isinstance(outcome, WatchMessageTooLarge):
+            # etcd would send that message again on resume: every member
+            # ranges again, the stream starts afresh from now.
+            self._oversized(head.decode("utf-8", "replace"), outcome)
+            fanout.compacted(oversized=True)
         elif outcome is not None:
             fanout.broke(outcome)
 
@@ -1354,12 +1450,19 @@ class EtcdProvider:
         async def read() -> int:
             sent = anyio.current_time()
             head = self._layout.service_prefix(service)
-            answer = await self._client.range(
-                head,
-                prefix_range_end(head),
-                limit=self._context.max_instances_per_service + 1,
-                deadline=deadline,
-            )
+            try:
+                answer = await self._client.range(
+                    head,
+                    prefix_range_end(head),
+                    limit=self._context.max_instances_per_service + 1,
+                    deadline=deadline,
+                )
+            except ResponseTooLarge:
+                # The service does not fit one response (a record too large
+                # for any, or a listing over the limit): cut before every
+                # key, so each check reads its own key by itself.
+                self._service_reads[service] = (sent, {}, b"")
+                return 0
             cut = (answer.kvs[-1].key if answer.kvs else b"") if answer.more else None
             self._service_reads[service] = (sent, {kv.key: kv for kv in answer.kvs}, cut)
             return len(answer.kvs)

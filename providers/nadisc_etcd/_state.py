@@ -167,20 +167,34 @@ class ServiceState:
         return list(map(_Entry, map(_mod_revision_of, kvs), decoded, repeat(None)))
 
     def reset(
-        self, kvs: Iterable[KeyValue], revision: int, *, reuse: ServiceState | None = None
+        self,
+        kvs: Iterable[KeyValue],
+        revision: int,
+        *,
+        reuse: ServiceState | None = None,
+        refused: Mapping[bytes, str] | None = None,
     ) -> None:
         """Replace everything with a complete range taken at ``revision``."""
-        for _ in self.reset_steps(kvs, revision, reuse=reuse):
+        for _ in self.reset_steps(kvs, revision, reuse=reuse, refused=refused):
             pass
 
     def reset_steps(
-        self, kvs: Iterable[KeyValue], revision: int, *, reuse: ServiceState | None = None
+        self,
+        kvs: Iterable[KeyValue],
+        revision: int,
+        *,
+        reuse: ServiceState | None = None,
+        refused: Mapping[bytes, str] | None = None,
     ) -> Iterator[None]:
         """:meth:`reset`, yielding after every :attr:`RESET_STEP` records; the
         state changes only once the iterator is exhausted. ``reuse`` (another
         state of the same service, a live watch's) lends records it already
-        decoded at the same ``mod_revision``."""
+        decoded at the same ``mod_revision``. ``refused`` maps the keys of
+        records the range could not read (their values too large for a
+        response; ``kvs`` holds them keys-only) to the reason: each is kept
+        invalid at its ``mod_revision``, which a probe compares."""
         known = reuse._entries if reuse is not None else {}
+        unread = refused or {}
         entries: dict[bytes, _Entry] = {}
         # A range comes in key order: the listing is built in bulk at the end.
         keys: list[bytes] = []
@@ -191,7 +205,10 @@ class ServiceState:
         while chunk := list(islice(records, step)):
             # What the live state decoded at the same mod_revision is taken
             # over; the rest is decoded in bulk.
-            fresh = [kv for kv in chunk if _reused(known, kv) is None] if known else chunk
+            if known or unread:
+                fresh = [kv for kv in chunk if kv.key not in unread and _reused(known, kv) is None]
+            else:
+                fresh = chunk
             fresh_keys = list(map(_key_of, fresh))
             decoded = self._decode_all(fresh, fresh_keys)
             if decoded is not None and len(fresh) == len(chunk):
@@ -205,7 +222,12 @@ class ServiceState:
                 done = {} if decoded is None else dict(zip(fresh_keys, decoded, strict=True))
                 for kv in chunk:
                     key = kv.key
-                    entry = done.get(key) or _reused(known, kv) or self._decode(kv)
+                    problem = unread.get(key)
+                    entry = (
+                        _Entry(kv.mod_revision, None, problem)
+                        if problem is not None
+                        else done.get(key) or _reused(known, kv) or self._decode(kv)
+                    )
                     entries[key] = entry
                     if entry.instance is not None:
                         keys.append(key)

@@ -373,21 +373,25 @@ async def test_bad_records_among_hundreds_of_good_ones_are_reported_by_key(
 
 
 @both_wires
-async def test_a_response_over_the_byte_limit_is_capacity_rejected(
+async def test_a_record_over_the_byte_limit_is_invalid_not_a_failure(
     etcd_server: EtcdServer, raw: RawEtcd, make_provider: ProviderMaker
 ) -> None:
+    # (test_oversized_records.py has the whole story: paging, the owner.)
     provider = make_provider(etcd_server, context=make_context(max_response_bytes=2000))
     head = f"{provider.settings.prefix}/orders"
+    await raw.put_record(f"{head}/thin", "10.0.0.2:80")
     sink = RecordingSink()
     async with anyio.create_task_group() as nursery:
         await nursery.start(provider.watch, "orders", sink)
-        # One event larger than the limit: the stream refuses the message.
+        # One event larger than the limit: the stream refuses the message,
+        # and the watch ranges again, where the record is refused alone.
         await raw.put_record(f"{head}/fat", "10.0.0.1:80", {"blob": "x" * 3000})
-        await sink.wait_for(lambda: bool(sink.failures), 2.0)
+        await sink.wait_for(lambda: f"{head}/fat" in sink.latest.invalid, 2.0)
         nursery.cancel_scope.cancel()
-    assert isinstance(sink.failures[0], CapacityRejected)
-    with pytest.raises(CapacityRejected, match="max_response_bytes"):
-        await provider.query("orders", soon())
+    assert sink.failures == [] and sink.ids() == {"thin"}
+    snapshot = await provider.query("orders", soon())
+    assert snapshot.identities() == ("thin",)
+    assert "max_response_bytes=2000" in snapshot.invalid[f"{head}/fat"]
 
 
 async def test_more_instances_than_the_limit_is_capacity_rejected(

@@ -840,7 +840,8 @@ def test_page_size_follows_the_byte_limit_and_the_instance_limit() -> None:
 class RangeServer:
     """The gateway's ``/v3/kv/range`` over a fixed key set, as etcd answers it
     (api/etcdserverpb/rpc.proto RangeRequest: ``limit``, ``revision``,
-    ``range_end``; RangeResponse ``more`` and ``count`` of the whole range)."""
+    ``range_end``, ``count_only``; RangeResponse ``more`` and ``count`` of
+    the whole range)."""
 
     def __init__(self, records: dict[bytes, str]) -> None:
         self.records = dict(sorted(records.items()))
@@ -855,7 +856,7 @@ class RangeServer:
         self.limits.append(limit)
         self.revisions.append(int(body.get("revision", 0)))
         keys = [k for k in self.records if start <= k < end]
-        page = keys[:limit] if limit else keys
+        page = [] if body.get("count_only") else keys[:limit] if limit else keys
         kvs = [{"key": b64(k), "value": self.records[k], "mod_revision": "9"} for k in page]
         payload = {
             "header": {"revision": "9"},
