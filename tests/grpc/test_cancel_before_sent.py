@@ -79,7 +79,7 @@ async def test_cancel_while_queued_for_a_stream_slot_sends_nothing() -> None:
             await conn.data(event.stream_id, frame(b"ok"))
             await conn.trailers(event.stream_id)
 
-    settings = {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1}
+    settings: dict[int, int] = {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1}
     first: list[object] = []
     queued: list[object] = []
     async with (
