@@ -14,12 +14,24 @@ Status translation (the API server answers errors with a ``Status`` object)::
     404 NotFound       NotFound (the caller decides: a missing Service is empty)
     410 Gone/Expired   Gone (resourceVersion or continue token too old: relist)
     504 "Too large resource version"
-                       TooLarge, a Gone (the server has not reached the version:
-                       its storage was restored, or it is behind: relist)
+                       TooLarge, a Gone (a list from a version the server has
+                       not reached, after 3 s: relist)
+    429, 5xx with a delay
+                       RetryLater, an IncompleteSnapshot carrying the seconds
+                       the server asked for (``Retry-After``, else the Status's
+                       ``details.retryAfterSeconds``)
     5xx, 429, other    IncompleteSnapshot
     token unavailable  IdentityRevoked (token file gone, exec plugin failed)
     transport errors, timeouts, truncated bodies   IncompleteSnapshot
     body over budget   CapacityRejected
+
+A delay is read as client-go reads it (staging/src/k8s.io/client-go/rest/
+request.go ``checkWait``/``retryAfterSeconds``): only for 429 and 5xx, and
+only a whole number of seconds (an HTTP date is ignored). Priority and
+fairness sends the header with a plain-text body; a ``Status`` whose
+``details.retryAfterSeconds`` is set comes with the same header
+(responsewriters ``ErrorNegotiated``), so the body is only read when a proxy
+dropped the header.
 
 The bearer token travels in the ``Authorization`` header only, and is
 never part of a message or log line: every quoted server text goes through
@@ -50,7 +62,7 @@ from nadisc import (
 from ._credentials import ClusterAccess
 from ._wire import Status, decode_status
 
-__all__ = ["Gone", "KubeHttp", "LineReader", "NotFound", "TooLarge"]
+__all__ = ["Gone", "KubeHttp", "LineReader", "NotFound", "RetryLater", "TooLarge"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +81,28 @@ class NotFound(Exception):
     """404 for the named object (not a failure by itself)."""
 
 
+class RetryLater(IncompleteSnapshot):
+    """429 (or a 5xx) whose server asked the client to wait ``retry_after``
+    seconds before its next request."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def retry_after(header: str | None, status: Status | None) -> float | None:
+    """The seconds to wait the server asked for, or None when it asked none:
+    ``Retry-After`` when it is a whole number of seconds, else the Status's
+    ``details.retryAfterSeconds`` when positive."""
+    if header is not None:
+        text = header.strip()
+        if text.isdecimal() and text.isascii():
+            return float(int(text))
+    if status is not None and status.details is not None and status.details.retryAfterSeconds > 0:
+        return float(status.details.retryAfterSeconds)
+    return None
+
+
 def _describe(status: int, body: bytes, secrets: tuple[str, ...]) -> str:
     decoded = decode_status(body)
     if decoded is not None:
@@ -78,9 +112,14 @@ def _describe(status: int, body: bytes, secrets: tuple[str, ...]) -> str:
 
 
 def failure_for(
-    status: int, body: bytes, what: str, secrets: tuple[str, ...] = ()
+    status: int,
+    body: bytes,
+    what: str,
+    secrets: tuple[str, ...] = (),
+    retry_after_header: str | None = None,
 ) -> ProviderFailure | NotFound:
-    """The typed outcome of a non-200 answer (401 is handled by the caller)."""
+    """The typed outcome of a non-200 answer (401 is handled by the caller);
+    ``retry_after_header`` is the answer's ``Retry-After``, if any."""
     detail = _describe(status, body, secrets)
     if status in (401, 403):
         return IdentityRevoked(f"{what}: HTTP {status} {detail}")
@@ -92,6 +131,10 @@ def failure_for(
         decoded = decode_status(body)
         if decoded is not None and decoded.too_large_version:
             return TooLarge(f"{what}: HTTP 504 {detail}")
+    if status == 429 or status >= 500:
+        delay = retry_after(retry_after_header, decode_status(body))
+        if delay is not None:
+            return RetryLater(f"{what}: HTTP {status} {detail}", delay)
     return IncompleteSnapshot(f"{what}: HTTP {status} {detail}")
 
 
@@ -106,7 +149,12 @@ def status_failure(status: Status, what: str, secrets: tuple[str, ...] = ()) -> 
         return TooLarge(f"{what}: {detail}")
     if status.code in (401, 403):
         return IdentityRevoked(f"{what}: {detail}")
-    return IncompleteSnapshot(f"{what}: watch ended with an error ({detail})")
+    message = f"{what}: watch ended with an error ({detail})"
+    if status.code == 429 or status.code >= 500:
+        delay = retry_after(None, status)
+        if delay is not None:
+            return RetryLater(message, delay)
+    return IncompleteSnapshot(message)
 
 
 async def _discard(response: httpx.Response, chunks: AsyncIterator[bytes]) -> None:
@@ -280,7 +328,13 @@ class KubeHttp:
                         self.counters.unauthorized_retries += 1
                         logger.info("%s: 401; the credential was renewed, trying once more", what)
                         continue
-                raise failure_for(response.status_code, body, what, self.secrets)
+                raise failure_for(
+                    response.status_code,
+                    body,
+                    what,
+                    self.secrets,
+                    response.headers.get("retry-after"),
+                )
             finally:
                 with anyio.CancelScope(shield=True) as scope:
                     scope.deadline = anyio.current_time() + 1.0

@@ -10,19 +10,27 @@ Contract: no I/O, no clock of its own; the provider asks these and acts.
   staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go and
   cache_watcher.go), so ``bookmark_silence`` (80 s by default) bounds every
   silence, the first one included. What the silence *means* depends on what
-  this server has shown (:func:`silence_is_failure`): the cacher sends no
-  bookmark at all until it has processed one event of the resource
-  (``lastProcessedResourceVersion == 0`` in ``dispatchEvents``), and a server
-  without a watch cache never sends any. Before the first bookmark, silence
-  is therefore no proof of a dead stream: the watch is reopened quietly from
-  the version held (no event lost, no relist; an expired version gives 410
-  and the relist path), which replaces a frozen connection within
-  ``bookmark_silence`` of its start instead of ``watch_timeout +
-  watch_grace``. Once a bookmark was seen, silence is a failure.
+  this server has shown (:func:`silence_is_failure`). Once a bookmark was
+  seen, silence is a failure, and the stream lists again rather than
+  watching again from the version it holds: a server whose storage was
+  restored to an older version accepts a watch from the later version
+  (HTTP 200) and sends nothing at all, bookmarks included, until its own
+  version passes it (watch_cache.go ``getAllEventsSinceLocked`` finds no
+  event, cache_watcher.go ``process`` drops every lower one), so only a list
+  shows where it is. Before the first bookmark, silence is no proof of
+  anything: the cacher sends no bookmark until it has processed one event of
+  the resource (``lastProcessedResourceVersion == 0`` in ``dispatchEvents``),
+  and a server without a watch cache never sends any. The watch is then
+  reopened quietly (no failure, no relist) after a one-item list has shown
+  that the server's version is not lower than the one held; a lower one is
+  a restore, and the stream lists again.
 * :func:`went_backwards`: resourceVersions are opaque and never ordered
   here, with one exception: when both are decimal (etcd revisions, what
   every API server sends) and the new one is *lower* than the one held, the
   server's storage was restored from a backup; the held state is void.
+* :func:`retry_wait`: after a failure the next request waits the backoff
+  delay, or what the server asked for (``Retry-After``) when that is
+  longer, up to ``max_backoff``.
 * :class:`RefreshGate`: a bookmark confirms the listing; at most one
   confirmation per ``every`` seconds reaches the sink, however many
   bookmarks arrive (a flood of them costs decoding, not sink work).
@@ -30,7 +38,7 @@ Contract: no I/O, no clock of its own; the provider asks these and acts.
 
 from __future__ import annotations
 
-__all__ = ["RefreshGate", "silence_is_failure", "silence_limit", "went_backwards"]
+__all__ = ["RefreshGate", "retry_wait", "silence_is_failure", "silence_limit", "went_backwards"]
 
 
 def silence_limit(*, watch_timeout: float, watch_grace: float, bookmark_silence: float) -> float:
@@ -48,6 +56,15 @@ def went_backwards(held: str, seen: str) -> bool:
     if not (held.isdecimal() and seen.isdecimal() and held.isascii() and seen.isascii()):
         return False
     return int(seen) < int(held)
+
+
+def retry_wait(backoff: float, server: float | None, cap: float) -> float:
+    """Seconds before the next request after a failure: the backoff delay,
+    or the server's delay (``server``, None when it gave none) when longer,
+    never more than ``cap`` for the server's part."""
+    if server is None:
+        return backoff
+    return max(backoff, min(server, cap))
 
 
 class RefreshGate:

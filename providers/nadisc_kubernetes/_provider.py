@@ -8,24 +8,34 @@ Service object and one for its EndpointSlices; both feed one
 while both sides are in sync::
 
     per stream:  list (pages: limit/continue) ─► reset side ─► publish if changed
-                   ▲                               │
-                   │ 410 (HTTP or ERROR event),    ▼
-                   │ 504 Too large resource version, a version lower than held
-                   └── backoff, relist ◄── watch ?resourceVersion=<last>&allowWatchBookmarks
-                                          │ ADDED/MODIFIED/DELETED: apply; publish if changed
-                                          │ BOOKMARK: remember version; refresh() (<= 1/s)
-                                          │ server timeout (stream ends): re-watch from <last>
-                                          │   (after a backoff delay if it lasted < 1 s)
-                                          │ 403 / 401 twice: fail(IdentityRevoked), backoff
-                                          └ 5xx, broken stream, silence: fail(Incomplete),
-                                            backoff, resume from <last> (no relist)
+                   ▲                                │
+                   │ 410 (HTTP or ERROR event),     ▼
+                   │ a version lower than held ◄─ watch ?resourceVersion=<last>
+                   │                                │   &allowWatchBookmarks=true
+                   │                                │ ADDED/MODIFIED/DELETED: apply, publish
+                   │                                │ BOOKMARK: note version; refresh() (<= 1/s)
+                   │                                │ server timeout: re-watch from <last>
+                   │                                │   (after a backoff if it lasted < 1 s)
+                   │                                │ silent, no bookmark seen yet: read the
+                   │                                │   version (one item); not lower: re-watch
+                   │                                │ 403 / 401 twice: fail(IdentityRevoked)
+                   └─ backoff (or Retry-After) ◄────┴ 429, 5xx, broken, silent: fail(Incomplete)
 
 Every relist waits a backoff delay first (a server answering 410 right
 after each list is not asked again in a hot loop); a watch that stayed
-open a second resets the backoff. Silence: once the server has sent a
-bookmark, ``bookmark_silence`` (80 s) without any line, from the watch's
-start or its last line, is a dead stream; before the first bookmark the same
-silence reopens the watch quietly from the version held (see ``_pacing``).
+open a second resets the backoff. After a 429 (or a 5xx) that says how long
+to wait (``Retry-After``, or ``details.retryAfterSeconds``), the next request
+waits at least that, up to ``max_backoff``.
+
+A stream that failed lists again before it watches again: an open watch
+proves nothing about the version held (an API server whose storage went back
+in time accepts a watch from a version it has not reached and stays silent),
+so only a list, or a line on the watch, confirms a listing. Silence: once
+the server has sent a bookmark, ``bookmark_silence`` (80 s) without any
+line, from the watch's start or its last line, is a dead stream (a failure,
+then a relist); before the first bookmark the same silence reopens the watch
+quietly, after a one-item list showed the server's version is not lower
+than the one held (see ``_pacing``).
 
 A publish happens only when the listing differs from the last one
 published (a relist that finds nothing new commits nothing), or when a
@@ -71,8 +81,8 @@ from nadisc import (
 )
 
 from ._credentials import ClusterAccess, resolve_access
-from ._http import Gone, KubeHttp, status_failure
-from ._pacing import RefreshGate, silence_is_failure, silence_limit, went_backwards
+from ._http import Gone, KubeHttp, RetryLater, status_failure
+from ._pacing import RefreshGate, retry_wait, silence_is_failure, silence_limit, went_backwards
 from ._settings import KubernetesSettings
 from ._state import SERVICE_NAME_LABEL, ServiceView
 from ._wire import (
@@ -93,10 +103,10 @@ logger = logging.getLogger(__name__)
 
 #: A watch the server ends sooner than this is re-opened after a backoff delay.
 _SHORTEST_WATCH = 1.0
-#: The least time a watch gets to open: the API server holds a watch from a
-#: version it has not reached for up to 3 s (the watch cache's blockTimeout)
-#: before it answers 504 "Too large resource version"; a shorter budget would
-#: never see that answer and resume from the same version forever.
+#: The least time a watch gets to open, whatever ``request_timeout``: a watch
+#: answers with its headers only, and the API server may queue it before
+#: that under priority and fairness (staging/src/k8s.io/apiserver/pkg/server/
+#: filters/priority-and-fairness.go getRequestWaitContext).
 _WATCH_OPEN_FLOOR = 5.0
 
 CAPABILITIES = Capabilities(
@@ -111,14 +121,18 @@ class KubernetesStatistics:
     lists: int = 0
     pages: int = 0
     watches_opened: int = 0
-    #: Relists forced by a 410 (HTTP status or ERROR event), a 504 "Too large
-    #: resource version" or a version going backwards.
+    #: Lists of a stream after its first: after a 410 (HTTP status or ERROR
+    #: event), a 504 "Too large resource version", a version lower than the
+    #: one held (on an event or a version check), or a failure of its watch
+    #: (a broken stream, or one silent once bookmarks are known, included).
     relists: int = 0
-    #: Watches reopened because they stayed silent past the silence limit.
+    #: Watches that stayed silent past the silence limit.
     silent_watches: int = 0
     #: Of those, the ones reopened without a failure: silent before this
     #: provider had seen any bookmark (a server that sends none looks the same).
     quiet_reopens: int = 0
+    #: One-item lists read for the server's version before a quiet reopen.
+    version_checks: int = 0
     #: Bookmark confirmations passed to the sink (at most one a second).
     confirmations: int = 0
     #: Watches the server ended on its own (timeoutSeconds) and that resumed.
@@ -376,6 +390,12 @@ class KubernetesProvider(DiscoveryOnlyProvider):
             async with anyio.create_task_group() as group:
                 group.start_soon(self._follow, "service", run)
                 group.start_soon(self._follow, "slice", run)
+        except BaseExceptionGroup as stopped:
+            # Closed underneath: the streams stop with the closed error, which
+            # the caller gets as such, not wrapped in the streams' task group.
+            if self._closed and stopped.split(IncompleteSnapshot)[1] is None:
+                raise self._closed_error() from None
+            raise
         finally:
             if self._views.get(service) is view:
                 del self._views[service]
@@ -389,6 +409,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         need_list = True
         while True:
             opened: float | None = None
+            asked: float | None = None
             try:
                 if need_list:
                     held = view.version(kind)
@@ -412,6 +433,13 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                 opened = anyio.current_time()
                 if await self._stream(kind, run, what):
                     stats.server_timeouts += 1
+                else:
+                    # Silent before any bookmark: no failure, but a server
+                    # restored to an older version is silent too; its
+                    # version tells (a lower one raises Gone: relist).
+                    await self._check_version(kind, view, what)
+                    stats.quiet_reopens += 1
+                    logger.debug("%s: silent before any bookmark; reopening", what)
                 if anyio.current_time() - opened >= _SHORTEST_WATCH:
                     backoff.reset()
                     continue
@@ -427,18 +455,48 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                     backoff.reset()
                 # Every relist waits: a server that answers 410 (or 504) right
                 # after each list is not asked again in a hot loop.
-                await anyio.sleep(backoff.next_delay())
-                self._check_open()
-                continue
             except ProviderFailure as exc:
+                # Closed underneath: that is the caller's doing, not the server's.
+                self._check_open()
                 logger.info("%s failed: %s", what, exc)
                 run.fail(kind, exc, stats)
-            await anyio.sleep(backoff.next_delay())
+                if not need_list:
+                    # Only a list confirms the stream again: a watch from the
+                    # version held is accepted even by a server whose storage
+                    # went back in time, which then stays silent.
+                    stats.relists += 1
+                    view.unsync(kind)
+                    need_list = True
+                if isinstance(exc, RetryLater):
+                    asked = exc.retry_after
+            await anyio.sleep(retry_wait(backoff.next_delay(), asked, settings.max_backoff))
             self._check_open()
+
+    async def _check_version(self, kind: Kind, view: ServiceView, what: str) -> None:
+        """Read the server's current version with a one-item list; Gone when
+        it is lower than the one held (a restored storage)."""
+        self.statistics.version_checks += 1
+        params = {**self._selector(kind, view.name), "limit": "1"}
+        body = await self._http.get(
+            self._collection(kind), params, budget=self._timeout, what=f"{what}: version check"
+        )
+        try:
+            current = decode_page(kind, body).metadata.resourceVersion
+        except WireError as exc:
+            raise IncompleteSnapshot(f"{what}: version check: {exc}") from None
+        held = view.version(kind)
+        if held and went_backwards(held, current):
+            raise Gone(
+                f"{what}: the server's resourceVersion {current[:32]} is lower than the "
+                f"{held[:32]} held (the server's storage was restored)"
+            )
 
     async def _stream(self, kind: Kind, run: _Run, what: str) -> bool:
         """One watch from the side's version until the server ends it (True)
-        or, before any bookmark was seen, until it stays silent (False)."""
+        or, before any bookmark was seen, until it stays silent (False).
+
+        Opening it confirms nothing: the API server accepts a watch from a
+        version it has not reached and then sends nothing."""
         view = run.view
         settings = self._settings
         stats = self.statistics
@@ -458,8 +516,6 @@ class KubernetesProvider(DiscoveryOnlyProvider):
             what=what,
         ) as lines:
             stats.watches_opened += 1
-            # Open again after a failure: the listing we hold is confirmed current.
-            run.settle(kind, stats)
             quiet = silence_limit(
                 watch_timeout=settings.watch_timeout,
                 watch_grace=settings.watch_grace,
@@ -474,16 +530,12 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                 if waiting.cancelled_caught:
                     stats.silent_watches += 1
                     if not silence_is_failure(bookmarks_seen=self.bookmarks_seen):
-                        # No bookmark yet: a quiet but live server looks the same
-                        # (see _pacing); reopen from the version held, no failure.
-                        stats.quiet_reopens += 1
-                        logger.debug(
-                            "%s: silent for %gs before any bookmark; reopening", what, quiet
-                        )
+                        # No bookmark yet: a quiet but live server looks the
+                        # same (see _pacing); the caller checks the version.
                         return False
                     raise IncompleteSnapshot(
                         f"{what}: the watch sent nothing for {quiet:g}s (the server sends a "
-                        "bookmark about every minute); reopening it"
+                        "bookmark about every minute); listing again"
                     )
                 changed = bookmark = False
                 for line in batch:
@@ -514,11 +566,14 @@ class KubernetesProvider(DiscoveryOnlyProvider):
     def _timeout(self) -> float:
         return self._context.request_timeout
 
+    def _closed_error(self) -> IncompleteSnapshot:
+        return IncompleteSnapshot(
+            f"the kubernetes provider of connection {self._context.name!r} is closed"
+        )
+
     def _check_open(self) -> None:
         if self._closed:
-            raise IncompleteSnapshot(
-                f"the kubernetes provider of connection {self._context.name!r} is closed"
-            )
+            raise self._closed_error()
 
     async def aclose(self) -> None:
         if self._closed:

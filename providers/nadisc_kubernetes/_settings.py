@@ -194,15 +194,19 @@ class KubernetesSettings(BaseModel):
     )
     max_backoff: Annotated[float, Field(gt=0, le=3600)] = Field(
         default=30.0,
-        description="the longest wait between retries of a failed list or watch, in seconds",
+        description=(
+            "the longest wait between retries of a failed list or watch, in seconds; a "
+            "server's Retry-After is obeyed up to this long"
+        ),
     )
     bookmark_silence: Annotated[float, Field(gt=0, le=3600)] = Field(
         default=80.0,
         description=(
-            "a watch silent this many seconds (from its start or its last line) is "
-            "reopened from the version held; once the server has sent a bookmark (it "
-            "sends one about every minute to a watch that asks) the silence also counts "
-            "as a failure"
+            "a watch silent this many seconds (from its start or its last line) ends: "
+            "once the server has sent a bookmark (it sends one about every minute to a "
+            "watch that asks) the silence is a failure and the stream lists again; before "
+            "that the watch is reopened from the version held once a one-item list showed "
+            "the server is not behind it"
         ),
     )
     ip_family: Literal["primary", "ipv4", "ipv6"] = Field(

@@ -26,9 +26,20 @@ discovery reads:
   ``timeoutSeconds`` ends the stream cleanly (the server's own timeout).
   An object modified out of a watch's selector is sent as DELETED, into it as
   ADDED.
+* A watch from a version the store has not reached is accepted (200) and
+  stays silent, bookmarks included, until the store passes that version;
+  only then do events (those of a higher version) flow. Only a list from
+  such a version, or a watch with ``sendInitialEvents``, waits 3 s and
+  answers 504 "Too large resource version" (with ``Retry-After: 1``).
 * Compaction: the history keeps ``window`` events; :meth:`compact` drops all
   of it. :meth:`expire_watches` makes every open watch end with a 410
   ERROR event (what a watch whose cache position was compacted receives).
+  :meth:`restore` goes back to a backup, with or without the
+  ``--bump-revision``/``--mark-compacted`` treatment.
+* 429: :meth:`throttle` answers as priority and fairness does (plain text
+  and ``Retry-After``) or with a ``TooManyRequests`` Status carrying
+  ``retryAfterSeconds`` (and the same header); ``fail_next`` injects any
+  status, with the reason the API server gives it.
 * Authentication with bearer tokens (``tokens``: token -> user; 401
   ``Unauthorized`` Status for a missing or unknown token when tokens are
   configured) and RBAC per user and (verb, resource) (403 ``Forbidden``
@@ -69,6 +80,7 @@ from ._asgi import Receive, Scope, Send, read_request
 
 __all__ = [
     "KubernetesFake",
+    "PlainAnswer",
     "open_kubernetes_fake",
     "run_kubernetes_fake",
     "slice_object",
@@ -118,8 +130,54 @@ class ApiError(Exception):
         self, code: int, reason: str, message: str, details: dict[str, Any] | None = None
     ) -> None:
         super().__init__(message)
-        self.body = status_object(code, reason, message, details)
+        self.body: dict[str, Any] | PlainAnswer = status_object(code, reason, message, details)
         self.code = code
+
+
+@dataclass(frozen=True)
+class PlainAnswer:
+    """An answer written with Go's ``http.Error`` instead of a ``Status``
+    object: a text body, ``text/plain`` (what the request filters in front of
+    the API machinery send, e.g. priority and fairness)."""
+
+    text: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+#: The reason a ``Status`` carries for a status code (staging/src/k8s.io/
+#: apimachinery/pkg/api/errors/errors.go NewGenericServerResponse: another
+#: 4xx is ``Unknown``, another 5xx ``InternalError``), and 410 as
+#: NewResourceExpired words the API server's 410s.
+_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def answer_headers(body: dict[str, Any] | PlainAnswer) -> dict[str, str]:
+    """The headers an error answer carries besides its content type.
+
+    A ``Status`` whose ``details.retryAfterSeconds`` is positive also sets
+    ``Retry-After`` to that many seconds (staging/src/k8s.io/apiserver/pkg/
+    endpoints/handlers/responsewriters/writers.go ErrorNegotiated)."""
+    if isinstance(body, PlainAnswer):
+        return dict(body.headers)
+    details = body.get("details") if body.get("kind") == "Status" else None
+    seconds = details.get("retryAfterSeconds", 0) if isinstance(details, dict) else 0
+    if isinstance(seconds, int) and seconds > 0:
+        return {"Retry-After": str(seconds)}
+    return {}
 
 
 class _Broken(Exception):
@@ -143,6 +201,9 @@ class _Watch:
     labels: list[Requirement]
     queue: deque[dict[str, Any] | str] = field(default_factory=deque)
     wake: anyio.Event = field(default_factory=anyio.Event)
+    #: Only events and bookmarks of a higher version reach this watch (set for
+    #: a watch from a version the store had not reached when it opened).
+    after: int = 0
 
     def push(self, item: dict[str, Any] | str) -> None:
         self.queue.append(item)
@@ -624,6 +685,8 @@ class KubernetesFake:
         self._activity = anyio.Event()
         #: Answer the next requests whose path starts with the key with this status.
         self.fail_next: dict[str, list[int]] = {}
+        #: Path prefix -> the 429 answers (see :meth:`throttle`) still to give.
+        self.throttled: dict[str, list[ApiError]] = {}
         self._random = random.Random(seed)
         self._next_ip = 10
 
@@ -737,17 +800,50 @@ class KubernetesFake:
         self.history.clear()
         self._forget_snapshots()
 
-    def restore(self, version: int) -> None:
-        """A storage restore from a backup taken at ``version``: the objects and
-        the global version go back to it (etcd's revision included), and every
-        watch breaks (the API servers restart). Clients holding a later
-        version then get 504 "Too large resource version" on watch."""
+    def restore(
+        self,
+        version: int,
+        *,
+        bump: int | None = None,
+        watches: Literal["break", "end"] = "break",
+    ) -> None:
+        """A storage restore from a backup taken at ``version``: the objects go
+        back to what they were then.
+
+        Without ``bump`` (``etcdutl snapshot restore`` without
+        ``--bump-revision``) the global version goes back to ``version`` too.
+        Every open watch breaks (the API servers restart), or with
+        ``watches="end"`` ends cleanly (what a running API server's watch cache
+        does to its watchers when its own etcd watch fails: cacher.go
+        startCaching, terminateAllWatchers). A client that watches again
+        from the later version it holds is answered 200 and hears nothing
+        until the store passes that version (see ``_open_watch``); only a list
+        from such a version, or a watch with ``sendInitialEvents``, is a 504
+        "Too large resource version".
+
+        With ``bump`` (``--bump-revision <bump> --mark-compacted``, what the
+        etcd and Kubernetes docs ask for), the version jumps to ``version +
+        bump`` and everything up to it counts as compacted: every open watch
+        receives a 410 ``Expired`` ERROR event and ends, and a watch, list or
+        continue token from an older version is 410 too, so clients list again.
+        """
+        if bump is not None and bump <= 0:
+            raise ValueError("bump must be a positive number of revisions")
         state = self.state_at(version)
         self.objects = {kind: dict(items) for kind, items in state.items()}
-        self.version = version
-        self.history = deque(e for e in self.history if e.version <= version)
         self._snapshots.clear()
-        self.break_watches()
+        if bump is not None:
+            self.version = version + bump
+            self.compacted = self.version
+            self.history.clear()
+            self.expire_watches()
+        else:
+            self.version = version
+            self.history = deque(e for e in self.history if e.version <= version)
+            if watches == "end":
+                self.end_watches()
+            else:
+                self.break_watches()
         self._poke()
 
     def freeze_watches(self) -> None:
@@ -796,6 +892,42 @@ class KubernetesFake:
 
     def allow(self, user: str) -> None:
         self.denied.pop(user, None)
+
+    def throttle(
+        self,
+        prefix: str,
+        *,
+        retry_after: int = 1,
+        times: int = 1,
+        form: Literal["priority", "status"] = "priority",
+        message: str = "storage is (re)initializing",
+    ) -> None:
+        """Answer the next ``times`` requests whose path starts with ``prefix``
+        with 429, asking the client to come back in ``retry_after`` seconds.
+
+        ``form="priority"`` is API Priority and Fairness rejecting a request
+        (staging/src/k8s.io/apiserver/pkg/server/filters/priority-and-fairness.go:
+        ``setResponseHeaders`` names the flow schema and priority level,
+        ``tooManyRequests`` sets ``Retry-After`` and writes a plain-text body
+        with ``http.Error``, no ``Status`` object). ``form="status"`` is
+        ``errors.NewTooManyRequests(message, retry_after)``: a ``Status`` with
+        reason ``TooManyRequests`` and ``details.retryAfterSeconds``, and the
+        same ``Retry-After`` header (``ErrorNegotiated``); the watch cache
+        answers that way while its storage (re)initializes (cacher.go,
+        "storage is (re)initializing", one second)."""
+        answers = self.throttled.setdefault(prefix, [])
+        for _ in range(times):
+            error = ApiError(429, "TooManyRequests", message, {"retryAfterSeconds": retry_after})
+            if form == "priority":
+                error.body = PlainAnswer(
+                    "Too many requests, please try again later.\n",
+                    {
+                        "Retry-After": str(retry_after),
+                        "X-Kubernetes-PF-FlowSchema-UID": "fake-flowschema-uid",
+                        "X-Kubernetes-PF-PriorityLevel-UID": "fake-prioritylevel-uid",
+                    },
+                )
+            answers.append(error)
 
     # ------------------------------------------------------------------ serving
     def _user(self, token: str | None) -> str:
@@ -846,7 +978,7 @@ class KubernetesFake:
         return labels_match(meta.get("labels") or {}, labels)
 
     def _deliver(self, watch: _Watch, event: _Event) -> None:
-        if event.kind != watch.kind:
+        if event.kind != watch.kind or event.version <= watch.after:
             return
         now = self._matches(event.obj, watch.namespace, watch.fields, watch.labels)
         before = event.old is not None and self._matches(
@@ -906,7 +1038,9 @@ class KubernetesFake:
     async def _fresh_enough(self, version: int) -> None:
         """Wait up to 3 s for the store to reach ``version`` (the watch cache's
         blockTimeout in staging/src/k8s.io/apiserver/pkg/storage/cacher/
-        watch_cache.go waitUntilFreshAndBlock), else 504 Too large."""
+        watch_cache.go waitUntilFreshAndBlock), else 504 Too large. Lists from
+        a version and watches with ``sendInitialEvents`` wait so; a plain
+        watch does not (see ``_open_watch``)."""
         with anyio.move_on_after(3.0):
             await self.wait_for(lambda: self.version >= version)
         if self.version < version:
@@ -1440,8 +1574,10 @@ class KubernetesFake:
         token: str | None,
         body: bytes = b"",
         content_type: str = "",
-    ) -> tuple[int, dict[str, Any] | AsyncIterator[bytes]]:
-        """Serve one request: (status, JSON body or a streamed watch body)."""
+    ) -> tuple[int, dict[str, Any] | PlainAnswer | AsyncIterator[bytes]]:
+        """Serve one request: (status, JSON body, a plain-text answer or a
+        streamed watch body). Error answers carry the headers
+        :func:`answer_headers` gives."""
         record = RequestRecord(method, path, query, token)
         self.requests.append(record)
         self._poke()
@@ -1450,8 +1586,19 @@ class KubernetesFake:
                 if path.startswith(prefix) and codes:
                     code = codes.pop(0)
                     raise ApiError(
-                        code, "InternalError" if code >= 500 else "Unknown", f"injected {code}"
+                        code,
+                        _REASONS.get(code, "InternalError" if code >= 500 else "Unknown"),
+                        f"injected {code}",
+                        # errors.NewTooManyRequests: a 429 always says when to come back.
+                        {"retryAfterSeconds": 1} if code == 429 else None,
                     )
+            for prefix, answers in self.throttled.items():
+                if path.startswith(prefix) and answers:
+                    # Priority and fairness runs after authentication (the
+                    # handler chain of staging/src/k8s.io/apiserver/pkg/server/
+                    # config.go DefaultBuildHandlerChain): a bad token is a 401 first.
+                    self._user(token)
+                    raise answers.pop(0)
             if method == "GET":
                 document = self._discovery(path)
                 if document is not None:
@@ -1513,7 +1660,7 @@ class KubernetesFake:
         labels: list[Requirement],
         query: dict[str, str],
         record: RequestRecord,
-    ) -> tuple[int, dict[str, Any] | AsyncIterator[bytes]]:
+    ) -> tuple[int, dict[str, Any] | PlainAnswer | AsyncIterator[bytes]]:
         raw_version = query.get("resourceVersion", "")
         initial = query.get("sendInitialEvents", "").lower()
         bookmarks = query.get("allowWatchBookmarks", "").lower() == "true"
@@ -1531,9 +1678,22 @@ class KubernetesFake:
             )
         if raw_version not in ("", "0") and not raw_version.isdigit():
             raise ApiError(400, "BadRequest", f"invalid resource version: {raw_version}")
-        if raw_version not in ("", "0") and int(raw_version) > self.version:
-            await self._fresh_enough(int(raw_version))
         watch = _Watch(kind, namespace, fields, labels)
+        if raw_version not in ("", "0") and int(raw_version) > self.version:
+            if initial == "true":
+                # staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go
+                # waitUntilWatchCacheFreshAndForceAllEvents: only a watch that
+                # asks for the initial events waits for the cache to reach its
+                # version (3 s), then fails with 504 "Too large resource version".
+                await self._fresh_enough(int(raw_version))
+            else:
+                # Any other watch from a version the store has not reached is
+                # accepted: watch_cache.go getAllEventsSinceLocked finds no event
+                # newer than it (an empty interval, not an error), and
+                # cache_watcher.go processInterval/process deliver only events
+                # (bookmarks included) of a higher version than the watch's. The
+                # watch stays silent until the store passes that version.
+                watch.after = int(raw_version)
         synthetic = initial == "true" or (raw_version in ("", "0") and initial != "false")
         if synthetic:
             # "Get State and Start at Most Recent" / sendInitialEvents: the current
@@ -1595,7 +1755,13 @@ class KubernetesFake:
                     if item == "freeze":
                         await anyio.sleep_forever()
                     if item in ("bookmark", "initial-events-end"):
-                        if not bookmarks:
+                        # A bookmark carries the store's version. The fake's one
+                        # counter moves only with its own writes, while a cluster's
+                        # revision moves with every write to any resource: it sends
+                        # its bookmarks to watches at or below its version, as such
+                        # a cluster would, and none to a watch from a version it
+                        # has not reached yet (cache_watcher.go process).
+                        if not bookmarks or self.version <= watch.after:
                             continue
                         meta: dict[str, Any] = {"resourceVersion": str(self.version)}
                         if item == "initial-events-end":
@@ -1644,13 +1810,25 @@ class KubernetesFake:
             headers.get("content-type", ""),
         )
         content_type = [(b"content-type", b"application/json")]
-        if isinstance(body, dict):
-            data = json.dumps(body).encode()
+        if isinstance(body, dict | PlainAnswer):
+            if isinstance(body, PlainAnswer):
+                data = body.text.encode()
+                content_type = [
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"x-content-type-options", b"nosniff"),
+                ]
+            else:
+                data = json.dumps(body).encode()
+            extra = [(k.lower().encode(), v.encode()) for k, v in answer_headers(body).items()]
             await send(
                 {
                     "type": "http.response.start",
                     "status": status,
-                    "headers": [*content_type, (b"content-length", str(len(data)).encode())],
+                    "headers": [
+                        *content_type,
+                        *extra,
+                        (b"content-length", str(len(data)).encode()),
+                    ],
                 }
             )
             await send({"type": "http.response.body", "body": data})
@@ -1726,8 +1904,18 @@ class _FakeTransport(httpx.AsyncBaseTransport):
             await request.aread(),
             headers.get("content-type", ""),
         )
+        if isinstance(body, PlainAnswer):
+            # Go's http.Error: text/plain, nosniff, the text as written.
+            headers = {
+                "content-type": "text/plain; charset=utf-8",
+                "x-content-type-options": "nosniff",
+                **answer_headers(body),
+            }
+            return httpx.Response(
+                status, headers=headers, content=body.text.encode(), request=request
+            )
         if isinstance(body, dict):
-            return httpx.Response(status, json=body, request=request)
+            return httpx.Response(status, json=body, headers=answer_headers(body), request=request)
         return httpx.Response(
             status,
             headers={"content-type": "application/json"},
