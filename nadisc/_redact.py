@@ -27,14 +27,19 @@ from urllib.parse import quote, quote_plus
 
 __all__ = ["redacted_excerpt"]
 
+_WORDS = r"bearer|basic|token|secret|password|passwd|authorization|x-consul-token|api[-_]?key"
 _CREDENTIAL = re.compile(
-    r"(?i)(bearer|basic|token|secret|password|passwd|authorization|x-consul-token|api[-_]?key)"
+    rf"(?i)({_WORDS})"
+    # The separator: a quote, ':' or '=' (group ``sep``), or bare spaces.
+    r"((?P<sep>[\"']?\s*[:=]\s*|[\"']\s*)|\s*)"
     # The value, with an auth scheme in front of it taken along
     # (``Authorization: Bearer <token>`` masks the token, not the word).
-    r"([\"']?\s*[:=]?\s*)"
+    # After bare spaces another credential word is no value ("invalid
+    # bearer token Bearer <t>"): the scan resumes at that word.
+    rf"((?(sep)|(?!(?:{_WORDS})\b))"
     # A quoted value whole, escapes included (to the end of the text when
     # it is not closed), or a bare one.
-    r"(\"(?:[^\"\\]|\\.)*\"?|'(?:[^'\\]|\\.)*'?|(?:(?:bearer|basic|digest)\s+)?[^\s\"',;&}<]+)"
+    r"(?:\"(?:[^\"\\]|\\.)*\"?|'(?:[^'\\]|\\.)*'?|(?:(?:bearer|basic|digest)\s+)?[^\s\"',;&}<]+))"
 )
 #: Words that say what happened to a credential rather than being one: after
 #: a credential word and a space only (no ``:``, ``=`` or quote), they stay,
@@ -61,7 +66,7 @@ _VERDICTS = frozenset(
 
 
 def _mask(match: re.Match[str]) -> str:
-    value = match.group(3)
+    value = match.group(4)
     quote_mark = value[0]
     if quote_mark in "\"'":
         return f"{match.group(1)}{match.group(2)}{quote_mark}***{quote_mark}"

@@ -70,6 +70,16 @@ def test_a_quoted_value_after_a_credential_word_is_cut_to_its_closing_quote() ->
     assert "tail" not in redacted_excerpt('token: "abc tail')
 
 
+def test_a_credential_word_after_another_is_not_taken_for_the_value() -> None:
+    # "bearer token" is prose: the token after it is what is masked.
+    assert (
+        redacted_excerpt("invalid bearer token Bearer abc.def") == "invalid bearer token Bearer ***"
+    )
+    assert redacted_excerpt("bearer token abc123") == "bearer token ***"
+    # With a separator, a word-like value is still a value.
+    assert redacted_excerpt("password=token") == "password=***"
+
+
 def test_verdicts_and_plain_text_are_left_alone() -> None:
     assert redacted_excerpt("password required", ["hunter2"]) == "password required"
     assert redacted_excerpt("plain answer", ["hunter2"]) == "plain answer"
