@@ -12,6 +12,11 @@ metadata, so ``nadisc.grpc.discovery_channel`` dials them with no
 ``DiscoveryProtocol`` (see ``examples/grpc_discovery_trio.py`` for the
 calling side). On SIGTERM or SIGINT: health NOT_SERVING and deregister, the
 grace, ``server.stop(grace)``, then exit with the close report logged.
+
+Exit code: 0 when the shutdown was clean (``HostReport.clean``: every
+registration removed, no RPC abandoned, no thread left, within the budget),
+1 when it was not (the close report, logged as a warning, says why) or when
+the startup failed.
 """
 
 from __future__ import annotations
@@ -88,7 +93,11 @@ async def main(argv: list[str], pb: ModuleType, pb_grpc: ModuleType) -> int:
                 task_status=task_status,
             )
         )
-        print("serving", " ".join(f"{n}={h}:{p}" for n, (h, p) in host.bound.items()), flush=True)
+        if host.shutting_down:  # a signal came during the startup
+            print("stopping before the startup completed", flush=True)
+        else:
+            bound = " ".join(f"{n}={h}:{p}" for n, (h, p) in host.bound.items())
+            print("serving", bound, flush=True)
     report = host.report
     assert report is not None
     steps = report.grpc["grpc"]
@@ -98,7 +107,7 @@ async def main(argv: list[str], pb: ModuleType, pb_grpc: ModuleType) -> int:
         steps.in_flight_at_stop,
         steps.abandoned,
     )
-    return 0
+    return 0 if report.clean else 1
 
 
 if __name__ == "__main__":

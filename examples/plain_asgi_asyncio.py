@@ -9,6 +9,11 @@ the address the server really bound. Routes: ``/`` answers ``hello``,
 milliseconds. On SIGTERM or SIGINT
 the registration is removed first, then in-flight requests finish, then the
 process exits with the close report logged.
+
+Exit code: 0 when the shutdown was clean (``HostReport.clean``: every
+registration removed, nothing abandoned, within the budget), 1 when it was
+not (the close report, logged as a warning, says why: a registration may
+remain in the registry, say) or when the startup failed.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import anyio
 
 import nadisc
-from nadisc.hosting import Bind, Host, serve
+from nadisc.hosting import Bind, Host, HostReport, serve
 
 
 async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -59,7 +64,7 @@ async def main(argv: list[str]) -> int:
     config = nadisc.load_config_file(args.config)
     web = Bind(args.host, args.port, advertised_host=args.advertised_host)
 
-    async def run() -> nadisc.CloseReport | None:
+    async def run() -> HostReport | None:
         async with anyio.create_task_group() as tg:
             host: Host = await tg.start(
                 lambda task_status: serve(
@@ -71,13 +76,15 @@ async def main(argv: list[str]) -> int:
                     task_status=task_status,
                 )
             )
-            bound = " ".join(f"{n}={h}:{p}" for n, (h, p) in host.bound.items())
-            print("serving", bound, flush=True)
-        return host.report.close_report if host.report else None
+            if host.shutting_down:  # a signal came during the startup
+                print("stopping before the startup completed", flush=True)
+            else:
+                bound = " ".join(f"{n}={h}:{p}" for n, (h, p) in host.bound.items())
+                print("serving", bound, flush=True)
+        return host.report
 
     report = await run()
-    clean = report is not None and not report.deadline_elapsed and not report.provider_errors
-    return 0 if clean else 1
+    return 0 if report is not None and report.clean else 1
 
 
 if __name__ == "__main__":

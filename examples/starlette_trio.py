@@ -10,6 +10,11 @@ probe never shows on the public port. Routes: ``/`` answers ``hello``,
 ``/slow/{ms}`` sends a first line at once and the rest after that many
 milliseconds. SIGTERM/SIGINT:
 deregister, drain, close; the close report is logged.
+
+Exit code: 0 when the shutdown was clean (``HostReport.clean``: every
+registration removed, nothing abandoned, within the budget), 1 when it was
+not (the close report, logged as a warning, says why) or when the startup
+failed.
 """
 
 from __future__ import annotations
@@ -74,10 +79,12 @@ async def main(argv: list[str]) -> int:
                 task_status=task_status,
             )
         )
-        print("serving", " ".join(f"{n}={h}:{p}" for n, (h, p) in host.bound.items()), flush=True)
-    report = host.report.close_report if host.report else None
-    clean = report is not None and not report.deadline_elapsed and not report.provider_errors
-    return 0 if clean else 1
+        if host.shutting_down:  # a signal came during the startup
+            print("stopping before the startup completed", flush=True)
+        else:
+            bound = " ".join(f"{n}={h}:{p}" for n, (h, p) in host.bound.items())
+            print("serving", bound, flush=True)
+    return 0 if host.report is not None and host.report.clean else 1
 
 
 if __name__ == "__main__":

@@ -1204,6 +1204,46 @@ async def open_discovery(
     ``owner.close_report`` is set, its ``registrations`` holding each
     registration's final outcome.
     """
+    async with _open_discovery(
+        config,
+        providers=providers,
+        prepare_deadline=prepare_deadline,
+        listeners=listeners,
+        eligibility=eligibility,
+        publish_deadline=publish_deadline,
+        allow_loopback=allow_loopback,
+    ) as owner:
+        yield owner
+
+
+class StartupHooks(Protocol):
+    """How a host follows the start of :func:`_open_discovery` and may cut it
+    short (``nadisc.hosting`` does, for a SIGTERM during startup)."""
+
+    def startup_began(self, scope: anyio.CancelScope) -> None:
+        """Preparing starts inside ``scope``; cancelling it ends the start
+        early (the owner is yielded all the same)."""
+
+    def startup_publishing(self) -> None:
+        """The registrations are about to be written."""
+
+    def startup_ended(self, interrupted: bool) -> None:
+        """The start is over (``interrupted``: the scope cut it short)."""
+
+
+@asynccontextmanager
+async def _open_discovery(
+    config: DiscoveryConfig,
+    *,
+    providers: Mapping[str, Provider] | None = None,
+    prepare_deadline: float | None = None,
+    listeners: Mapping[str, tuple[str, int]] | None = None,
+    eligibility: Mapping[str, Eligibility] | None = None,
+    publish_deadline: float | None = None,
+    allow_loopback: bool = False,
+    hooks: StartupHooks | None = None,
+) -> AsyncIterator[DiscoveryOwner]:
+    """:func:`open_discovery`; with ``hooks``, a start that may be cut short."""
     for label, value in (("prepare", prepare_deadline), ("publish", publish_deadline)):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value)
@@ -1224,21 +1264,31 @@ async def open_discovery(
     try:
         async with builder.open() as owner:
             opened = owner
-            await owner.prepare(prepare_deadline)
-            if builder._planned:
-                owner.freeze_registrations()
-                if publish_deadline is None:
-                    carrying = {spec.qualifier for spec in builder._planned}
-                    grace = max(
-                        (
-                            config.connections[q].observation_grace_ms
-                            for q in carrying
-                            if q in config.connections
-                        ),
-                        default=15_000,
-                    )
-                    publish_deadline = anyio.current_time() + grace / 1000.0
-                await owner.publish(publish_deadline)
+            startup = anyio.CancelScope()
+            try:
+                with startup:
+                    if hooks is not None:
+                        hooks.startup_began(startup)
+                    await owner.prepare(prepare_deadline)
+                    if builder._planned:
+                        owner.freeze_registrations()
+                        if publish_deadline is None:
+                            carrying = {spec.qualifier for spec in builder._planned}
+                            grace = max(
+                                (
+                                    config.connections[q].observation_grace_ms
+                                    for q in carrying
+                                    if q in config.connections
+                                ),
+                                default=15_000,
+                            )
+                            publish_deadline = anyio.current_time() + grace / 1000.0
+                        if hooks is not None:
+                            hooks.startup_publishing()
+                        await owner.publish(publish_deadline)
+            finally:
+                if hooks is not None:
+                    hooks.startup_ended(startup.cancelled_caught)
             started = True
             yield owner
     except (RegistrationError, DeadlineExceeded) as exc:

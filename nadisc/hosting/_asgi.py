@@ -1,14 +1,22 @@
 """The ASGI pieces the host puts in front of the served apps.
 
 :class:`Gate` wraps a public app. It counts the HTTP requests in flight and,
-once :meth:`Gate.close` was called (the host does so when the deregistration
-is acknowledged), answers every *new* HTTP request with ``503`` and
-``Connection: close`` without calling the app, and refuses new websocket
-handshakes. Requests already inside the app run to completion. Lifespan
-messages always pass through; an app that returns from the lifespan scope
+once :meth:`Gate.close` was called (the host does so at the end of the
+deregistration grace, in the same step as its server stops accepting, so
+only a request already on its way through an accepted connection meets
+it), answers every *new* HTTP request with ``503`` and ``Connection:
+close`` without calling the app, and refuses new websocket handshakes.
+Requests already inside the app run to completion. Lifespan messages
+always pass through; an app that returns from the lifespan scope
 without finishing it (the ASGI way to say "no lifespan support", which
 hypercorn 0.18 on trio turns into a failed startup) has the rest of the
-protocol answered for it: startup and shutdown complete at once::
+protocol answered for it: startup and shutdown complete at once. An app
+that raises after it received ``lifespan.startup`` (and before it answered
+it) failed its startup: ``lifespan.startup.failed`` is sent for it, naming
+the exception's type, its message (redacted) and where it was raised, so
+the server stops instead of serving an app that never started. An app that
+raises before reading any lifespan message does not support lifespan; its
+exception goes to the server, which serves it without lifespan (ASGI)::
 
     OPEN ──close()──► CLOSED        (in_flight counts down to 0 as requests finish)
 
@@ -20,10 +28,15 @@ for everything else (a 404 app by default). Both cost O(1) per request
 
 from __future__ import annotations
 
+import re
+import traceback
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from pathlib import PurePath
 from typing import Any
 
 import anyio
+
+from .._redact import redacted_excerpt
 
 __all__ = ["ASGIApp", "Gate", "PrefixRouter", "not_found"]
 
@@ -67,6 +80,25 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
+_STARTUP_ANSWERS = frozenset({"lifespan.startup.complete", "lifespan.startup.failed"})
+#: ``scheme://user:password@``: the credentials part of a URL.
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
+
+
+def startup_failure(exc: BaseException) -> str:
+    """``Type: message (raised in function at file:line)`` for an app's
+    startup exception: credentials in the message (``password=...``, a URL's
+    ``user:password@``) masked, at most 300 characters of it, the place by
+    file name only."""
+    message = redacted_excerpt(_USERINFO.sub(r"\1***@", str(exc)), limit=300)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        last = frames[-1]
+        text += f" (raised in {last.name} at {PurePath(last.filename).name}:{last.lineno})"
+    return text
+
+
 async def _lifespan_of(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
     """Run ``app``'s lifespan; finish the protocol for it if it returns early."""
     seen: set[str] = set()
@@ -80,7 +112,21 @@ async def _lifespan_of(app: ASGIApp, scope: Scope, receive: Receive, send: Send)
         seen.add(message["type"])
         await send(message)
 
-    await app(scope, watched_receive, watched_send)
+    failure: str | None = None
+    try:
+        await app(scope, watched_receive, watched_send)
+    except Exception as exc:
+        if "lifespan.startup" not in seen or seen & _STARTUP_ANSWERS:
+            # Raised before reading anything (no lifespan support: the server
+            # goes on without it), or after answering the startup: the
+            # server's to handle, as ASGI says.
+            raise
+        failure = startup_failure(exc)
+    if failure is not None:
+        # Sent outside the handler, so what the server raises for it does not
+        # carry the app's exception (and its unredacted message) along.
+        await send({"type": "lifespan.startup.failed", "message": failure})
+        return
     if seen & {"lifespan.startup.failed", "lifespan.shutdown.complete", "lifespan.shutdown.failed"}:
         return  # the app took part and ended it (or failed it): nothing to add
     if "lifespan.startup.complete" not in seen:

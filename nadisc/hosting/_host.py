@@ -11,11 +11,13 @@
 Lifecycle::
 
     BINDING ─► SERVING ─► PUBLISHING ─► RUNNING ─┬─ SIGTERM / SIGINT / host.shutdown()
-    (bind all,   (hypercorn     (open_discovery:    ├─ the block ends or raises
-     learn real   took the       resolve the plan    └─ the surrounding scope is cancelled
-     ports)       sockets;       with the bound                 │
-                  app lifespan   addresses, publish,            ▼
-                  started)       wait for Active)    QUIESCING: eligibility withdrawn,
+    (bind all,   (hypercorn     (as open_discovery: ├─ the block ends or raises
+     learn real   took the       resolve the plan    ├─ the surrounding scope is cancelled
+     ports)       sockets;       with the bound      └─ SIGTERM / SIGINT while SERVING or
+                  app lifespan   addresses, publish,    PUBLISHING: registers no further
+                  started)       wait for Active)               │
+                                                                ▼
+                                                     QUIESCING: eligibility withdrawn,
                                                      owner.begin_quiesce (deregister)
                                                                 │ acknowledged (or budget)
                                                                 ▼
@@ -23,9 +25,10 @@ Lifecycle::
                                                      serve on while callers learn of
                                                      the removal (default by provider)
                                                                 ▼
-                                                     DRAINING: new requests get 503,
-                                                     hypercorn stops accepting, in-flight
-                                                     requests finish within drain_timeout
+                                                     DRAINING: hypercorn stops accepting
+                                                     (new requests on an accepted connection
+                                                     get 503), in-flight requests finish
+                                                     within drain_timeout
                                                                 ▼
                                                      CLOSING: owner.begin_close -> CloseReport
                                                                 ▼
@@ -51,9 +54,15 @@ listener gets an :meth:`~nadisc.Eligibility.channel` the host renews itself
 is not shutting down: registrations wait for it and stop renewing when it
 goes. A renewal that comes after the grant lapsed logs a warning.
 
+*A signal during startup* (before the block is entered) lets the app's
+lifespan startup finish, then registers no further: preparing and
+publishing are cancelled, the block is entered already cancelled and the
+shutdown below removes whatever was written (``HostReport.interrupted_startup``).
+
 *Logs* (logger ``nadisc.hosting``): a warning when eligibility lapsed, when a
 registration leaves Active, and when the shutdown ran past its budget; the
-close report at info (warning when it is not clean).
+close report at info when it is clean (:attr:`HostReport.clean`: nothing
+possibly left registered, nothing abandoned, within budget), else a warning.
 
 *Costs.* One hypercorn server and one socket per listener, two small tasks
 (eligibility renewal every second, registration poll every 0.5 s), O(1) per
@@ -78,9 +87,9 @@ import anyio.lowlevel
 
 from .._config import DiscoveryConfig
 from .._eligibility import Eligibility, EligibilityController
-from .._errors import DiscoveryError
+from .._errors import DiscoveryError, RegistrationError
 from .._grpc_protocol import GRPC_METADATA_PREFIX
-from .._owner import CloseReport, open_discovery
+from .._owner import CloseReport, _open_discovery
 from .._probe import eligibility_probe_app
 from .._registration import resolve_registrations
 from .._registration_state import RegistrationState
@@ -156,6 +165,42 @@ class HostReport:
     refusing_at: float | None = None
     #: Per gRPC listener: its health, stop and drain steps and their times.
     grpc: Mapping[str, GrpcListenerReport] = field(default_factory=dict)
+    #: The shutdown was requested before the startup completed: the block
+    #: was entered already cancelled, and registrations not yet confirmed
+    #: were never confirmed (see *Shutdown, in order* in docs/hosting.md).
+    interrupted_startup: bool = False
+
+    @property
+    def possibly_remaining(self) -> tuple[str, ...]:
+        """Registrations whose record may still be in the registry (a removal
+        that failed, timed out or was never answered; a write whose outcome
+        is unknown). Empty when every one was removed or never written."""
+        close = self.close_report
+        if close is None:
+            return ()
+        return tuple(
+            str(getattr(entry, "name", "?"))
+            for entry in close.registrations
+            if getattr(entry, "possibly_remaining", False)
+        )
+
+    @property
+    def clean(self) -> bool:
+        """The shutdown did everything it should, within its budget: nothing
+        may remain registered, the owner closed within its deadline without
+        provider errors, no request or RPC was abandoned and no thread left.
+        The close summary is logged at info when clean, as a warning
+        otherwise; the examples exit 0 when clean and 1 otherwise."""
+        close = self.close_report
+        return (
+            close is not None
+            and not close.deadline_elapsed
+            and not close.provider_errors
+            and not self.possibly_remaining
+            and not self.over_budget
+            and self.abandoned_requests == 0
+            and not any(g.abandoned or g.threads_left for g in self.grpc.values())
+        )
 
 
 class Host:
@@ -174,6 +219,12 @@ class Host:
         self._closed = anyio.Event()
         self._draining = anyio.Event()
         self._body: anyio.CancelScope | None = None
+        #: Around preparing and publishing (a shutdown requested then cuts it).
+        self._startup: anyio.CancelScope | None = None
+        #: The publish began: a registration may have been written.
+        self._published = False
+        #: A shutdown request cut the startup short.
+        self._interrupted = False
         self._controllers: dict[str, EligibilityController] = {}
         self._report: HostReport | None = None
         self._advertised: dict[str, tuple[str, int]] = {}
@@ -240,13 +291,32 @@ class Host:
 
     def shutdown(self, reason: str = "shutdown()") -> None:
         """Begin the graceful shutdown (idempotent): the block is cancelled and
-        the host quiesces, drains and closes on its way out."""
+        the host quiesces, drains and closes on its way out. Requested during
+        the startup (a signal), it cuts the registration short: see
+        :func:`open_host`."""
         if self._requested.is_set():
             return
         self._reason = reason
         self._requested.set()
         if self._body is not None:
             self._body.cancel()
+        elif self._startup is not None:
+            self._startup.cancel()
+
+    # -- the owner's start (nadisc._owner.StartupHooks) --------------------------
+
+    def startup_began(self, scope: anyio.CancelScope) -> None:
+        """The owner prepares and publishes in ``scope``: a shutdown cancels it."""
+        self._startup = scope
+        if self._requested.is_set():
+            scope.cancel()  # requested during the app's lifespan startup
+
+    def startup_publishing(self) -> None:
+        self._published = True
+
+    def startup_ended(self, interrupted: bool) -> None:
+        self._startup = None
+        self._interrupted = interrupted
 
     async def wait(self) -> None:
         """Sleep until a shutdown is requested (a signal or :meth:`shutdown`)."""
@@ -290,6 +360,7 @@ class Host:
     async def _watch_registrations(self, owner: DiscoveryOwner) -> None:
         """Warn when a registration leaves Active while the host is running."""
         previous = {n: s.state for n, s in owner.registrations().items()}
+        been_active = {n for n, state in previous.items() if state is RegistrationState.ACTIVE}
         while True:
             await anyio.sleep(_WATCH_EVERY)
             current = {n: s.state for n, s in owner.registrations().items()}
@@ -303,7 +374,9 @@ class Host:
                         and was is not RegistrationState.ACTIVE
                         and (state is RegistrationState.ACTIVE)
                     ):
-                        logger.info("registration %r is Active again", name)
+                        again = " again" if name in been_active else ""
+                        logger.info("registration %r is Active%s", name, again)
+            been_active.update(n for n, st in current.items() if st is RegistrationState.ACTIVE)
             previous = current
 
     async def _signals(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -314,7 +387,14 @@ class Host:
                 if self._requested.is_set():
                     logger.warning("%s during shutdown: already shutting down", name)
                     continue
-                logger.info("%s: shutting down (deregister, drain, close)", name)
+                if self._phase is HostPhase.STARTING:
+                    logger.info(
+                        "%s during startup: registering no further, then shutting down "
+                        "(deregister what was written, drain, close)",
+                        name,
+                    )
+                else:
+                    logger.info("%s: shutting down (deregister, drain, close)", name)
                 self.shutdown(name)
 
     # ------------------------------------------------------------- shutdown
@@ -343,7 +423,9 @@ class Host:
         # 2. Grace: keep serving while callers learn of the removal (their
         #    watches and polls), so none is refused or cut off for not yet
         #    knowing; then stop accepting.
-        if grace > 0:
+        if grace > 0 and (self._published or not self._interrupted):
+            # (A startup cut before the publish wrote nothing: no caller
+            # has anything to learn.)
             await anyio.sleep_until(budget.refuse_at(deregistered))
         refusing = anyio.current_time()
         # 3. Stop accepting: refuse new requests, let hypercorn drain the rest.
@@ -403,6 +485,7 @@ class Host:
             grace_seconds=refusing - deregistered,
             refusing_at=refusing,
             grpc={name: served.report() for name, served in self._grpc.items()},
+            interrupted_startup=self._interrupted,
         )
         _log_close(report)
         return report
@@ -414,20 +497,27 @@ def _log_close(report: HostReport) -> None:
         f"{getattr(e, 'name', '?')}={getattr(getattr(e, 'outcome', None), 'value', '?')}"
         for e in (close.registrations if close is not None else ())
     )
-    clean = (
-        close is not None
-        and not close.deadline_elapsed
-        and not close.provider_errors
-        and not report.over_budget
-        and report.abandoned_requests == 0
-        and not any(g.abandoned or g.threads_left for g in report.grpc.values())
-    )
-    (logger.info if clean else logger.warning)(
-        "host closed (%s) in %.3f s: deregistered after %.3f s, drained in %.3f s, "
-        "registrations [%s], deadline_elapsed=%s, tasks_left=%s, provider_errors=%s",
+    remaining = report.possibly_remaining
+    quiesced = report.quiesce_seconds
+    if remaining:
+        removal = f"removal not confirmed after {quiesced:.3f} s, possibly remaining: " + ", ".join(
+            remaining
+        )
+    elif any(
+        getattr(getattr(e, "outcome", None), "value", None) == "deregistered"
+        for e in (close.registrations if close is not None else ())
+    ):
+        removal = f"deregistered after {quiesced:.3f} s"
+    else:
+        removal = f"nothing was registered, quiesced in {quiesced:.3f} s"
+    startup = ", startup interrupted" if report.interrupted_startup else ""
+    (logger.info if report.clean else logger.warning)(
+        "host closed (%s%s) in %.3f s: %s, drained in %.3f s, registrations [%s], "
+        "deadline_elapsed=%s, tasks_left=%s, provider_errors=%s",
         report.reason,
+        startup,
         report.total_seconds,
-        report.quiesce_seconds,
+        removal,
         report.drain_seconds,
         entries,
         close.deadline_elapsed if close is not None else None,
@@ -591,6 +681,23 @@ def _unwrap(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return leaves[0] if len(leaves) == 1 else group
 
 
+def _check_listener_refs(config: DiscoveryConfig, listeners: Mapping[str, object]) -> None:
+    """A registration that needs a listener (it names no eligibility of its
+    own) but does not say which, on a host with several: refused naming the
+    listeners (the plan's resolution would only find the eligibility missing)."""
+    if len(listeners) < 2:
+        return
+    for name, entry in config.registrations.items():
+        if entry.listener_ref is None and entry.eligibility_ref is None:
+            raise RegistrationError(
+                name,
+                f"no listener_ref, and the host has {len(listeners)} listeners "
+                f"{sorted(listeners)}: set listener_ref to the one this registration "
+                "advertises (it is optional only with a single listener)",
+                path=f"discovery.registrations.{name}.listener_ref",
+            )
+
+
 # ------------------------------------------------------------------- running
 
 
@@ -641,7 +748,12 @@ async def open_host(
 
     Entry returns once every startup-required registration is Active; a
     registration that fails for good raises ``RegistrationError`` naming it
-    (after the servers stopped and the owner closed).
+    (after the servers stopped and the owner closed). A shutdown requested
+    during the startup (SIGTERM/SIGINT) lets the app's lifespan startup
+    finish but registers no further: entry then returns at once, the block
+    runs already cancelled (``host.shutting_down`` is true, it ends at its
+    first checkpoint) and the host removes what was written on its way out;
+    ``host.report.interrupted_startup`` is true.
     """
     listeners = dict(listeners) if listeners is not None else {"web": Bind()}
     if not listeners:
@@ -670,6 +782,7 @@ async def open_host(
         await probe_view.get("app", not_found)(scope, receive, send)
 
     apps, gates = _plan_apps(app, config, listeners, dict(mounts or {}), probe_on, probe)
+    _check_listener_refs(config, listeners)
     config = _with_grpc_metadata(config, listeners)
     # 1. Bind everything (learn the real ports) before anything runs.
     opened: dict[str, Listener | GrpcListener] = {}
@@ -697,9 +810,10 @@ async def open_host(
         async with anyio.create_task_group() as tg:
             try:
                 if handle_signals:
-                    # From the start: a signal during startup lets the
-                    # startup finish, then shuts down at once (deregistering
-                    # what was written) instead of killing the process.
+                    # From the start: a signal during startup ends it (the
+                    # app's lifespan startup is let finish, the registration
+                    # is cut short) and shuts down, instead of killing the
+                    # process with whatever was registered left behind.
                     await tg.start(host._signals)
                 # 2. Serve: hypercorn takes each socket once the app's lifespan
                 #    started; a grpcio server starts (health SERVING).
@@ -719,24 +833,26 @@ async def open_host(
                     {spec.name: spec.eligibility for spec in specs if spec.eligibility},
                     enabled=config.eligibility_probe,
                 )
-                async with open_discovery(
+                async with _open_discovery(
                     config,
                     providers=providers,
                     listeners=dict(host._advertised),
                     eligibility=sources,
                     allow_loopback=allow_loopback,
                     publish_deadline=publish_deadline,
+                    hooks=host,
                 ) as owner:
                     host._owner = owner
-                    tg.start_soon(host._watch_registrations, owner)
-                    host._phase = HostPhase.RUNNING
-                    logger.info(
-                        "host running: %s",
-                        ", ".join(f"{n}={h}:{p}" for n, (h, p) in host.bound.items()),
-                    )
-                    if freeze_heap:
-                        _freeze_heap()
-                        frozen = True
+                    if not host._interrupted:
+                        tg.start_soon(host._watch_registrations, owner)
+                        host._phase = HostPhase.RUNNING
+                        logger.info(
+                            "host running: %s",
+                            ", ".join(f"{n}={h}:{p}" for n, (h, p) in host.bound.items()),
+                        )
+                        if freeze_heap:
+                            _freeze_heap()
+                            frozen = True
                     try:
                         with anyio.CancelScope() as body:
                             host._body = body
@@ -813,8 +929,11 @@ async def serve(
 
     ``task_status.started(host)`` is called once every startup-required
     registration is Active, so ``host = await tg.start(serve, app, config)``
-    returns a running host (``host.bound`` holds the real ports). The
-    options are those of :func:`open_host`.
+    returns a running host (``host.bound`` holds the real ports); or, when a
+    signal came during the startup, once the startup was cut short: the
+    host is then already shutting down (``host.shutting_down``) and ``serve``
+    returns its report (``interrupted_startup`` true) like after any other
+    shutdown. The options are those of :func:`open_host`.
     """
     async with open_host(app, config, **options) as host:  # type: ignore[arg-type]
         task_status.started(host)

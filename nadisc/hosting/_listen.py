@@ -6,7 +6,10 @@ it serves. :func:`bind_socket` binds and listens *before* hypercorn starts,
 so the real port is known at once on both loops (``hypercorn.asyncio.serve``
 reports nothing back). The bound socket is handed to hypercorn through its
 ``Config.create_sockets`` hook, which hypercorn calls once the app's
-lifespan startup completed: that call is the "serving" signal. Ownership of
+lifespan startup completed: that call is the "serving" signal, unless the
+app failed its startup (hypercorn on trio still calls the hook then, a
+moment before it stops: "serving" never comes, so the host never
+registers an app that did not start). Ownership of
 the socket object moves to hypercorn there (it closes it when it stops
 accepting); :meth:`Listener.close` closes it in any case, idempotently::
 
@@ -42,7 +45,7 @@ from hypercorn.config import Config, Sockets
 KEEP_ALIVE_TIMEOUT = 15.0
 
 if TYPE_CHECKING:
-    from ._asgi import ASGIApp
+    from ._asgi import ASGIApp, Message, Receive, Scope, Send
     from ._grpc import GrpcServe
 
 __all__ = ["KEEP_ALIVE_TIMEOUT", "Bind", "Listener", "bind_socket"]
@@ -167,6 +170,8 @@ class Listener:
         self.bound: tuple[str, int] = (str(address[0]), int(address[1]))
         self.serving = anyio.Event()
         self.stopped = anyio.Event()
+        #: The app sent ``lifespan.startup.failed`` (or the gate did for it).
+        self.startup_failed = False
         self._stop = anyio.Event()
         self._scope = anyio.CancelScope(shield=True)
         self.config = _HandOver(self)
@@ -179,7 +184,24 @@ class Listener:
         self.config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
 
     def _taken(self) -> None:
-        self.serving.set()
+        """hypercorn takes the socket: serving, unless the app's startup failed
+        (hypercorn on trio still takes it then, and stops at its next step)."""
+        if not self.startup_failed:
+            self.serving.set()
+
+    async def _served(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app as hypercorn runs it: a failed lifespan startup is noted on
+        its way out (one extra call per request otherwise)."""
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def noted(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                self.startup_failed = True
+            await send(message)
+
+        await self.app(scope, receive, noted)
 
     def stop(self) -> None:
         """Stop accepting and drain (hypercorn's graceful shutdown). Idempotent."""
@@ -227,8 +249,8 @@ class Listener:
         if sniffio.current_async_library() == "trio":
             from hypercorn.trio import serve as trio_serve
 
-            await trio_serve(self.app, self.config, **kwargs)  # type: ignore[arg-type]
+            await trio_serve(self._served, self.config, **kwargs)  # type: ignore[arg-type]
         else:
             from hypercorn.asyncio import serve as asyncio_serve
 
-            await asyncio_serve(self.app, self.config, **kwargs)  # type: ignore[arg-type]
+            await asyncio_serve(self._served, self.config, **kwargs)  # type: ignore[arg-type]
