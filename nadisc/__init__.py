@@ -112,6 +112,7 @@ from ._provider import Provider as Provider
 from ._provider import ProviderFactory as ProviderFactory
 from ._provider import Registered as Registered
 from ._provider import RegistrationRecord as RegistrationRecord
+from ._provider import RenewalOutcomeUnknown as RenewalOutcomeUnknown
 from ._redact import redacted_excerpt as redacted_excerpt
 from ._registration import CloseOutcome as CloseOutcome
 from ._registration import ConnectionPlan as ConnectionPlan
@@ -244,6 +245,7 @@ __all__ = [
     "RegistrationState",
     "RegistrationStatus",
     "RegistrationTiming",
+    "RenewalOutcomeUnknown",
     "ResponseTooLarge",
     "RestClients",
     "RestConfig",

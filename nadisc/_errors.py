@@ -21,6 +21,8 @@
     │   ├── IdentityRevoked     authentication/permission revoked: no grace
     │   ├── CapacityRejected    the response exceeded a byte/instance limit
     │   ├── OutcomeUnknown      a write whose remote effect cannot be known
+    │   │   └── RenewalOutcomeUnknown  (in nadisc._provider) a lost renewal that
+    │   │                           cannot create a record (a TTL pass, a light beat)
     │   ├── LeaseLost           the registry no longer holds our registration
     │   └── RegistrationRejected  the registry refused a write definitively
     ├── RegistrationError       a registration plan is invalid, or a startup-required

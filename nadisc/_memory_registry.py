@@ -21,6 +21,19 @@ Faults are scripted per operation and consumed in order::
 A late write that lands after a deregistration re-creates the record (that
 is what makes such writes dangerous); a late *renewal* only re-creates it
 when ``idempotent_renewal`` is false.
+
+Capability flags, mirrored by a provider built over the registry:
+
+* ``idempotent_register``: the registry keys records by instance id and
+  the handle is derived from it, so registering the same record again
+  replaces it (an upsert, as in Consul or Nacos); without it every
+  registration takes a new handle, like a new etcd lease;
+* ``deregister_without_handle``: removals are addressed by instance id
+  (they always are here; the flag says the provider may rely on it);
+* ``renewal_creates=False``: a renewal only refreshes a record that exists
+  (a TTL pass, a light beat), so its lost answers raise
+  :class:`~nadisc._provider.RenewalOutcomeUnknown`, which leaves no
+  residual risk. Only meaningful with ``idempotent_renewal``.
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ import anyio
 import anyio.lowlevel
 
 from ._errors import DeadlineExceeded, IdentityRevoked, LeaseLost, OutcomeUnknown, ProviderFailure
-from ._provider import HealthStatus, Registered, RegistrationRecord
+from ._provider import HealthStatus, Registered, RegistrationRecord, RenewalOutcomeUnknown
 
 __all__ = ["Fault", "FaultKind", "MemoryRegistry", "Operation", "StoredRegistration"]
 
@@ -120,11 +133,24 @@ class MemoryRegistry:
 
     ``idempotent_renewal``: repeating a renewal is harmless (a late renewal
     never re-creates a removed record). ``lease_ttl``: seconds a record lives
-    without renewal (None: until removed).
+    without renewal (None: until removed). ``idempotent_register``,
+    ``deregister_without_handle`` and ``renewal_creates``: see the module
+    docstring.
     """
 
-    def __init__(self, *, idempotent_renewal: bool = True, lease_ttl: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        idempotent_renewal: bool = True,
+        lease_ttl: float | None = None,
+        idempotent_register: bool = False,
+        deregister_without_handle: bool = False,
+        renewal_creates: bool = True,
+    ) -> None:
         self.idempotent_renewal = idempotent_renewal
+        self.idempotent_register = idempotent_register
+        self.deregister_without_handle = deregister_without_handle
+        self.renewal_creates = renewal_creates
         self.lease_ttl = lease_ttl
         self.log: list[_Log] = []
         self._records: dict[str, StoredRegistration] = {}
@@ -210,7 +236,11 @@ class MemoryRegistry:
     # ------------------------------------------------------------------ surface
 
     async def register(self, record: RegistrationRecord, deadline: float) -> Registered:
-        handle = f"lease-{next(self._handles)}"
+        if self.idempotent_register:
+            # Keyed by identity: the same record always gets the same handle.
+            handle = f"id-{record.instance_id}"
+        else:
+            handle = f"lease-{next(self._handles)}"
 
         def write() -> None:
             self._records[record.instance_id] = StoredRegistration(
@@ -280,6 +310,11 @@ class MemoryRegistry:
             return None
         return anyio.current_time() + self.lease_ttl
 
+    def _unknown(self, operation: Operation, message: str) -> OutcomeUnknown:
+        if operation == "renew" and not self.renewal_creates:
+            return RenewalOutcomeUnknown(message)
+        return OutcomeUnknown(message)
+
     def _next_fault(self, operation: Operation) -> Fault | None:
         queue = self._faults.get(operation)
         return queue.pop(0) if queue else None
@@ -305,7 +340,7 @@ class MemoryRegistry:
             if wake > deadline:
                 await anyio.sleep_until(deadline)
                 self._record(operation, instance_id, "OutcomeUnknown")
-                raise OutcomeUnknown(f"{operation}: no answer before the deadline")
+                raise self._unknown(operation, f"{operation}: no answer before the deadline")
             await anyio.sleep_until(wake)
         except anyio.get_cancelled_exc_class():
             self._record(operation, instance_id, "cancelled")
@@ -327,15 +362,15 @@ class MemoryRegistry:
         if kind is FaultKind.LOSE_ACK:
             self._apply_quietly(write)
             self._record(operation, instance_id, "OutcomeUnknown(applied)")
-            raise OutcomeUnknown(f"{operation}: the acknowledgement was lost")
+            raise self._unknown(operation, f"{operation}: the acknowledgement was lost")
         if kind is FaultKind.DROP:
             self._record(operation, instance_id, "OutcomeUnknown(dropped)")
-            raise OutcomeUnknown(f"{operation}: no answer")
+            raise self._unknown(operation, f"{operation}: no answer")
         if kind is FaultKind.LAND_LATER:
             lands_at = None if fault.delay is None else anyio.current_time() + fault.delay
             self._held.append(_Held(operation, lambda: self._apply_quietly(write), lands_at))
             self._record(operation, instance_id, "OutcomeUnknown(held)")
-            raise OutcomeUnknown(f"{operation}: no answer yet")
+            raise self._unknown(operation, f"{operation}: no answer yet")
         # SLOW: the write lands when the delay ends, whether or not the caller
         # is still waiting for the answer.
         assert fault.delay is not None

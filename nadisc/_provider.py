@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from ._errors import LifecycleError, RegistrationRejected
+from ._errors import LifecycleError, OutcomeUnknown, RegistrationRejected
 from ._instance import EvidenceKind, ProviderSnapshot
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ __all__ = [
     "ProviderFactory",
     "Registered",
     "RegistrationRecord",
+    "RenewalOutcomeUnknown",
 ]
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
@@ -78,9 +79,38 @@ class Capabilities:
     #: renews at ``min(monitor_interval, renew_within)``; None: the
     #: connection's ``monitor_interval_ms`` alone paces renewals.
     renew_within: float | None = None
+    #: Registering the same record again, with the same identity, replaces
+    #: it and cannot create a second one (an upsert keyed by the record's
+    #: identity: Consul's service ID, Nacos's ip:port:cluster). A
+    #: re-registration whose answer was lost is then repeated with the same
+    #: record. Not for registries where each registration takes a new lease
+    #: (etcd): a repeat there may leave a second, orphaned record.
+    idempotent_register: bool = False
+    #: A removal can be addressed with the record alone, without the handle
+    #: an acknowledged registration returned (Consul deregisters by service
+    #: ID, Nacos deletes by ip:port:cluster). ``deregister`` is then also
+    #: called for a registration whose outcome is unknown, with a
+    #: :class:`Registered` whose ``handle`` is empty.
+    deregister_without_handle: bool = False
 
     def __post_init__(self) -> None:
         _check_renew_within(self.renew_within)
+
+
+class RenewalOutcomeUnknown(OutcomeUnknown):
+    """A renewal that can only refresh a record the registry still holds (a
+    Consul TTL ``check/pass``, a Nacos light beat) lost its answer.
+
+    Such a write may still land, but it cannot create a record: the registry
+    answers "not found" to it once the record is gone. A provider raises it
+    instead of :class:`~nadisc.OutcomeUnknown` from ``renew`` when the lost
+    write was of that kind; the lifecycle then treats the renewal as
+    unknown (repeated only with ``idempotent_renewal``, Active again only
+    after an acknowledged renewal and a fresh HEALTHY check) without
+    recording a residual risk. A renewal that may re-create the record (a
+    re-applied registration, a heartbeat carrying the full instance) raises
+    plain ``OutcomeUnknown``.
+    """
 
 
 @dataclass(frozen=True, slots=True)

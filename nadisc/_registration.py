@@ -28,19 +28,28 @@ decisions come from :mod:`nadisc._registration_state`; the runner only
 performs writes and checks and reports their outcomes:
 
 * registration waits for local eligibility, then writes once; an unknown
-  outcome blocks it for good (never re-created), a rejection fails it;
+  outcome of that first write blocks it for good (never re-created; a
+  WARNING names it), a rejection fails it;
 * every ``monitor_interval`` (or sooner: ``Capabilities.renew_within``, when
   the provider's lease needs it) it renews (only while locally eligible: the
   renewal is the health publication) and checks health; a HEALTHY check
   grants ``observation_grace`` of evidence;
 * a renewal whose answer was lost is repeated with the *same* record and
-  bounded, jittered exponential backoff, only for providers with
-  ``idempotent_renewal``; others stay blocked in ``OUTCOME_UNKNOWN``;
+  bounded, jittered exponential backoff (``retry.initial_backoff_ms`` up to
+  ``retry.max_backoff_ms``, never later than a lease's ``renew_within``),
+  only for providers with ``idempotent_renewal``; others stay blocked in
+  ``OUTCOME_UNKNOWN``. A renewal the provider reports as unable to create
+  the record (``RenewalOutcomeUnknown``) leaves no residual risk. A renewal
+  that definitely did not apply waits out the same backoff before it is
+  sent again, while the checks keep their pace;
 * ``LeaseLost`` re-registers under a new lease (see the state module for
-  why that is never based on an unknown write);
+  why that is never based on an unknown write); a re-registration whose
+  answer was lost is repeated with the same record, with backoff, only for
+  providers with ``idempotent_register``;
 * writes in flight are shielded from quiesce (bounded by their own
   deadline, shortened to the shutdown deadline), so a registration that
-  lands during shutdown is still removed.
+  lands during shutdown is still removed; a write whose outcome is unknown
+  is removed at close by providers with ``deregister_without_handle``.
 
 **Operation bound.** Every registry call of a runner (first write,
 renewal, health check, deregistration) waits for a turn under the owner's
@@ -98,6 +107,7 @@ from ._provider import (
     Provider,
     Registered,
     RegistrationRecord,
+    RenewalOutcomeUnknown,
 )
 from ._registration_state import RegistrationState
 
@@ -750,6 +760,7 @@ class _Registration:
         "frozen",
         "records",
         "registered",
+        "renew_at",
         "sent",
         "started",
         "turn",
@@ -770,10 +781,33 @@ class _Registration:
         #: The runner holds a turn under the operation bound right now.
         self.turn = False
         self.done = False
+        #: A renewal that definitely did not apply is not sent again before
+        #: this time (its backoff); checks go on meanwhile.
+        self.renew_at = -math.inf
 
 
 def _kind(exc: BaseException) -> str:
     return type(exc).__name__
+
+
+def _next_action(reg: _Registration) -> sm.Action:
+    """:func:`~nadisc._registration_state.next_action` under the provider's capabilities."""
+    capabilities = reg.frozen.capabilities
+    return sm.next_action(
+        reg.records,
+        idempotent_renewal=capabilities.idempotent_renewal,
+        idempotent_register=capabilities.idempotent_register,
+        deregister_without_handle=capabilities.deregister_without_handle,
+    )
+
+
+def lease_pace(capabilities: Capabilities, registered: Registered | None) -> float | None:
+    """Seconds within which the registration's lease needs a renewal (the
+    registration's own pace, else the provider's ``renew_within``), or None
+    when nothing lapses on a schedule of ours."""
+    if registered is not None and registered.renew_within is not None:
+        return registered.renew_within
+    return capabilities.renew_within
 
 
 @dataclass(frozen=True, slots=True)
@@ -783,6 +817,9 @@ class _WriteEvents:
     verb: str
     acked: Callable[[], sm.Event]
     unknown: Callable[[str], sm.Event]
+    #: A lost answer of a write that cannot create the record
+    #: (:class:`~nadisc._provider.RenewalOutcomeUnknown`).
+    unknown_refresh: Callable[[str], sm.Event]
     failed: Callable[[str], sm.Event]
     #: The provider failure that is a definite answer of its own kind
     #: (a rejected registration, a lost lease) and its event.
@@ -794,6 +831,8 @@ _REGISTER = _WriteEvents(
     verb="register",
     acked=sm.RegisterAcked,
     unknown=sm.RegisterUnknown,
+    # A registration write always may create the record.
+    unknown_refresh=sm.RegisterUnknown,
     failed=sm.RegisterFailed,
     definite=RegistrationRejected,
     definite_event=sm.RegisterRejected,
@@ -802,6 +841,7 @@ _RENEW = _WriteEvents(
     verb="renew",
     acked=sm.RenewAcked,
     unknown=sm.RenewUnknown,
+    unknown_refresh=lambda error: sm.RenewUnknown(error, creates=False),
     failed=sm.RenewFailed,
     definite=LeaseLost,
     definite_event=sm.RenewLeaseLost,
@@ -1006,9 +1046,7 @@ class RegistrationSet:
         state = sm.derive_state(reg.records, now)
         if state is RegistrationState.ACTIVE:
             return True
-        action = sm.next_action(
-            reg.records, idempotent_renewal=reg.frozen.capabilities.idempotent_renewal
-        )
+        action = _next_action(reg)
         if state is RegistrationState.FAILED or action is sm.Action.BLOCKED:
             raise RegistrationError(
                 reg.frozen.name,
@@ -1310,7 +1348,6 @@ class RegistrationSet:
 
     async def _active(self, reg: _Registration, provider: Provider) -> None:
         timing = reg.frozen.timing
-        idempotent = reg.frozen.capabilities.idempotent_renewal
 
         # Renew often enough for the provider's lease as well as our own
         # monitoring: min(monitor_interval, capabilities.renew_within), or the
@@ -1323,10 +1360,24 @@ class RegistrationSet:
                 max(1, reg.records.attempt), timing.initial_backoff, timing.max_backoff, self._rng
             )
 
+        def renewal_retry() -> float:
+            # The documented backoff, up to max_backoff, for a renewal that
+            # was lost or did not apply; only a lease that would lapse first
+            # (renew_within) brings the repeat forward.
+            return sm.retry_delay(
+                max(1, reg.records.attempt),
+                timing.initial_backoff,
+                timing.max_backoff,
+                lease_pace(reg.frozen.capabilities, reg.registered),
+                self._rng,
+            )
+
         while True:
             self._observe_eligibility(reg, anyio.current_time())
-            action = sm.next_action(reg.records, idempotent_renewal=idempotent)
-            if action is sm.Action.REGISTER:
+            action = _next_action(reg)
+            if action in (sm.Action.REGISTER, sm.Action.RETRY_REGISTER):
+                # A retry repeats the same record (the provider's register is
+                # an upsert by identity); eligibility was re-checked just above.
                 async with self._turn(reg):
                     registered = await self._register(reg, provider)
                     if registered:
@@ -1336,6 +1387,21 @@ class RegistrationSet:
                 elif reg.records.write in (sm.WriteOutcome.NONE, sm.WriteOutcome.LOST):
                     # The write definitely did not apply: retry after backoff.
                     await self._idle(reg, provider, backoff())
+                elif (
+                    reg.records.write is sm.WriteOutcome.UNKNOWN
+                    and _next_action(reg) is not sm.Action.BLOCKED
+                ):
+                    # A re-registration's answer was lost: repeated later.
+                    await self._idle(reg, provider, backoff())
+                continue
+            if action is sm.Action.RENEW and anyio.current_time() < reg.renew_at:
+                # The last renewal definitely did not apply (never sent, or
+                # refused as rate limited): it waits out its backoff, while
+                # the checks keep their pace.
+                async with self._turn(reg):
+                    await self._check(reg, provider)
+                left = reg.renew_at - anyio.current_time()
+                await self._idle(reg, provider, max(0.0, min(renew_every(), left)))
                 continue
             if action in (sm.Action.RENEW, sm.Action.RETRY_RENEW):
                 # Eligibility was re-checked just above, right before this
@@ -1347,11 +1413,14 @@ class RegistrationSet:
                         await self._check(reg, provider)
                 if write is sm.WriteOutcome.ACKED:
                     delay = renew_every()
+                    reg.renew_at = -math.inf
                     if reg.records.attempt > 0:  # a renewal that did not apply
-                        delay = min(delay, backoff())
+                        wait = renewal_retry()
+                        reg.renew_at = anyio.current_time() + wait
+                        delay = min(delay, wait)
                     await self._idle(reg, provider, delay)
                 elif write is sm.WriteOutcome.UNKNOWN:
-                    await self._idle(reg, provider, min(backoff(), renew_every()))
+                    await self._idle(reg, provider, renewal_retry())
                 continue
             if action is sm.Action.WAIT:
                 # Ineligible: nothing is submitted (withholding the renewal
@@ -1372,6 +1441,16 @@ class RegistrationSet:
                     await self._idle(reg, provider, delay, until_eligible=True)
                 continue
             # BLOCKED (or DONE): no write may be sent; only quiesce ends this.
+            if action is sm.Action.BLOCKED:
+                records = reg.records
+                logger.warning(
+                    "registration %r on connection %r is blocked for good: %s after %s; "
+                    "nothing more is written for it until close",
+                    reg.frozen.name,
+                    reg.frozen.qualifier,
+                    sm.derive_state(records, anyio.current_time()).value,
+                    records.last_error or "an unknown outcome",
+                )
             await anyio.sleep_forever()
 
     def _write_deadline(self, reg: _Registration, now: float) -> float:
@@ -1439,6 +1518,8 @@ class RegistrationSet:
             reg.write_scope = scope
             try:
                 result = await call
+            except RenewalOutcomeUnknown as exc:
+                event = events.unknown_refresh(_kind(exc))
             except OutcomeUnknown as exc:
                 event = events.unknown(_kind(exc))
             except IdentityRevoked as exc:
@@ -1540,10 +1621,14 @@ class RegistrationSet:
         with anyio.CancelScope(shield=True, deadline=wait_end) as bounded:
             if not reg.records.quiescing:
                 self._apply(reg, sm.QuiesceBegan(), now)
-            action = sm.next_action(
-                reg.records, idempotent_renewal=reg.frozen.capabilities.idempotent_renewal
-            )
-            if action is not sm.Action.DEREGISTER or reg.registered is None:
+            action = _next_action(reg)
+            target = reg.registered
+            if action is sm.Action.DEREGISTER and not reg.records.handle:
+                # A write whose outcome is unknown, on a provider that can
+                # address the removal with the record alone: remove it, in
+                # case it landed (its acknowledgement then reports RESIDUAL).
+                target = Registered(reg.frozen.record, "")
+            if action is not sm.Action.DEREGISTER or target is None:
                 self._retire(reg, now)
                 return
             self._apply(reg, sm.DeregisterStarted(), now)
@@ -1556,7 +1641,7 @@ class RegistrationSet:
                 if begun < budget_end:
                     with anyio.move_on_at(budget_end):
                         try:
-                            await provider.deregister(reg.registered, budget_end)
+                            await provider.deregister(target, budget_end)
                         except (ProviderFailure, DeadlineExceeded) as exc:
                             error = _kind(exc)
                         except Exception as exc:

@@ -16,14 +16,18 @@ folded into one another, plus a few flags:
   acknowledged again, and a HEALTHY check started after it, the
   registration is not ``ACTIVE`` even once eligible: the registry may have
   stopped advertising it (a TTL or lease may even have run out);
-* **residual_risk** — a write whose answer was lost may still land. Once
-  set it is never cleared: an acknowledged deregistration then reports
-  ``RESIDUAL`` and nothing is re-created on the strength of that ack.
+* **residual_risk** — a write whose answer was lost may still land *and
+  create the record* (a registration, a re-applied registration, a full
+  heartbeat; not a renewal that only refreshes an existing record, such as
+  a TTL pass or a light beat). Once set it is never cleared: an
+  acknowledged deregistration then reports ``RESIDUAL`` and nothing is
+  re-created on the strength of that ack.
 
 :func:`apply` is the transition table (records x event -> records); it is
 synchronous and takes the time as an argument. :func:`derive_state` maps the
 records to the public :class:`RegistrationState`; :func:`next_action` tells
-the async shell what it may do next. No I/O happens here.
+the async shell what it may do next, given the provider's capabilities. No
+I/O happens here.
 
 ::
 
@@ -38,6 +42,9 @@ the async shell what it may do next. No I/O happens here.
        │           RenewUnknown (idempotent renewal only)             │ unknown write:
        │   ACTIVE ──────────────► OUTCOME_UNKNOWN ── RenewAcked ──────┘ re-register
        │                                            + fresh check ──► ACTIVE
+       │   DEGRADED (lost) ── re-registration, answer lost ──► OUTCOME_UNKNOWN
+       │       idempotent register: repeated with the same record ── RegisterAcked
+       │       + HEALTHY check started after it ──► ACTIVE (otherwise: blocked)
        │   ACTIVE/DEGRADED ── locally ineligible ──► INELIGIBLE (no renewals sent)
        │   INELIGIBLE ── eligible again, no renewal fell due meanwhile ──► ACTIVE
        │   INELIGIBLE ── a renewal fell due: RenewWithheld (withheld) ──┐
@@ -46,17 +53,22 @@ the async shell what it may do next. No I/O happens here.
        │                      (withheld)   started after that renewal
        │
        └─ Quiesce ─► DEREGISTERING ── ack ──► DEREGISTERED   (RESIDUAL if
-                                   └─ timeout/failure ──► OUTCOME_UNKNOWN
-                                                          residual_risk)
+          (a handle, or an     └─ timeout/failure ──► OUTCOME_UNKNOWN    residual_risk)
+          unknown write and a provider that removes by record)
 
 Rules the table enforces (and the exhaustive tests check):
 
 * a first registration whose outcome is unknown is never written again;
-* only a renewal (we hold an acknowledged handle) may be repeated after a
-  lost answer, and only by providers with idempotent renewal;
-* after a lost renewal answer, or after renewals were withheld while
-  ineligible, ``ACTIVE`` needs both a new acknowledged renewal and a
-  HEALTHY check started after it;
+* after a lost answer, only a renewal (we hold an acknowledged handle) or a
+  re-registration after a lost lease (acknowledged once, no handle now) may
+  be repeated, with the same record; :func:`next_action` allows the first
+  only for providers with ``idempotent_renewal`` and the second only for
+  providers with ``idempotent_register`` (a register that is an upsert by
+  identity); a repeat that definitely did not apply leaves the outcome
+  unknown;
+* after a lost renewal or re-registration answer, or after renewals were
+  withheld while ineligible, ``ACTIVE`` needs both a new acknowledgement
+  and a HEALTHY check started after it;
 * a HEALTHY check grants evidence for ``grace`` seconds from the moment it
   *started* (a slow answer buys no extra time);
 * a transient check failure keeps, and never extends, the last HEALTHY
@@ -64,8 +76,15 @@ Rules the table enforces (and the exhaustive tests check):
   drop it at once;
 * a check started under an older identity epoch changes nothing;
 * re-registration after ``LeaseLost`` starts only from ``LOST``, which is
-  reached by a definitive answer; a registration blocked in an unknown first
-  write never gets there;
+  reached by a definitive answer (or repeats a lost re-registration, above);
+  a registration blocked in an unknown first write never gets there;
+* a removal needs a handle, except for a write whose outcome is unknown,
+  which :func:`next_action` removes only for providers with
+  ``deregister_without_handle`` (the record alone names it);
+* ``last_error`` names the last failure not yet recovered from: it is
+  cleared by an acknowledged (re-)registration, a recovering renewal, or a
+  HEALTHY check that makes the registration Active with no failed attempt
+  pending;
 * after quiesce nothing is registered, renewed, or confirmed again (the
   outcome of a write already in flight is still recorded, so a write that
   landed during shutdown is removed and one that was lost is reported).
@@ -116,6 +135,7 @@ __all__ = [
     "derive_state",
     "health_valid",
     "next_action",
+    "retry_delay",
 ]
 
 
@@ -170,11 +190,15 @@ class Action(enum.Enum):
     RENEW = "renew"
     #: Repeat a renewal whose answer was lost (idempotent providers only).
     RETRY_RENEW = "retry_renew"
+    #: Repeat, with the same record, a re-registration whose answer was lost
+    #: (providers whose register is an upsert by identity only).
+    RETRY_REGISTER = "retry_register"
     #: Nothing may be sent now (ineligible, or a write is in flight); check only.
     WAIT = "wait"
     #: Blocked: an unknown outcome (or a rejection) forbids any write.
     BLOCKED = "blocked"
-    #: Quiescing and a handle is held: remove the registration.
+    #: Quiescing: remove the registration (a handle is held, or the provider
+    #: can address the removal with the record alone).
     DEREGISTER = "deregister"
     #: Nothing (more) to send; while quiescing the shell applies ``Retired``
     #: unless the write is already final.
@@ -218,7 +242,12 @@ class RegistrationRecords:
     withheld: bool = False
     #: Consecutive attempts in the current backoff sequence.
     attempt: int = 0
-    #: Kind (class name) of the last failure, for diagnostics; never a message.
+    #: The registration write in flight repeats one whose answer was lost:
+    #: if it definitely does not apply, the earlier outcome is still unknown.
+    repeating: bool = False
+    #: Kind (class name) of the last failure not yet recovered from, for
+    #: diagnostics; never a message. Cleared when the registration is
+    #: acknowledged again, or confirmed Active with no failed attempt pending.
     last_error: str | None = None
 
 
@@ -263,9 +292,14 @@ class RenewAcked:
 
 @dataclass(frozen=True, slots=True)
 class RenewUnknown:
-    """A renewal's answer was lost."""
+    """A renewal's answer was lost. ``creates``: the renewal could create the
+    record if the registry no longer held it (a re-applied registration, a
+    full heartbeat), so it may still land as a new record: residual risk.
+    False for a renewal the registry refuses on a missing record (a TTL
+    pass, a light beat): it may land, but cannot leave a record behind."""
 
     error: str = "OutcomeUnknown"
+    creates: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,45 +457,77 @@ def _drop_health(records: RegistrationRecords, health: HealthEvidence) -> Regist
 # the rules forbid; evidence and eligibility events are always accepted.
 
 
+def _repeatable(r: RegistrationRecords) -> bool:
+    """An unknown *re*-registration (after a lease was lost): the only unknown
+    write without a handle that may be repeated, and only by providers whose
+    register is an upsert by identity (the shell asks :func:`next_action`).
+    A first registration whose outcome is unknown never is."""
+    return r.write is _W.UNKNOWN and not r.handle and r.acked_once
+
+
 def _on_register_started(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
     # NONE: first write. LOST: re-registration under a new lease, allowed only
-    # from a definitive loss (an unknown write leaves the record in UNKNOWN).
-    # Both require local eligibility: every submission re-checks it first.
-    _require_active(r, e, _W.NONE, _W.LOST)
+    # from a definitive loss. UNKNOWN: the repeat, with the same record, of a
+    # re-registration whose answer was lost (never of a first write).
+    # All require local eligibility: every submission re-checks it first.
+    if not _repeatable(r):
+        _require(r, e, _W.NONE, _W.LOST)
+    if r.quiescing:
+        raise _refuse(r, e)
     if not r.eligible:
         raise LifecycleError("a registration write requires local eligibility")
-    return replace(r, write=_W.PENDING, handle=False, written=True)
+    return replace(r, write=_W.PENDING, handle=False, written=True, repeating=r.write is _W.UNKNOWN)
 
 
 def _on_register_acked(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
     _require(r, e, _W.PENDING)
+    acked = replace(
+        r, write=_W.ACKED, handle=True, acked_once=True, attempt=0, withheld=False, repeating=False
+    )
     if r.quiescing:
         # The write raced with quiesce; it landed and must be removed.
-        return replace(r, write=_W.ACKED, handle=True, acked_once=True, attempt=0, withheld=False)
-    return replace(
-        r, write=_W.ACKED, handle=True, acked_once=True, attempt=0, last_error=None, withheld=False
-    )
+        return acked
+    if r.repeating:
+        # Recovery from a lost answer: evidence gathered before this
+        # acknowledgement proves nothing about it, so a HEALTHY check started
+        # from now on is needed to become Active again.
+        acked = replace(acked, health=_H.NONE, healthy_until=None, fresh_after=now)
+    return replace(acked, last_error=None)
 
 
 def _on_register_unknown(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
     assert isinstance(e, RegisterUnknown)
     _require(r, e, _W.PENDING)
-    return replace(r, write=_W.UNKNOWN, residual_risk=True, last_error=e.error)
+    return replace(
+        r,
+        write=_W.UNKNOWN,
+        residual_risk=True,
+        attempt=r.attempt + 1,
+        repeating=False,
+        last_error=e.error,
+    )
 
 
 def _on_register_rejected(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
     assert isinstance(e, RegisterRejected)
     _require(r, e, _W.PENDING)
-    return replace(r, write=_W.REJECTED, last_error=e.error)
+    return replace(r, write=_W.REJECTED, repeating=False, last_error=e.error)
 
 
 def _on_register_failed(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
     assert isinstance(e, RegisterFailed)
     _require(r, e, _W.PENDING)
     # The write never applied: back to where it came from (a re-registration
-    # after a lost lease returns to LOST and keeps its old handle unusable).
-    back = _W.LOST if r.acked_once else _W.NONE
-    return replace(r, write=back, attempt=r.attempt + 1, last_error=e.error)
+    # after a lost lease returns to LOST and keeps its old handle unusable; a
+    # repeat of a lost answer returns to UNKNOWN: the earlier write's outcome
+    # is still not known).
+    if r.repeating:
+        back = _W.UNKNOWN
+    elif r.acked_once:
+        back = _W.LOST
+    else:
+        back = _W.NONE
+    return replace(r, write=back, attempt=r.attempt + 1, repeating=False, last_error=e.error)
 
 
 def _on_renew_acked(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
@@ -482,7 +548,7 @@ def _on_renew_acked(r: RegistrationRecords, e: Event, now: float) -> Registratio
             last_error=None,
             withheld=False,
         )
-    return replace(r, attempt=0)
+    return _settle_error(replace(r, attempt=0), now)
 
 
 def _on_renew_unknown(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
@@ -490,8 +556,14 @@ def _on_renew_unknown(r: RegistrationRecords, e: Event, now: float) -> Registrat
     _require(r, e, _W.ACKED, _W.UNKNOWN)
     if not r.handle:
         raise LifecycleError("a renewal needs an acknowledged registration handle")
+    # Only a renewal that could create the record leaves a residual risk: one
+    # the registry refuses on a missing record cannot re-create it later.
     return replace(
-        r, write=_W.UNKNOWN, residual_risk=True, attempt=r.attempt + 1, last_error=e.error
+        r,
+        write=_W.UNKNOWN,
+        residual_risk=r.residual_risk or e.creates,
+        attempt=r.attempt + 1,
+        last_error=e.error,
     )
 
 
@@ -528,13 +600,25 @@ def _on_check_healthy(r: RegistrationRecords, e: Event, now: float) -> Registrat
     # extra time.
     until = e.started_at + e.grace
     confirmed = r.confirmed or (r.write is _W.ACKED and r.eligible and now < until)
-    return replace(
+    healthy = replace(
         r,
         health=_H.HEALTHY,
         healthy_until=until,
         health_epoch=r.epoch,
         confirmed=confirmed,
     )
+    return _settle_error(healthy, now)
+
+
+def _settle_error(r: RegistrationRecords, now: float) -> RegistrationRecords:
+    """Clear ``last_error`` once the registration is Active again with no
+    failed attempt pending: the error is recovered from (every provider's
+    recovery path ends here, whether or not it re-registered)."""
+    if r.last_error is None or r.attempt > 0:
+        return r
+    if derive_state(r, now) is not RegistrationState.ACTIVE:
+        return r
+    return replace(r, last_error=None)
 
 
 def _on_check_transient(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
@@ -595,7 +679,10 @@ def _on_deregister_started(r: RegistrationRecords, e: Event, now: float) -> Regi
     if not r.quiescing:
         raise _refuse(r, e)
     _require(r, e, _W.ACKED, _W.UNKNOWN, _W.LOST)
-    if not r.handle:
+    # Without a handle only a write whose outcome is unknown is removed, and
+    # only by a provider that addresses removals by the record alone (the
+    # shell asks next_action): the write may have landed.
+    if not r.handle and r.write is not _W.UNKNOWN:
         raise LifecycleError("deregistration needs an acknowledged registration handle")
     return replace(r, write=_W.DEREGISTERING, healthy_until=None, health=_H.NONE)
 
@@ -701,12 +788,23 @@ def derive_state(records: RegistrationRecords, now: float) -> RegistrationState:
     return RegistrationState.DEGRADED if records.confirmed else RegistrationState.REGISTERING
 
 
-def next_action(records: RegistrationRecords, *, idempotent_renewal: bool) -> Action:
-    """What the shell may do next. Local eligibility is re-checked here for
-    every submission: an ineligible registration sends nothing."""
+def next_action(
+    records: RegistrationRecords,
+    *,
+    idempotent_renewal: bool,
+    idempotent_register: bool = False,
+    deregister_without_handle: bool = False,
+) -> Action:
+    """What the shell may do next, given the provider's capabilities
+    (:class:`~nadisc.Capabilities` fields of the same names). Local
+    eligibility is re-checked here for every submission: an ineligible
+    registration sends nothing."""
     write = records.write
     if records.quiescing:
         if write in (_W.ACKED, _W.UNKNOWN, _W.LOST) and records.handle:
+            return Action.DEREGISTER
+        if write is _W.UNKNOWN and deregister_without_handle:
+            # The unknown write may have landed; the record alone names it.
             return Action.DEREGISTER
         if write in (_W.PENDING, _W.DEREGISTERING):
             return Action.WAIT
@@ -717,6 +815,8 @@ def next_action(records: RegistrationRecords, *, idempotent_renewal: bool) -> Ac
     if write is _W.UNKNOWN:
         if records.handle and idempotent_renewal:
             return Action.RETRY_RENEW if records.eligible else Action.WAIT
+        if _repeatable(records) and idempotent_register:
+            return Action.RETRY_REGISTER if records.eligible else Action.WAIT
         return Action.BLOCKED
     if write is _W.PENDING:
         return Action.WAIT
@@ -740,3 +840,23 @@ def backoff_delay(
     cap = min(maximum, initial * 2.0 ** min(attempt - 1, 64))
     draw = (rng or _random).random()
     return cap / 2 + draw * (cap / 2)
+
+
+def retry_delay(
+    attempt: int,
+    initial: float,
+    maximum: float,
+    renew_within: float | None = None,
+    rng: _random.Random | None = None,
+) -> float:
+    """Delay before repeating a write whose answer was lost: the
+    :func:`backoff_delay` of ``attempt`` (up to ``maximum``), but never later
+    than ``renew_within`` when the registration's lease needs a renewal that
+    soon (an etcd lease, a Nacos beat): waiting longer would let the record
+    lapse. The connection's monitor interval does not shorten it."""
+    delay = backoff_delay(attempt, initial, maximum, rng)
+    if renew_within is None:
+        return delay
+    if not (math.isfinite(renew_within) and renew_within > 0):
+        raise ValueError("renew_within must be finite and > 0")
+    return min(delay, renew_within)

@@ -11,10 +11,18 @@ Failure translation (reads / writes)::
     200 + X-Consul-Results-Filtered-By-ACLs: true          AclFiltered (an IdentityRevoked)
         raised by the provider for /v1/health/service reads only; a filtered
         /v1/catalog/services answer is a normal least-privilege listing
-    connect/read/timeout/truncated body                    IncompleteSnapshot / OutcomeUnknown
-    5xx, 429, other non-2xx                                IncompleteSnapshot / OutcomeUnknown
+    no connection (refused, connect timeout, closed)       NotDelivered (an IncompleteSnapshot):
+                                                           a write was never sent
+    read/timeout/truncated body after sending              IncompleteSnapshot / OutcomeUnknown
+    429 (rate limited: refused before it applied)          IncompleteSnapshot / IncompleteSnapshot
+    5xx, other non-2xx                                     IncompleteSnapshot / OutcomeUnknown
     400 on a write                                         RegistrationRejected
     body over budget                                       CapacityRejected
+
+A write's lost answer is ``OutcomeUnknown``, or the class the caller names
+(``RenewalOutcomeUnknown`` for a TTL ``check/pass``, which cannot create a
+record). ``IncompleteSnapshot`` from a write means it certainly did not
+apply: the lifecycle retries it like any write that was never sent.
 
 The ACL token travels in the ``X-Consul-Token`` header only and is never part
 of a message.
@@ -54,7 +62,14 @@ from nadisc import (
 
 from ._settings import ConsulSettings
 
-__all__ = ["FILTERED_HEADER", "AclFiltered", "ConsulHttp", "ConsulResponse", "tls_context"]
+__all__ = [
+    "FILTERED_HEADER",
+    "AclFiltered",
+    "ConsulHttp",
+    "ConsulResponse",
+    "NotDelivered",
+    "tls_context",
+]
 
 #: Consul sets this header (value ``true``) on a read whose results it trimmed
 #: because the token may not read all of them; the status stays 200.
@@ -69,9 +84,18 @@ class AclFiltered(IdentityRevoked):
     valid, which is why the catalog can skip just that service."""
 
 
+class NotDelivered(IncompleteSnapshot):
+    """The request never reached the agent (the connection was refused, the
+    connect timed out, or the connection is closed): a write certainly did
+    not apply, unlike a failure after the request was sent."""
+
+
 logger = logging.getLogger(__name__)
 
 _TEXT_LIMIT = 200
+#: Consul's rate limiters (``http_max_conns_per_client``, the servers'
+#: request-rate limits) refuse with 429 before the endpoint runs.
+_RATE_LIMITED = 429
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,19 +238,32 @@ class ConsulHttp:
         budget: float,
         what: str,
         allow: tuple[int, ...] = (),
+        unknown: type[OutcomeUnknown] = OutcomeUnknown,
     ) -> ConsulResponse:
-        """A write. 200 (and statuses in ``allow``) return; others raise."""
+        """A write. 200 (and statuses in ``allow``) return; others raise.
+
+        A write that never left (:class:`NotDelivered`) or that Consul refused
+        as rate limited (429) raises ``IncompleteSnapshot``: it did not apply.
+        One whose answer was lost raises ``unknown`` (``OutcomeUnknown``, or a
+        subclass that tells the lifecycle what the write could do)."""
         try:
             response = await self._send("PUT", path, None, body, budget=budget, what=what)
+        except NotDelivered:
+            raise
         except IncompleteSnapshot as exc:
-            raise OutcomeUnknown(f"{what}: {exc}; the write may or may not have applied") from exc
+            raise unknown(f"{what}: {exc}; the write may or may not have applied") from exc
         if response.status == 200 or response.status in allow:
             return response
         if response.status == 403:
             raise IdentityRevoked(f"{what}: denied by Consul (403): {response.text()}")
         if response.status == 400:
             raise RegistrationRejected(f"{what}: rejected by Consul (400): {response.text()}")
-        raise OutcomeUnknown(
+        if response.status == _RATE_LIMITED:
+            raise IncompleteSnapshot(
+                f"{what}: Consul refused the write as rate limited (429): {response.text()}; "
+                "it was not applied"
+            )
+        raise unknown(
             f"{what}: Consul answered HTTP {response.status}: {response.text()}; "
             "the write may or may not have applied"
         )
@@ -249,7 +286,7 @@ class ConsulHttp:
         what: str,
     ) -> ConsulResponse:
         if self._closed or (self._parent is not None and self._parent._closed):
-            raise IncompleteSnapshot(f"{what}: the connection is closed")
+            raise NotDelivered(f"{what}: the connection is closed")
         if self._parent is not None:
             self._parent.channel_requests += 1
         else:
@@ -272,6 +309,11 @@ class ConsulHttp:
                     )
         except TimeoutError as exc:
             raise IncompleteSnapshot(f"{what}: no complete answer within {budget:.1f}s") from exc
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # No connection was made (or none was free): nothing was sent.
+            raise NotDelivered(
+                f"{what}: transport failed before anything was sent ({type(exc).__name__}: {exc})"
+            ) from exc
         except httpx.TimeoutException as exc:
             raise IncompleteSnapshot(f"{what}: timed out ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:

@@ -36,6 +36,18 @@ or at once after ``check`` found the service missing (Consul reaped it after
                   | the last check answered 404
             due -> PUT register (the same payload)      } one writer: the
             TTL check -> PUT check/pass (404: LeaseLost) } lifecycle's table
+
+Because register is an upsert by service ID and deregister names the ID
+alone, the provider declares ``idempotent_register`` (a re-registration
+whose answer was lost is repeated with the same payload) and
+``deregister_without_handle`` (a registration whose outcome is unknown is
+still removed at close). What a failed write means::
+
+    connection refused / connect timeout, 429     IncompleteSnapshot: not applied
+    PUT register: answer lost, 5xx                 OutcomeUnknown (may create)
+    PUT check/pass: answer lost, 5xx               RenewalOutcomeUnknown (cannot
+                                                   create: 404 on a missing check)
+    deregister: 404 or 500 "Unknown service ..."   absent: acknowledged
 """
 
 from __future__ import annotations
@@ -70,6 +82,7 @@ from nadisc import (
     RegistrationRecord,
     RegistrationRejected,
 )
+from nadisc._provider import RenewalOutcomeUnknown
 
 from ._blocking import Backoff, BlockingCursor, IndexOutcome, TokenBucket, read_timeout
 from ._http import AclFiltered, ConsulHttp, ConsulResponse
@@ -94,17 +107,26 @@ logger = logging.getLogger(__name__)
 #: Bodies larger than this are decoded cooperatively (yielding every few ms).
 COOPERATIVE_BYTES = 64 * 1024
 
+# ``PUT /v1/agent/service/register`` is an upsert keyed by the service ID
+# (the agent's ``AddService`` replaces a service of the same ID), and
+# ``/v1/agent/service/deregister/<id>`` names the service by that ID alone:
+# a lost (re-)registration can be repeated with the same payload without
+# creating a second instance, and an unknown one can be removed at close.
 _CAPABILITIES = Capabilities(
     evidence=EvidenceKind.REGISTRY_HEALTH,
     registration=True,
     watch_streams=1,
     idempotent_renewal=True,
+    idempotent_register=True,
+    deregister_without_handle=True,
 )
 _DISCOVERY_ONLY = Capabilities(
     evidence=EvidenceKind.REGISTRY_HEALTH,
     registration=False,
     watch_streams=1,
     idempotent_renewal=True,
+    idempotent_register=True,
+    deregister_without_handle=True,
 )
 
 
@@ -399,7 +421,17 @@ class ConsulProvider:
         await self._put_registration(record, payload, budget, "register")
         registered = Registered(record, handle)
         if handle.startswith("ttl:"):
-            await self._pass_ttl(registered, _remaining(deadline))
+            try:
+                await self._pass_ttl(registered, _remaining(deadline))
+            except (IncompleteSnapshot, OutcomeUnknown, DeadlineExceeded) as exc:
+                # The registration itself was acknowledged: its first TTL
+                # pass is repeated by the next renewal (until then the check
+                # is critical, and the lifecycle waits for a HEALTHY one).
+                logger.info(
+                    "consul: %r registered; its first TTL pass did not complete (%s)",
+                    record.instance_id,
+                    type(exc).__name__,
+                )
         return registered
 
     async def _put_registration(
@@ -449,6 +481,10 @@ class ConsulProvider:
         return registered
 
     async def _pass_ttl(self, registered: Registered, budget: float) -> None:
+        # A TTL pass only updates a check the agent holds (404 / "Unknown
+        # check ID" otherwise): even if a lost one lands late, it cannot
+        # re-create a removed service, so its lost answer leaves no residual
+        # risk (RenewalOutcomeUnknown).
         check_id = registered.handle.partition(":")[2]
         what = f"pass TTL check {check_id!r}"
         response = await self._http.put(
@@ -457,11 +493,12 @@ class ConsulProvider:
             budget=budget,
             what=what,
             allow=(404, 500),
+            unknown=RenewalOutcomeUnknown,
         )
         if response.status == 404 or (response.status == 500 and _check_is_gone(response.text())):
             raise LeaseLost(f"{what}: the agent no longer holds the check ({response.text()})")
         if response.status != 200:
-            raise OutcomeUnknown(f"{what}: Consul answered HTTP {response.status}")
+            raise RenewalOutcomeUnknown(f"{what}: Consul answered HTTP {response.status}")
 
     async def check(self, registered: Registered, deadline: float) -> HealthStatus:
         """``GET /v1/agent/health/service/id/<id>``: 200 passing, 429 warning,
@@ -491,12 +528,15 @@ class ConsulProvider:
             None,
             budget=_remaining(deadline),
             what=what,
-            allow=(404,),
+            allow=(404, 500),
         )
-        if response.status == 404 and not _service_is_unknown(response.body):
-            # Not the agent's answer for an absent ID (a proxy, a wrong path):
-            # whether the service is still there is not known.
-            raise OutcomeUnknown(f"{what}: Consul answered HTTP 404 without naming the service")
+        if response.status in (404, 500) and not _service_is_unknown(response.body):
+            # Not the agent's answer for an absent ID (a proxy, a wrong path,
+            # server trouble): whether the service is still there is not known.
+            raise OutcomeUnknown(
+                f"{what}: Consul answered HTTP {response.status}: {response.text()}; "
+                "the removal may or may not have applied"
+            )
         # 200, or the agent no longer holds the ID (reaped after
         # DeregisterCriticalServiceAfter, or removed by someone else): absent
         # is what deregistration wants.
@@ -517,10 +557,21 @@ class ConsulProvider:
 _CHECK_GONE = ("unknown check", "does not have associated ttl")
 
 
+#: How a Consul agent refuses to deregister an ID it does not hold (Consul's
+#: agent/acl.go, ``vetServiceUpdate`` / ``vetServiceUpdateWithAuthorizer``,
+#: and agent/local/state.go, ``removeServiceLocked``). Current agents answer
+#: 404 ``Unknown service ID "<id>". Ensure that the service ID is passed, not
+#: the service name.`` (an ``HTTPError`` with ``StatusNotFound``); the local
+#: state's removal returns the same text as a plain error, which the HTTP
+#: layer answers with 500. Older agents (ACLs enabled) returned
+#: ``fmt.Errorf("Unknown service %q", serviceID)``, a 500 with
+#: ``Unknown service "<id>"`` (``ServiceID.String()`` is the bare ID).
+_SERVICE_UNKNOWN = (b"unknown service id", b'unknown service "')
+
+
 def _service_is_unknown(body: bytes) -> bool:
-    """Consul's answer for an ID the agent does not hold: ``Unknown service
-    ID "<id>". Ensure that the service ID is passed, not the service name.``"""
-    return body[:512].lower().startswith(b"unknown service id")
+    """Whether ``body`` is the agent's answer for an ID it does not hold."""
+    return body[:512].lstrip().lower().startswith(_SERVICE_UNKNOWN)
 
 
 def _check_is_gone(text: str) -> bool:

@@ -30,7 +30,23 @@ Registration (``register``/``renew``/``check``/``deregister``)::
               v3 (no detail read in the client API) -> DISABLED (never
               re-register over an operator's disable; a reaped ephemeral
               instance comes back through the beat's 21003)
-    deregister DELETE instance
+    deregister DELETE instance (by ip, port, cluster: no handle needed)
+
+Nacos keeps one instance per ip:port:cluster of a service, and registering it
+again replaces it (the server's ``IpPortBasedClient`` / 1.x ``addInstance``):
+``idempotent_register`` holds, so a re-registration whose answer was lost is
+repeated with the same record; ``deregister_without_handle`` holds, so a
+registration whose outcome is unknown is still deleted at close. Failed
+writes::
+
+    no server took the request, 429        IncompleteSnapshot: not applied
+    register: answer lost, 5xx             OutcomeUnknown (may create)
+    light beat: answer lost, 5xx           RenewalOutcomeUnknown: a light beat
+                                           (no ``beat`` JSON) is answered
+                                           20404 / 21003 on a missing instance
+                                           and cannot create one; a full beat
+                                           (``beat`` JSON, Nacos 1.x) can, and
+                                           would be OutcomeUnknown
 
 Renewals are paced by ``Capabilities.renew_within`` = ``beat_interval``
 (Nacos's ``clientBeatInterval`` default, 5 s) until the server answers a
@@ -73,6 +89,7 @@ from nadisc import (
     RegistrationRejected,
 )
 from nadisc._jsonguard import loads_guarded
+from nadisc._provider import RenewalOutcomeUnknown
 
 from ._http import NOT_SERVED, NacosHttp, NacosResponse, NotDelivered
 from ._settings import HEART_BEAT_INTERVAL, HEART_BEAT_TIMEOUT, NacosSettings, heartbeat_rules
@@ -107,6 +124,8 @@ _PATHS = {
 }
 #: The service name the API probe lists when no service is bound.
 PROBE_SERVICE = "nadisc-api-probe"
+#: HTTP 429: a rate limit refused the request before it was processed.
+_RATE_LIMITED = 429
 
 
 class NacosProvider:
@@ -159,6 +178,8 @@ class NacosProvider:
             watch_streams=0,
             idempotent_renewal=True,
             renew_within=self._renew_within,
+            idempotent_register=True,
+            deregister_without_handle=True,
         )
 
     @property
@@ -352,8 +373,17 @@ class NacosProvider:
         return Registered(record, handle, renew_within=pace)
 
     async def _write(
-        self, method: str, path: str, params: dict[str, str], deadline: float, what: str
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str],
+        deadline: float,
+        what: str,
+        *,
+        unknown: type[OutcomeUnknown] = OutcomeUnknown,
     ) -> NacosResponse:
+        """One write. A lost answer raises ``unknown``: ``OutcomeUnknown``, or
+        ``RenewalOutcomeUnknown`` for a write that cannot create a record."""
         try:
             return await self._http.call(
                 method, path, params, budget=_remaining(deadline), what=what
@@ -362,9 +392,16 @@ class NacosProvider:
             # No server took the request: it certainly did not apply.
             raise IncompleteSnapshot(f"{exc}; the write was not sent") from exc
         except IncompleteSnapshot as exc:
-            raise OutcomeUnknown(f"{exc}; the write may or may not have applied") from exc
+            raise unknown(f"{exc}; the write may or may not have applied") from exc
 
-    def _write_ok(self, response: NacosResponse, api: str, what: str) -> None:
+    def _write_ok(
+        self,
+        response: NacosResponse,
+        api: str,
+        what: str,
+        *,
+        unknown: type[OutcomeUnknown] = OutcomeUnknown,
+    ) -> None:
         if response.status == 200:
             if api == "v1" and response.body.strip() == b"ok":
                 return
@@ -374,11 +411,17 @@ class NacosProvider:
                     return
                 raise RegistrationRejected(f"{what}: Nacos answered code {code} ({message})")
             if api == "v1":
-                raise OutcomeUnknown(f"{what}: unexpected answer {self._http.quote(response)!r}")
+                raise unknown(f"{what}: unexpected answer {self._http.quote(response)!r}")
         if response.status == 400:
             said = self._http.quote(response)
             raise RegistrationRejected(f"{what}: rejected by Nacos (400): {said}")
-        raise OutcomeUnknown(
+        if response.status == _RATE_LIMITED:
+            # Refused before it was processed (a rate limit): not applied.
+            raise IncompleteSnapshot(
+                f"{what}: refused as rate limited (429): {self._http.quote(response)}; "
+                "the write was not applied"
+            )
+        raise unknown(
             f"{what}: Nacos answered HTTP {response.status}: {self._http.quote(response)}; "
             "the write may or may not have applied"
         )
@@ -441,10 +484,16 @@ class NacosProvider:
         api = self._require_api()
         params = self._instance_params(record, api)
         what = f"beat {record.registration!r}"
+        # A light beat (no ``beat`` JSON) only refreshes an instance the
+        # server holds; a full beat re-registers a missing ephemeral one
+        # (1.x ``InstanceController.beat``), so its lost answer could leave one.
+        unknown = OutcomeUnknown if "beat" in params else RenewalOutcomeUnknown
         if api == "v1":
-            response = await self._write("PUT", _PATHS["v1"]["beat"], params, deadline, what)
+            response = await self._write(
+                "PUT", _PATHS["v1"]["beat"], params, deadline, what, unknown=unknown
+            )
             if response.status != 200:
-                self._write_ok(response, api, what)
+                self._write_ok(response, api, what, unknown=unknown)
             answer = decode_beat(response.body, max_bytes=self._http.max_response_bytes)
             if answer.code == INSTANCE_NOT_FOUND_V1:
                 raise LeaseLost(f"{what}: Nacos no longer holds the instance (code 20404)")
@@ -460,13 +509,17 @@ class NacosProvider:
                     return dataclasses.replace(registered, renew_within=seconds)
             return registered
         params["heartBeat"] = "true"
-        response = await self._write("POST", _PATHS["v3"]["beat"], params, deadline, what)
+        response = await self._write(
+            "POST", _PATHS["v3"]["beat"], params, deadline, what, unknown=unknown
+        )
         code, message, _ = _safe_envelope(response, self._http)
         if code == INSTANCE_NOT_FOUND_V3:
             logger.info("nacos: %s: %s", what, message)  # quoted safely by _safe_envelope
             raise LeaseLost(f"{what}: Nacos no longer holds the instance (code 21003)")
+        if response.status == _RATE_LIMITED:
+            self._write_ok(response, api, what, unknown=unknown)
         if response.status != 200 or code != 0:
-            raise OutcomeUnknown(f"{what}: Nacos answered HTTP {response.status} code {code}")
+            raise unknown(f"{what}: Nacos answered HTTP {response.status} code {code}")
         return registered
 
     def _adopt(self, seconds: float, registration: str) -> None:

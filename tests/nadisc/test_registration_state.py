@@ -11,7 +11,13 @@ import pytest
 from hypothesis import HealthCheck as HypothesisHealthCheck
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from nadisc import HealthStatus, LifecycleError
 from nadisc import _registration_state as sm
@@ -29,29 +35,38 @@ NOW = 100.0
 # ---------------------------------------------------------------- enumeration
 
 
+#: Every combination of the provider capabilities next_action reads.
+CAPABILITY_SETS = [
+    {
+        "idempotent_renewal": renewal,
+        "idempotent_register": register,
+        "deregister_without_handle": by_record,
+    }
+    for renewal, register, by_record in itertools.product((False, True), repeat=3)
+]
+
+
 def all_records() -> list[RegistrationRecords]:
     out = []
-    for (
-        write,
-        health,
-        until,
+    flags = itertools.product((False, True), repeat=7)
+    for (write, health, until, fresh), (
         eligible,
         residual,
         handle,
         quiescing,
         confirmed,
-        fresh,
+        acked_once,
+        repeating,
     ) in itertools.product(
-        WriteOutcome,
-        HealthEvidence,
-        (None, NOW - 1.0, NOW + 5.0),
-        (False, True),
-        (False, True),
-        (False, True),
-        (False, True),
-        (False, True),
-        (-math.inf, NOW + 1.0),
+        itertools.product(
+            WriteOutcome, HealthEvidence, (None, NOW - 1.0, NOW + 5.0), (-math.inf, NOW + 1.0)
+        ),
+        list(flags),
     ):
+        if handle and not acked_once:
+            continue  # a handle is only ever held after an acknowledgement
+        if repeating and write is not WriteOutcome.PENDING:
+            continue  # only a write in flight can be a repeat
         out.append(
             RegistrationRecords(
                 write=write,
@@ -63,10 +78,11 @@ def all_records() -> list[RegistrationRecords]:
                 residual_risk=residual,
                 handle=handle,
                 written=write is not WriteOutcome.NONE,
-                acked_once=handle,
+                acked_once=acked_once,
                 quiescing=quiescing,
                 confirmed=confirmed,
                 fresh_after=fresh,
+                repeating=repeating,
             )
         )
     return out
@@ -81,6 +97,7 @@ def all_events() -> list[sm.Event]:
         sm.RegisterFailed(),
         sm.RenewAcked(),
         sm.RenewUnknown(),
+        sm.RenewUnknown("RenewalOutcomeUnknown", creates=False),
         sm.RenewLeaseLost(),
         sm.RenewFailed(),
         sm.CheckHealthy(epoch=1, started_at=NOW, grace=GRACE),
@@ -126,11 +143,28 @@ def check_step(old: RegistrationRecords, event: sm.Event) -> RegistrationRecords
     assert old.quiescing <= new.quiescing, "quiesce was undone"
     assert old.written <= new.written
     # Never re-create after an unknown first write, never write while
-    # quiescing or ineligible.
+    # quiescing or ineligible. The one unknown write that may be repeated is a
+    # re-registration (after a lost lease: acknowledged once, no handle now);
+    # whether it is repeated is the provider's (next_action, below).
     if new.write is WriteOutcome.PENDING and old.write is not WriteOutcome.PENDING:
         assert isinstance(event, sm.RegisterStarted)
-        assert old.write in (WriteOutcome.NONE, WriteOutcome.LOST)
+        assert old.write in (WriteOutcome.NONE, WriteOutcome.LOST) or (
+            old.write is WriteOutcome.UNKNOWN and not old.handle and old.acked_once
+        )
+        assert new.repeating is (old.write is WriteOutcome.UNKNOWN)
         assert not old.quiescing and old.eligible
+    # Only a write that could create the record leaves a residual risk.
+    if new.residual_risk and not old.residual_risk:
+        assert isinstance(event, sm.RegisterUnknown) or (
+            isinstance(event, sm.RenewUnknown) and event.creates
+        )
+    # A repeat that definitely did not apply leaves the earlier outcome unknown.
+    if isinstance(event, sm.RegisterFailed) and old.repeating:
+        assert new.write is WriteOutcome.UNKNOWN and new.residual_risk == old.residual_risk
+    # A repeated registration acknowledged: Active only after a fresh check.
+    if isinstance(event, sm.RegisterAcked) and old.repeating and not old.quiescing:
+        assert sm.derive_state(new, NOW) is not RegistrationState.ACTIVE
+        assert new.fresh_after == NOW and new.healthy_until is None
     # Transient failures keep and never extend the deadline.
     if isinstance(event, sm.CheckTransient):
         assert new.healthy_until == old.healthy_until
@@ -155,12 +189,13 @@ def check_step(old: RegistrationRecords, event: sm.Event) -> RegistrationRecords
     if isinstance(event, sm.RenewAcked) and old.write is WriteOutcome.UNKNOWN:
         assert sm.derive_state(new, NOW) is not RegistrationState.ACTIVE
         assert new.fresh_after == NOW
-    # Only an acknowledged handle can be renewed or removed.
-    if isinstance(
-        event, sm.RenewAcked | sm.RenewUnknown | sm.RenewLeaseLost | sm.DeregisterStarted
-    ):
+    # Only an acknowledged handle can be renewed; a removal needs one too,
+    # except for a write whose outcome is unknown (removed by record, by the
+    # providers that can: next_action, below).
+    if isinstance(event, sm.RenewAcked | sm.RenewUnknown | sm.RenewLeaseLost):
         assert old.handle
     if isinstance(event, sm.DeregisterStarted):
+        assert old.handle or old.write is WriteOutcome.UNKNOWN
         assert old.quiescing
     # A removal acknowledged after a possibly-landing write is Residual.
     if new.write is WriteOutcome.DEREGISTERED and new.residual_risk:
@@ -182,13 +217,32 @@ def check_state(records: RegistrationRecords) -> None:
     action_plain = sm.next_action(records, idempotent_renewal=False)
     action_idem = sm.next_action(records, idempotent_renewal=True)
     for action in (action_plain, action_idem):
-        if action in (Action.REGISTER, Action.RENEW, Action.RETRY_RENEW):
-            # Every submission re-checks local eligibility; none while quiescing.
-            assert records.eligible and not records.quiescing
         if records.write is WriteOutcome.UNKNOWN and not records.handle:
             assert action in (Action.BLOCKED, Action.DONE)
     if records.write is WriteOutcome.UNKNOWN and not records.quiescing:
         assert action_plain is Action.BLOCKED
+    for caps in CAPABILITY_SETS:
+        action = sm.next_action(records, **caps)
+        if action in (Action.REGISTER, Action.RENEW, Action.RETRY_RENEW, Action.RETRY_REGISTER):
+            # Every submission re-checks local eligibility; none while quiescing.
+            assert records.eligible and not records.quiescing
+        if action is Action.RETRY_RENEW:
+            assert caps["idempotent_renewal"] and records.handle
+        if action is Action.RETRY_REGISTER:
+            # Only a lost re-registration, only for upsert providers: a first
+            # registration whose outcome is unknown is never written again.
+            assert caps["idempotent_register"]
+            assert records.write is WriteOutcome.UNKNOWN and not records.handle
+            assert records.acked_once
+        lost_first_or_not_repeatable = not records.acked_once or not caps["idempotent_register"]
+        unknown_write = records.write is WriteOutcome.UNKNOWN and not records.handle
+        if unknown_write and lost_first_or_not_repeatable:
+            assert action in (Action.BLOCKED, Action.DONE, Action.DEREGISTER)
+        if action is Action.DEREGISTER:
+            assert records.quiescing
+            assert records.handle or (
+                caps["deregister_without_handle"] and records.write is WriteOutcome.UNKNOWN
+            )
 
 
 def test_exhaustive_records_by_events() -> None:
@@ -359,6 +413,118 @@ def test_backoff_doubles_caps_and_jitters_between_half_and_cap() -> None:
         sm.backoff_delay(1, 5.0, 1.0)
 
 
+def test_retry_delay_is_the_backoff_capped_only_by_a_lease() -> None:
+    rng = random.Random(11)
+    for attempt in range(1, 12):
+        cap = min(30.0, 2.0 ** (attempt - 1))
+        for _ in range(20):
+            # No lease: the documented backoff, reaching max_backoff.
+            delay = sm.retry_delay(attempt, 1.0, 30.0, None, rng)
+            assert cap / 2 <= delay <= cap
+            # A lease that needs a renewal within 3 s: never later than that.
+            leased = sm.retry_delay(attempt, 1.0, 30.0, 3.0, rng)
+            assert min(cap / 2, 3.0) <= leased <= min(cap, 3.0)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError):
+            sm.retry_delay(1, 1.0, 30.0, bad)
+
+
+def lost_lease() -> RegistrationRecords:
+    return sm.apply(acked(), sm.RenewLeaseLost(), 5)
+
+
+def test_lost_reregistration_is_repeated_only_for_upsert_providers() -> None:
+    r = sm.apply(lost_lease(), sm.RegisterStarted(), 6)
+    r = sm.apply(r, sm.RegisterUnknown(), 7)
+    assert sm.derive_state(r, 7) is RegistrationState.OUTCOME_UNKNOWN
+    assert r.residual_risk and r.attempt == 1
+    assert sm.next_action(r, idempotent_renewal=True) is Action.BLOCKED
+    assert (
+        sm.next_action(r, idempotent_renewal=True, idempotent_register=True)
+        is Action.RETRY_REGISTER
+    )
+    off = sm.apply(r, sm.EligibilityObserved(False), 7)
+    assert sm.next_action(off, idempotent_renewal=True, idempotent_register=True) is Action.WAIT
+    with pytest.raises(LifecycleError):
+        sm.apply(off, sm.RegisterStarted(), 8)  # every submission needs eligibility
+    # A repeat that did not apply leaves the outcome unknown (not lost).
+    again = sm.apply(r, sm.RegisterStarted(), 8)
+    assert again.repeating and sm.derive_state(again, 8) is RegistrationState.REGISTERING
+    failed = sm.apply(again, sm.RegisterFailed(), 8)
+    assert failed.write is WriteOutcome.UNKNOWN and failed.attempt == 2
+    # Acknowledged: Active only after a HEALTHY check started after the ack.
+    r = sm.apply(sm.apply(failed, sm.RegisterStarted(), 9), sm.RegisterAcked(), 10)
+    assert sm.derive_state(r, 10) is RegistrationState.DEGRADED
+    assert r.fresh_after == 10 and r.attempt == 0 and r.last_error is None
+    assert sm.apply(r, sm.CheckHealthy(epoch=0, started_at=9.5, grace=GRACE), 11) == r
+    r = sm.apply(r, sm.CheckHealthy(epoch=0, started_at=10, grace=GRACE), 11)
+    assert sm.derive_state(r, 11) is RegistrationState.ACTIVE and r.residual_risk
+
+
+def test_a_first_write_with_unknown_outcome_is_blocked_whatever_the_provider() -> None:
+    r = sm.apply(RegistrationRecords(eligible=True), sm.RegisterStarted(), 0)
+    r = sm.apply(r, sm.RegisterUnknown(), 1)
+    for caps in CAPABILITY_SETS:
+        assert sm.next_action(r, **caps) is Action.BLOCKED
+    with pytest.raises(LifecycleError):
+        sm.apply(r, sm.RegisterStarted(), 2)
+
+
+def test_an_unknown_write_is_removed_by_record_only_where_the_provider_can() -> None:
+    r = sm.apply(RegistrationRecords(eligible=True), sm.RegisterStarted(), 0)
+    r = sm.apply(sm.apply(r, sm.RegisterUnknown(), 1), sm.QuiesceBegan(), 2)
+    assert sm.next_action(r, idempotent_renewal=True) is Action.DONE
+    assert (
+        sm.next_action(r, idempotent_renewal=True, deregister_without_handle=True)
+        is Action.DEREGISTER
+    )
+    removing = sm.apply(r, sm.DeregisterStarted(), 2)
+    removed = sm.apply(removing, sm.DeregisterAcked(), 3)
+    assert sm.derive_state(removed, 3) is RegistrationState.RESIDUAL
+    failed = sm.apply(removing, sm.DeregisterFailed(), 3)
+    assert sm.derive_state(failed, 3) is RegistrationState.OUTCOME_UNKNOWN
+    # A handle-less removal of anything else is refused.
+    lost = replace(sm.apply(RegistrationRecords(), sm.QuiesceBegan(), 0), write=WriteOutcome.LOST)
+    with pytest.raises(LifecycleError):
+        sm.apply(lost, sm.DeregisterStarted(), 1)
+
+
+def test_a_lost_refresh_leaves_no_residual_risk() -> None:
+    r = sm.apply(acked(), sm.RenewUnknown("RenewalOutcomeUnknown", creates=False), 5)
+    assert sm.derive_state(r, 5) is RegistrationState.OUTCOME_UNKNOWN and not r.residual_risk
+    assert sm.next_action(r, idempotent_renewal=True) is Action.RETRY_RENEW
+    r = sm.apply(r, sm.RenewAcked(), 6)
+    assert sm.derive_state(r, 6) is RegistrationState.DEGRADED  # a fresh check first
+    r = sm.apply(r, sm.CheckHealthy(epoch=0, started_at=6, grace=GRACE), 7)
+    assert sm.derive_state(r, 7) is RegistrationState.ACTIVE
+    r = sm.apply(sm.apply(r, sm.QuiesceBegan(), 8), sm.DeregisterStarted(), 8)
+    assert sm.derive_state(sm.apply(r, sm.DeregisterAcked(), 9), 9) is (
+        RegistrationState.DEREGISTERED
+    )
+    creating = sm.apply(acked(), sm.RenewUnknown(), 5)
+    assert creating.residual_risk
+
+
+@pytest.mark.parametrize("attempt", [0, 1])
+@pytest.mark.parametrize("eligible", [True, False])
+@pytest.mark.parametrize("write", [WriteOutcome.ACKED, WriteOutcome.UNKNOWN])
+def test_last_error_clears_once_active_with_nothing_pending(
+    attempt: int, eligible: bool, write: WriteOutcome
+) -> None:
+    r = replace(
+        acked(eligible),
+        write=write,
+        attempt=attempt,
+        last_error="IncompleteSnapshot",
+        health=HealthEvidence.TRANSIENT_FAILURE,
+    )
+    after = sm.apply(r, sm.CheckHealthy(epoch=0, started_at=5, grace=GRACE), 5)
+    active = sm.derive_state(after, 5) is RegistrationState.ACTIVE
+    assert active is (eligible and write is WriteOutcome.ACKED)
+    # Cleared exactly when Active with no failed attempt pending.
+    assert (after.last_error is None) is (active and attempt == 0)
+
+
 # ------------------------------------------------------------------ hypothesis
 
 
@@ -372,8 +538,21 @@ class RegistrationMachine(RuleBasedStateMachine):
         self.first_write_unknown = False
         self.ever_unknown = False
         self.deadline_before: float | None = None
+        self.caps: dict[str, bool] = CAPABILITY_SETS[1]  # idempotent renewal only
+        #: A re-registration's answer was lost and the provider cannot repeat it.
+        self.reregistration_blocked = False
+        self.steps = 0
+
+    @initialize(caps=st.sampled_from(CAPABILITY_SETS), eligible=st.booleans())
+    def capabilities(self, caps: dict[str, bool], eligible: bool) -> None:
+        self.caps = caps
+        self.step(sm.EligibilityObserved(eligible))
+
+    def action(self) -> Action:
+        return sm.next_action(self.records, **self.caps)
 
     def step(self, event: sm.Event) -> bool:
+        self.steps += 1
         before = self.records
         try:
             self.records = sm.apply(before, event, self.now)
@@ -392,12 +571,24 @@ class RegistrationMachine(RuleBasedStateMachine):
 
     @rule(outcome=st.sampled_from(["ack", "unknown", "rejected", "failed"]))
     def register(self, outcome: str) -> None:
-        action = sm.next_action(self.records, idempotent_renewal=True)
-        if not self.step(sm.RegisterStarted()):
-            assert action is not Action.REGISTER
+        # The shell writes only when next_action says so; the table refuses
+        # every other registration write except the repeat of a lost
+        # re-registration, which only the capability gates.
+        action = self.action()
+        before = self.records
+        if action not in (Action.REGISTER, Action.RETRY_REGISTER):
+            try:
+                sm.apply(before, sm.RegisterStarted(), self.now)
+            except LifecycleError:
+                return
+            assert before.write is WriteOutcome.UNKNOWN and before.acked_once
+            assert not self.caps["idempotent_register"] or not before.eligible
             return
-        assert action is Action.REGISTER
+        assert self.step(sm.RegisterStarted())
         assert not self.first_write_unknown
+        assert not self.reregistration_blocked
+        if action is Action.RETRY_REGISTER:
+            assert self.caps["idempotent_register"] and before.acked_once
         events: dict[str, sm.Event] = {
             "ack": sm.RegisterAcked(),
             "unknown": sm.RegisterUnknown(),
@@ -407,14 +598,26 @@ class RegistrationMachine(RuleBasedStateMachine):
         event = events[outcome]
         assert self.step(event)
         if outcome == "unknown":
-            self.first_write_unknown = True
+            if before.acked_once:
+                self.reregistration_blocked = not self.caps["idempotent_register"]
+            else:
+                self.first_write_unknown = True
             self.ever_unknown = True
+        if outcome == "ack":
+            self.reregistration_blocked = False
+            if action is Action.RETRY_REGISTER:
+                # Acknowledged, but Active only after a HEALTHY check started later.
+                assert sm.derive_state(self.records, self.now) is not RegistrationState.ACTIVE
+        if outcome == "failed" and action is Action.RETRY_REGISTER:
+            assert self.records.write is WriteOutcome.UNKNOWN
 
-    @rule(outcome=st.sampled_from(["ack", "unknown", "lost", "failed"]))
+    @rule(outcome=st.sampled_from(["ack", "unknown", "refresh_unknown", "lost", "failed"]))
     def renew(self, outcome: str) -> None:
         renewals: dict[str, sm.Event] = {
             "ack": sm.RenewAcked(),
             "unknown": sm.RenewUnknown(),
+            # A renewal that cannot create the record (a TTL pass, a light beat).
+            "refresh_unknown": sm.RenewUnknown("RenewalOutcomeUnknown", creates=False),
             "lost": sm.RenewLeaseLost(),
             "failed": sm.RenewFailed(),
         }
@@ -453,6 +656,9 @@ class RegistrationMachine(RuleBasedStateMachine):
         assert self.step(sm.IdentityRevokedEvent(self.records.epoch + 1))
         assert sm.derive_state(self.records, self.now) is not RegistrationState.ACTIVE
 
+    # Quiesce ends every write: let the sequence run a while first, so lost
+    # leases, lost answers and their repeats are reached.
+    @precondition(lambda self: self.steps >= 20)
     @rule()
     def quiesce(self) -> None:
         assert self.step(sm.QuiesceBegan())
@@ -460,8 +666,11 @@ class RegistrationMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.records.quiescing)
     @rule(ack=st.booleans())
     def deregister(self, ack: bool) -> None:
-        action = sm.next_action(self.records, idempotent_renewal=True)
+        action = self.action()
         if action is Action.DEREGISTER:
+            if not self.records.handle:
+                assert self.caps["deregister_without_handle"]
+                assert self.records.write is WriteOutcome.UNKNOWN
             assert self.step(sm.DeregisterStarted())
             assert self.step(sm.DeregisterAcked() if ack else sm.DeregisterFailed())
         elif action is Action.DONE and self.step(sm.Retired()):
@@ -471,8 +680,11 @@ class RegistrationMachine(RuleBasedStateMachine):
     def rules_hold(self) -> None:
         r = self.records
         state = sm.derive_state(r, self.now)
-        if self.ever_unknown:
-            assert r.residual_risk
+        # Residual risk comes from, and only from, a lost answer of a write
+        # that could create the record; once set it stays.
+        assert r.residual_risk == self.ever_unknown
+        if self.reregistration_blocked and not r.quiescing:
+            assert self.action() is Action.BLOCKED
         if state is RegistrationState.ACTIVE:
             assert r.eligible and r.write is WriteOutcome.ACKED and sm.health_valid(r, self.now)
         if self.first_write_unknown:
@@ -482,7 +694,7 @@ class RegistrationMachine(RuleBasedStateMachine):
                 WriteOutcome.DEREGISTERED,
                 WriteOutcome.DEREGISTER_UNKNOWN,
             )
-            assert sm.next_action(r, idempotent_renewal=True) in (
+            assert self.action() in (
                 Action.BLOCKED,
                 Action.DONE,
                 Action.DEREGISTER,
@@ -564,3 +776,164 @@ def test_health_valid_requires_the_current_identity_epoch() -> None:
     assert not sm.health_valid(
         replace(fresh, health=HealthEvidence.TRANSIENT_FAILURE, epoch=2), NOW
     )
+
+
+# ------------------------------------------------- hypothesis: the shell's view
+
+
+class ShellMachine(RuleBasedStateMachine):
+    """Drives the records the way the runner does: each ``act`` performs what
+    :func:`next_action` allows, under one of every capability set, with a
+    drawn outcome; time, eligibility and checks move in between. Reaches the
+    lease-loss / lost-answer / repeat cycles the event-level machine rarely
+    does, and checks the rules the shell relies on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records = RegistrationRecords(eligible=True)
+        self.now = 0.0
+        self.caps: dict[str, bool] = CAPABILITY_SETS[0]
+        #: A first registration's answer was lost.
+        self.first_unknown = False
+        #: Some write that could create the record lost its answer.
+        self.creating_unknown = False
+        #: Time of the last acknowledgement after a lost answer (None: none
+        #: pending): Active needs a HEALTHY check started at or after it.
+        self.recovered_at: float | None = None
+        self.writes_after_first_unknown = 0
+        self.acts = 0
+
+    @initialize(caps=st.sampled_from(CAPABILITY_SETS))
+    def capabilities(self, caps: dict[str, bool]) -> None:
+        self.caps = caps
+
+    def action(self) -> Action:
+        return sm.next_action(self.records, **self.caps)
+
+    def apply(self, event: sm.Event) -> None:
+        self.records = sm.apply(self.records, event, self.now)
+
+    @rule(dt=st.floats(min_value=0, max_value=10))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+
+    # Mostly eligible, mostly acknowledged: the cycles of interest need a few
+    # acknowledged writes in a row before something goes wrong.
+    @rule(eligible=st.sampled_from([True, True, True, False]))
+    def eligibility(self, eligible: bool) -> None:
+        self.apply(sm.EligibilityObserved(eligible))
+
+    @rule(lag=st.floats(min_value=0, max_value=3), healthy=st.booleans())
+    def check(self, lag: float, healthy: bool) -> None:
+        if not self.records.handle:
+            return  # the runner checks only what it holds a handle for
+        started = self.now - lag
+        if healthy:
+            self.apply(sm.CheckHealthy(epoch=self.records.epoch, started_at=started, grace=GRACE))
+        else:
+            self.apply(sm.CheckNegative(epoch=self.records.epoch, status=HealthStatus.UNHEALTHY))
+
+    @rule()
+    def lease_lost(self) -> None:
+        if self.action() is Action.RENEW:
+            self.apply(sm.RenewLeaseLost())
+
+    @rule(
+        outcome=st.sampled_from(
+            ["ack", "ack", "ack", "ack", "unknown", "refresh_unknown", "failed", "rejected"]
+        )
+    )
+    def act(self, outcome: str) -> None:
+        self.acts += 1
+        action = self.action()
+        before = self.records
+        if action in (Action.REGISTER, Action.RETRY_REGISTER):
+            if self.first_unknown:
+                self.writes_after_first_unknown += 1
+            self.apply(sm.RegisterStarted())
+            if outcome == "ack":
+                self.apply(sm.RegisterAcked())
+                if action is Action.RETRY_REGISTER:
+                    self.recovered_at = self.now
+            elif outcome in ("unknown", "refresh_unknown"):
+                self.apply(sm.RegisterUnknown())
+                self.creating_unknown = True
+                if not before.acked_once:
+                    self.first_unknown = True
+            elif outcome == "failed":
+                self.apply(sm.RegisterFailed())
+                if action is Action.RETRY_REGISTER:
+                    assert self.records.write is WriteOutcome.UNKNOWN
+            else:
+                self.apply(sm.RegisterRejected())
+        elif action in (Action.RENEW, Action.RETRY_RENEW):
+            if outcome == "ack":
+                self.apply(sm.RenewAcked())
+                if before.write is WriteOutcome.UNKNOWN or before.withheld:
+                    self.recovered_at = self.now
+            elif outcome == "unknown":
+                self.apply(sm.RenewUnknown())
+                self.creating_unknown = True
+            elif outcome == "refresh_unknown":
+                self.apply(sm.RenewUnknown("RenewalOutcomeUnknown", creates=False))
+            else:
+                self.apply(sm.RenewFailed())
+        elif (
+            action is Action.WAIT
+            and before.handle
+            and not before.eligible
+            and before.write in (WriteOutcome.ACKED, WriteOutcome.UNKNOWN)
+        ):
+            self.apply(sm.RenewWithheld())
+
+    # Closing ends the sequence's interesting part: let it run a while first.
+    @precondition(lambda self: not self.records.quiescing and self.acts >= 12)
+    @rule(ack=st.booleans())
+    def close(self, ack: bool) -> None:
+        self.apply(sm.QuiesceBegan())
+        action = self.action()
+        if action is Action.DEREGISTER:
+            self.apply(sm.DeregisterStarted())
+            self.apply(sm.DeregisterAcked() if ack else sm.DeregisterFailed())
+        elif action is Action.DONE:
+            self.apply(sm.Retired())
+        assert self.action() in (Action.DONE, Action.WAIT)
+
+    @invariant()
+    def rules_hold(self) -> None:
+        r = self.records
+        state = sm.derive_state(r, self.now)
+        # The seed's rule: a first registration whose outcome is unknown is
+        # never written again, whatever the provider declares.
+        assert self.writes_after_first_unknown == 0
+        assert r.residual_risk == self.creating_unknown
+        if state is RegistrationState.ACTIVE:
+            assert r.write is WriteOutcome.ACKED and r.eligible and sm.health_valid(r, self.now)
+            if self.recovered_at is not None:
+                assert r.fresh_after >= self.recovered_at
+        action = self.action()
+        if (
+            r.write is WriteOutcome.UNKNOWN
+            and not r.handle
+            and r.acked_once
+            and not r.quiescing
+            and r.eligible
+        ):
+            # A lost re-registration is repeated exactly when the provider's
+            # register is an upsert by identity.
+            expected = Action.RETRY_REGISTER if self.caps["idempotent_register"] else Action.BLOCKED
+            assert action is expected
+        if r.quiescing and r.write is WriteOutcome.DEREGISTERED and r.residual_risk:
+            assert state is RegistrationState.RESIDUAL
+        if r.write is WriteOutcome.UNKNOWN and r.quiescing and not r.handle:
+            # Left unknown at close: only when no removal could be addressed.
+            assert not self.caps["deregister_without_handle"]
+
+
+TestShellMachine = ShellMachine.TestCase
+TestShellMachine.settings = settings(
+    max_examples=300,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HypothesisHealthCheck.too_slow],
+)
