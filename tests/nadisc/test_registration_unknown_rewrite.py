@@ -28,13 +28,9 @@ from nadisc import (
     ConnectionPlan,
     Eligibility,
     EvidenceKind,
-    HealthStatus,
     IncompleteSnapshot,
-    ObservationSink,
-    ProviderSnapshot,
     Registered,
     RegistrationError,
-    RegistrationRecord,
     RegistrationSet,
     RegistrationSpec,
     RegistrationState,
@@ -42,26 +38,17 @@ from nadisc import (
     WriteOutcome,
 )
 from nadisc._memory_registry import Fault, MemoryRegistry
+from tests.nadisc.test_registration_runtime import IID, TIMING, RegistryProvider
 
 # Tests taking ``autojump_clock`` run on trio only (tests/conftest.py marks
 # them); the last one runs on both loops in real (short) time.
 
-TIMING = RegistrationTiming(
-    monitor_interval=5.0,
-    observation_grace=15.0,
-    deregister_timeout=3.0,
-    request_timeout=3.0,
-    initial_backoff=1.0,
-    max_backoff=8.0,
-)
-IID = "orders-svc-10.0.0.5-8080"
 
-
-class UpsertProvider:
-    """A provider over a MemoryRegistry declaring the registry's capabilities."""
+class UpsertProvider(RegistryProvider):
+    """:class:`RegistryProvider` declaring all of the registry's capabilities."""
 
     def __init__(self, registry: MemoryRegistry, *, renew_within: float | None = None) -> None:
-        self.registry = registry
+        super().__init__(registry)
         self.renew_within = renew_within
         #: Handles the removals were addressed with, in order.
         self.removed_with: list[str] = []
@@ -77,32 +64,9 @@ class UpsertProvider:
             renew_within=self.renew_within,
         )
 
-    async def prepare(self, deadline: float) -> None:
-        return None
-
-    async def query(self, service: str, deadline: float) -> ProviderSnapshot:
-        return ProviderSnapshot(service, (), EvidenceKind.REGISTRY_HEALTH)
-
-    async def watch(
-        self, service: str, sink: ObservationSink, *, task_status: trio.TaskStatus[None]
-    ) -> None:
-        raise NotImplementedError
-
-    async def register(self, record: RegistrationRecord, deadline: float) -> Registered:
-        return await self.registry.register(record, deadline)
-
-    async def renew(self, registered: Registered, deadline: float) -> Registered:
-        return await self.registry.renew(registered, deadline)
-
-    async def check(self, registered: Registered, deadline: float) -> HealthStatus:
-        return await self.registry.check(registered, deadline)
-
     async def deregister(self, registered: Registered, deadline: float) -> None:
         self.removed_with.append(registered.handle)
-        await self.registry.deregister(registered, deadline)
-
-    async def aclose(self) -> None:
-        return None
+        await super().deregister(registered, deadline)
 
 
 def spec(**changes: object) -> RegistrationSpec:
