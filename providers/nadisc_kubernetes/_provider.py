@@ -243,6 +243,9 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         #: The server has sent a bookmark on one of this provider's watches.
         self.bookmarks_seen = False
         self._closed = False
+        #: Set by aclose(): ends the streams' waits between requests (made
+        #: by the first wait; a provider may be built outside an event loop).
+        self._closing: anyio.Event | None = None
         self.statistics = KubernetesStatistics()
 
     def __repr__(self) -> str:
@@ -444,7 +447,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                     backoff.reset()
                     continue
                 # Ended at once: a server that keeps doing so is not re-asked in a hot loop.
-                await anyio.sleep(backoff.next_delay())
+                await self._pause(backoff.next_delay())
                 continue
             except Gone as exc:
                 stats.relists += 1
@@ -469,8 +472,20 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                     need_list = True
                 if isinstance(exc, RetryLater):
                     asked = exc.retry_after
-            await anyio.sleep(retry_wait(backoff.next_delay(), asked, settings.max_backoff))
+                if opened is not None and anyio.current_time() - opened >= _SHORTEST_WATCH:
+                    # A watch that stayed open a while and then broke starts
+                    # the backoff over (only failing at once keeps doubling).
+                    backoff.reset()
+            await self._pause(retry_wait(backoff.next_delay(), asked, settings.max_backoff))
             self._check_open()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` between a stream's requests, or until aclose()."""
+        closing = self._closing
+        if closing is None:
+            closing = self._closing = anyio.Event()
+        with anyio.move_on_after(seconds):
+            await closing.wait()
 
     async def _check_version(self, kind: Kind, view: ServiceView, what: str) -> None:
         """Read the server's current version with a one-item list; Gone when
@@ -579,6 +594,8 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         if self._closed:
             return
         self._closed = True
+        if self._closing is not None:
+            self._closing.set()
         await self._http.aclose()
 
 

@@ -207,3 +207,64 @@ async def test_retry_after_in_the_status_alone_or_on_a_5xx_is_honoured_too(
         assert gaps[2] <= 0.8  # the backoff's third step (0.4-0.8 s), nothing more
         assert len(sink.failures) == 3
         nursery.cancel_scope.cancel()
+
+
+async def test_a_watch_that_broke_after_a_while_starts_the_backoff_over(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Each watch stays open two minutes and then breaks: the relist after each
+    # break waits the backoff's first step (0.5-1 s), never a doubled one. A
+    # stream broken now and then is not a server failing at once.
+    fake = seeded()
+    timed = Timed(fake)
+    provider = provider_on(fake, tmp_path, timed, initial_backoff=1, max_backoff=30)
+    sink = RecordingSink()
+    delays = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.watch, "orders", sink)
+        for _ in range(6):
+            await fake.wait_for(lambda: fake.open_watches == 2)
+            await trio.sleep(120)
+            sent = len(timed.sent)
+            broke = trio.current_time()
+            fake.break_watches()
+            with trio.fail_after(60):
+                await timed.until(sent + 1)
+            assert not timed.sent[sent][1]  # a list again, not a watch
+            delays.append(timed.sent[sent][0] - broke)
+        nursery.cancel_scope.cancel()
+    assert all(0.5 <= delay <= 1 for delay in delays), delays
+    assert len(sink.failures) == 12  # both streams broke each time
+
+
+async def test_aclose_ends_a_streams_wait_at_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    fake = seeded()
+    fake.throttle(SLICES, retry_after=600)
+    timed = Timed(fake)
+    provider = provider_on(fake, tmp_path, timed, initial_backoff=0.2, max_backoff=30)
+    sink = RecordingSink()
+    ended: list[Exception] = []
+    done = trio.Event()
+
+    async def watching() -> None:
+        try:
+            await watch(provider, sink)
+        except Exception as exc:
+            ended.append(exc)
+        finally:
+            done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watching)
+        with trio.fail_after(60):
+            await timed.until(1)  # the 429: the stream now waits 30 s
+        closed_at = trio.current_time()
+        await provider.aclose()
+        with trio.fail_after(60):
+            await done.wait()
+    # Virtual time: the stream's wait ended with the close, not after its 30 s.
+    assert trio.current_time() - closed_at < 1
+    assert isinstance(ended[0], IncompleteSnapshot) and "closed" in str(ended[0])
+    assert len(timed.sent) == 1
