@@ -786,6 +786,11 @@ class _Registration:
         self.renew_at = -math.inf
 
 
+#: How long past a write's deadline the lifecycle's own bound waits for the
+#: provider's answer to its timeout.
+_WRITE_BACKSTOP = 0.1
+
+
 def _kind(exc: BaseException) -> str:
     return type(exc).__name__
 
@@ -1514,7 +1519,11 @@ class RegistrationSet:
         """
         result: Registered | None = None
         event: sm.Event
-        with anyio.CancelScope(shield=True, deadline=deadline) as scope:
+        # The provider bounds its own requests by ``deadline`` (a relative
+        # timeout taken a moment later) and knows what a timeout of the
+        # request in flight means (a lost TTL pass cannot create a record);
+        # this scope is the backstop for a provider that does not bound it.
+        with anyio.CancelScope(shield=True, deadline=deadline + _WRITE_BACKSTOP) as scope:
             reg.write_scope = scope
             try:
                 result = await call

@@ -44,7 +44,7 @@ from nadisc import (
 )
 from nadisc._provider import RenewalOutcomeUnknown
 from tests.fakes.consul import ConsulFake, Fault
-from tests.providers.fault_transport import FaultTransport, Once
+from tests.providers.fault_transport import Action, FaultTransport, Once
 
 # Tests taking ``autojump_clock`` run on trio only (tests/conftest.py marks
 # them); the provider-level ones run on both loops.
@@ -233,13 +233,16 @@ async def test_rate_limited_writes_did_not_apply(autojump_clock: trio.testing.Mo
     assert outcome(owner).outcome is CloseOutcome.DEREGISTERED
 
 
+@pytest.mark.parametrize("action", [503, "hang"])
 async def test_a_lost_ttl_pass_leaves_no_residual_risk(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, action: Action
 ) -> None:
+    # A hang too: the provider's own timeout answers it (RenewalOutcomeUnknown)
+    # before the lifecycle's backstop would take it for any lost write.
     fake = ConsulFake(perform_checks=False)
     transport = FaultTransport(fake)
     async with owner_over(transport) as owner:
-        transport.once(Once("PUT", PASS, 503))
+        transport.once(Once("PUT", PASS, action))
         await until_state(owner, RegistrationState.OUTCOME_UNKNOWN)
         assert status(owner).last_error == "RenewalOutcomeUnknown"
         await until_state(owner, RegistrationState.ACTIVE)
@@ -248,12 +251,13 @@ async def test_a_lost_ttl_pass_leaves_no_residual_risk(
     assert entry.outcome is CloseOutcome.DEREGISTERED and not entry.possibly_remaining
 
 
+@pytest.mark.parametrize("action", [503, "hang"])
 async def test_a_lost_first_ttl_pass_does_not_block_an_acknowledged_registration(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, action: Action
 ) -> None:
     fake = ConsulFake(perform_checks=False)
     transport = FaultTransport(fake)
-    transport.once(Once("PUT", PASS, 503))
+    transport.once(Once("PUT", PASS, action))
     async with owner_over(transport) as owner:  # publish succeeds
         assert status(owner).state is RegistrationState.ACTIVE
         assert not status(owner).residual_risk

@@ -40,7 +40,7 @@ from nadisc import (
 )
 from nadisc._provider import RenewalOutcomeUnknown
 from tests.fakes.nacos import NacosFake
-from tests.providers.fault_transport import FaultTransport, Once
+from tests.providers.fault_transport import Action, FaultTransport, Once
 
 # Tests taking ``autojump_clock`` run on trio only (tests/conftest.py marks
 # them); the provider-level ones run on both loops.
@@ -172,13 +172,16 @@ async def test_reregistration_after_an_empty_restart_survives_one_lost_answer(
 
 
 @API
+@pytest.mark.parametrize("action", [503, "hang"])
 async def test_a_lost_light_beat_leaves_no_residual_risk(
-    autojump_clock: trio.testing.MockClock, api: str
+    autojump_clock: trio.testing.MockClock, api: str, action: Action
 ) -> None:
+    # A hang too: the provider's own timeout answers it before the
+    # lifecycle's backstop would take it for any lost write.
     fake = NacosFake()
     transport = FaultTransport(fake)
     async with owner_over(transport, api) as owner:
-        transport.once(beat_fault(api, 503))
+        transport.once(beat_fault(api, action))
         await until_state(owner, RegistrationState.OUTCOME_UNKNOWN)
         assert status(owner).last_error == "RenewalOutcomeUnknown"
         await until_state(owner, RegistrationState.ACTIVE)
