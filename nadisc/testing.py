@@ -10,7 +10,8 @@ and count what the owner asked for::
 
 Registration calls are delegated to an optional ``registry`` object with the
 same method shapes as :class:`~nadisc.Provider` (``register``, ``renew``,
-``check``, ``deregister``; an ``idempotent_renewal`` attribute is honoured):
+``check``, ``deregister``; its ``idempotent_renewal``, ``idempotent_register`` and
+``deregister_without_handle`` attributes are honoured):
 anything satisfying :class:`RegistryBackend`, usually the in-memory
 :class:`MemoryRegistry` re-exported here with its :class:`Fault` scripts::
 
@@ -215,6 +216,10 @@ class MemoryProvider:
             registration=self._registry is not None,
             watch_streams=self._watch_streams if self._watch else 0,
             idempotent_renewal=bool(getattr(self._registry, "idempotent_renewal", False)),
+            idempotent_register=bool(getattr(self._registry, "idempotent_register", False)),
+            deregister_without_handle=bool(
+                getattr(self._registry, "deregister_without_handle", False)
+            ),
         )
 
     async def prepare(self, deadline: float) -> None:

@@ -16,6 +16,7 @@ from nadisc import (
     RegistrationRecord,
 )
 from nadisc._memory_registry import Fault, MemoryRegistry
+from nadisc.testing import MemoryProvider
 
 pytestmark = pytest.mark.trio_only
 
@@ -141,3 +142,17 @@ async def test_failures_revocation_health_and_leases(
     registry.expire("o-1")
     assert await registry.check(again, later()) is HealthStatus.MISSING
     assert "records=0" in repr(registry)
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_the_memory_provider_declares_what_its_registry_can_do(declared: bool) -> None:
+    registry = MemoryRegistry(
+        idempotent_renewal=declared,
+        idempotent_register=declared,
+        deregister_without_handle=declared,
+    )
+    capabilities = MemoryProvider(services={"self": "order-api"}, registry=registry).capabilities
+    assert capabilities.registration
+    assert capabilities.idempotent_renewal is declared
+    assert capabilities.idempotent_register is declared
+    assert capabilities.deregister_without_handle is declared
