@@ -14,6 +14,8 @@ from typing import Literal, Protocol
 import anyio
 import httpx
 
+from nadisc import ConnectionContext, DiscoveryConfig
+
 Action = Literal["hang", "apply_then_hang", "refuse"] | int
 
 
@@ -92,3 +94,14 @@ class FaultTransport(httpx.AsyncBaseTransport):
         if self.down:
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         return await self.inner.handle_async_request(request)
+
+
+def primary_context(cfg: DiscoveryConfig) -> ConnectionContext:
+    """The context the owner gives connection ``primary`` of ``cfg``."""
+    connection = cfg.connections["primary"]
+    return ConnectionContext(
+        name="primary",
+        request_timeout=connection.request_timeout_ms / 1000,
+        max_instances_per_service=cfg.limits.max_instances_per_service,
+        max_response_bytes=cfg.limits.max_snapshot_bytes,
+    )

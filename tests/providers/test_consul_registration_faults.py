@@ -29,7 +29,6 @@ from nadisc_consul import ConsulProvider, ConsulSettings, factory
 
 from nadisc import (
     CloseOutcome,
-    ConnectionContext,
     DiscoveryConfig,
     DiscoveryOwner,
     Eligibility,
@@ -44,7 +43,7 @@ from nadisc import (
 )
 from nadisc._provider import RenewalOutcomeUnknown
 from tests.fakes.consul import ConsulFake, Fault
-from tests.providers.fault_transport import Action, FaultTransport, Once
+from tests.providers.fault_transport import Action, FaultTransport, Once, primary_context
 
 # Tests taking ``autojump_clock`` run on trio only (tests/conftest.py marks
 # them); the provider-level ones run on both loops.
@@ -84,13 +83,7 @@ def config() -> DiscoveryConfig:
 def provider_for(cfg: DiscoveryConfig, transport: FaultTransport) -> ConsulProvider:
     connection = cfg.connections["primary"]
     settings = validate_provider_block("primary", connection, ConsulSettings)
-    context = ConnectionContext(
-        name="primary",
-        request_timeout=connection.request_timeout_ms / 1000,
-        max_instances_per_service=cfg.limits.max_instances_per_service,
-        max_response_bytes=cfg.limits.max_snapshot_bytes,
-    )
-    return factory.create_with(context, settings, transport=transport)
+    return factory.create_with(primary_context(cfg), settings, transport=transport)
 
 
 def spec(**changes: Any) -> RegistrationSpec:

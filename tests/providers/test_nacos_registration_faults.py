@@ -27,7 +27,6 @@ from nadisc_nacos import NacosProvider, NacosSettings, factory
 
 from nadisc import (
     CloseOutcome,
-    ConnectionContext,
     DiscoveryConfig,
     DiscoveryOwner,
     Eligibility,
@@ -40,7 +39,7 @@ from nadisc import (
 )
 from nadisc._provider import RenewalOutcomeUnknown
 from tests.fakes.nacos import NacosFake
-from tests.providers.fault_transport import Action, FaultTransport, Once
+from tests.providers.fault_transport import Action, FaultTransport, Once, primary_context
 
 # Tests taking ``autojump_clock`` run on trio only (tests/conftest.py marks
 # them); the provider-level ones run on both loops.
@@ -89,13 +88,7 @@ def config(api: str, **registration: Any) -> DiscoveryConfig:
 def provider_for(cfg: DiscoveryConfig, transport: FaultTransport) -> NacosProvider:
     connection = cfg.connections["primary"]
     settings = validate_provider_block("primary", connection, NacosSettings)
-    context = ConnectionContext(
-        name="primary",
-        request_timeout=connection.request_timeout_ms / 1000,
-        max_instances_per_service=cfg.limits.max_instances_per_service,
-        max_response_bytes=cfg.limits.max_snapshot_bytes,
-    )
-    return factory.create_with(context, settings, transport=transport)
+    return factory.create_with(primary_context(cfg), settings, transport=transport)
 
 
 def register_fault(api: str, action: Any) -> Once:
