@@ -6,6 +6,9 @@ deregistration grace, in the same step as its server stops accepting, so
 only a request already on its way through an accepted connection meets
 it), answers every *new* HTTP request with ``503`` and ``Connection:
 close`` without calling the app, and refuses new websocket handshakes.
+From :meth:`Gate.end_connections` on (the start of the grace) every
+HTTP/1.x response says ``Connection: close``, so that no caller still
+sending here holds a kept-alive connection when the server stops.
 Requests already inside the app run to completion. Lifespan messages
 always pass through; an app that returns from the lifespan scope
 without finishing it (the ASGI way to say "no lifespan support", which
@@ -18,7 +21,8 @@ the server stops instead of serving an app that never started. An app that
 raises before reading any lifespan message does not support lifespan; its
 exception goes to the server, which serves it without lifespan (ASGI)::
 
-    OPEN ──close()──► CLOSED        (in_flight counts down to 0 as requests finish)
+    OPEN ──end_connections()──► ENDING ──close()──► CLOSED
+                                    (in_flight counts down to 0 as requests finish)
 
 :class:`PrefixRouter` dispatches on path prefixes (``/metrics`` -> an app),
 setting ``root_path`` the way Starlette's ``Mount`` does, with a fallback
@@ -48,13 +52,27 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-async def _respond(send: Send, status: int, body: bytes, *, close: bool = False) -> None:
+#: ``Connection: close`` ends a kept-alive HTTP/1.x connection after the
+#: response; HTTP/2 has no such header (h2 refuses it), its server says
+#: GOAWAY instead.
+_CLOSE = (b"connection", b"close")
+
+
+def _one_per_request(scope: Scope) -> bool:
+    """Whether ``Connection: close`` applies: HTTP/1.0 and 1.1 only."""
+    return scope.get("http_version", "1.1") in ("1.0", "1.1")
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, *, close: bool = False, retry: bool = False
+) -> None:
     headers = [
         (b"content-type", b"text/plain; charset=utf-8"),
         (b"content-length", b"%d" % len(body)),
     ]
     if close:
-        headers.append((b"connection", b"close"))
+        headers.append(_CLOSE)
+    if retry:
         headers.append((b"retry-after", b"0"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -142,11 +160,12 @@ async def _lifespan_of(app: ASGIApp, scope: Scope, receive: Receive, send: Send)
 class Gate:
     """Counts in-flight HTTP requests; refuses new ones once closed (see module docs)."""
 
-    __slots__ = ("_app", "_closed", "cancelled", "in_flight", "refused", "served")
+    __slots__ = ("_app", "_closed", "_ending", "cancelled", "in_flight", "refused", "served")
 
     def __init__(self, app: ASGIApp) -> None:
         self._app = app
         self._closed = False
+        self._ending = False
         #: HTTP requests inside the app now.
         self.in_flight = 0
         #: HTTP requests handed to the app so far.
@@ -160,9 +179,25 @@ class Gate:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def ending(self) -> bool:
+        return self._ending
+
+    def end_connections(self) -> None:
+        """From now on, every HTTP/1.x response says ``Connection: close``
+        (synchronous, idempotent).
+
+        The host calls it when the deregistration grace begins: a caller
+        that still sends here then opens a new connection for its next
+        request, which is refused cleanly once the server stops accepting,
+        instead of reusing a kept-alive one that the stopping server may
+        close under a request already on its way."""
+        self._ending = True
+
     def close(self) -> None:
         """From now on, new requests are refused (synchronous, idempotent)."""
         self._closed = True
+        self._ending = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -172,7 +207,9 @@ class Gate:
         if self._closed:
             self.refused += 1
             if kind == "http":
-                await _respond(send, 503, b"shutting down\n", close=True)
+                await _respond(
+                    send, 503, b"shutting down\n", close=_one_per_request(scope), retry=True
+                )
             else:
                 await send({"type": "websocket.close", "code": 1012})  # service restart
             return
@@ -181,6 +218,8 @@ class Gate:
             return
         self.in_flight += 1
         self.served += 1
+        if self._ending and _one_per_request(scope):
+            send = _closing(send)
         try:
             await self._app(scope, receive, send)
         except anyio.get_cancelled_exc_class():
@@ -188,6 +227,22 @@ class Gate:
             raise
         finally:
             self.in_flight -= 1
+
+
+def _closing(send: Send) -> Send:
+    """``send`` whose response says ``Connection: close`` (in place of any
+    ``Connection`` header the app set)."""
+
+    async def closing_send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = dict(message)
+            message["headers"] = [
+                *(item for item in message.get("headers", ()) if item[0].lower() != b"connection"),
+                _CLOSE,
+            ]
+        await send(message)
+
+    return closing_send
 
 
 class PrefixRouter:

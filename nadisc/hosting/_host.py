@@ -423,6 +423,11 @@ class Host:
         # 2. Grace: keep serving while callers learn of the removal (their
         #    watches and polls), so none is refused or cut off for not yet
         #    knowing; then stop accepting.
+        #    Each response from now on ends its connection, so a caller that
+        #    still sends here holds no kept-alive connection when the server
+        #    stops (its next request opens one, refused cleanly after).
+        for gate in self._gates.values():
+            gate.end_connections()
         if grace > 0 and (self._published or not self._interrupted):
             # (A startup cut before the publish wrote nothing: no caller
             # has anything to learn.)

@@ -208,14 +208,18 @@ class Listener:
         if not self._stop.is_set() and sniffio.current_async_library() == "asyncio":
             # Stop accepting now, in this step: a connection asyncio accepts
             # while hypercorn closes its server can outlive the server's
-            # drain (left to the garbage collector). Connections still in the
-            # backlog are reset when the socket closes; callers see a refusal.
+            # drain (left to the garbage collector). Shutting the listening
+            # socket down stops the kernel's listening at once too (Linux
+            # resets what waits in the backlog and refuses new connections),
+            # so a caller connecting from now on is refused, as on trio,
+            # instead of having its request taken into the backlog and reset.
             import asyncio
 
             with contextlib.suppress(OSError, ValueError, RuntimeError):
                 fd = self.sock.fileno()
                 if fd >= 0:
                     asyncio.get_running_loop().remove_reader(fd)
+                    self.sock.shutdown(socket.SHUT_RD)
         self._stop.set()
 
     def close(self) -> None:

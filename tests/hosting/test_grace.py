@@ -161,3 +161,59 @@ def test_requests_after_the_deregistration_are_served_until_the_grace_ends(backe
     assert report.refusing_at >= report.deregistered_at + 0.6
     assert report.grace_seconds == report.refusing_at - report.deregistered_at
     assert report.abandoned_requests == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_caller_still_sending_after_the_grace_holds_no_kept_alive_connection(
+    backend: str,
+) -> None:
+    # A caller that has not learnt of the removal keeps sending over its
+    # pooled connection. Each answer during the grace ends that connection,
+    # so its first request after the grace opens a new one, which the
+    # stopped server refuses: a connect error (or the gate's 503 if the
+    # connection was accepted just before), never a request cut off on a
+    # kept-alive connection the stopping server closed.
+    registry = MemoryRegistry()
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        app = RecordingApp()
+        async with anyio.create_task_group() as tg, httpx.AsyncClient(trust_env=False) as http:
+            host = await tg.start(
+                lambda task_status: serve(
+                    app,
+                    config_of(["memory"], [0]),
+                    providers={"primary": MemoryProvider(registry=registry)},
+                    handle_signals=False,
+                    allow_loopback=True,
+                    deregister_grace_ms=400,
+                    drain_timeout_ms=500,
+                    task_status=task_status,
+                )
+            )
+            url = host.url("web")
+            before = await http.get(url + "/before")
+            seen["before"] = before.headers.get("connection")
+            host.shutdown()
+            with anyio.fail_after(5):
+                while registry.instance_ids():  # noqa: ASYNC110 - the registry has no event
+                    await anyio.sleep(0.01)
+            during = await http.get(url + "/during-grace")
+            seen["during"] = (during.status_code, during.headers.get("connection"))
+            with anyio.fail_after(5):
+                await host.wait_draining()
+            try:
+                after = await http.get(url + "/after")
+            except httpx.ConnectError:
+                seen["after"] = "refused"
+            except httpx.TransportError as exc:
+                seen["after"] = type(exc).__name__
+            else:
+                seen["after"] = after.status_code
+        seen["paths"] = [path for path, _ in app.arrivals]
+
+    run_on(backend, scenario)
+    assert seen["before"] != "close"  # kept alive while registered
+    assert seen["during"] == (200, "close")
+    assert seen["after"] in ("refused", 503)
+    assert seen["paths"] == ["/before", "/during-grace"]

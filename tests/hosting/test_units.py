@@ -9,6 +9,7 @@ import contextlib
 import gc
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -101,6 +102,65 @@ async def call(app: Any, path: str) -> tuple[int, bytes, dict[bytes, bytes]]:
     start = sent[0]
     body = b"".join(m.get("body", b"") for m in sent[1:])
     return start["status"], body, dict(start.get("headers", []))
+
+
+async def call_as(
+    app: Any, path: str, version: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> list[tuple[bytes, bytes]]:
+    """The response headers ``app`` sends for a GET over HTTP ``version``."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "path": path, "root_path": "", "method": "GET"}
+    await app({**scope, "http_version": version, "headers": headers or []}, receive, send)
+    return list(sent[0].get("headers", []))
+
+
+@dataclass
+class KeepAliveApp:
+    """Answers 200 with its own ``Connection: keep-alive``."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        headers = [(b"content-length", b"0"), (b"Connection", b"keep-alive")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def test_from_the_grace_on_each_http1_response_ends_its_connection() -> None:
+    inner = RecordingApp("inner")
+    gate = Gate(inner)
+    assert (b"connection", b"close") not in await call_as(gate, "/before", "1.1")
+    assert not gate.ending
+    gate.end_connections()
+    gate.end_connections()  # idempotent
+    assert gate.ending and not gate.closed
+    for version in ("1.0", "1.1"):
+        headers = await call_as(gate, "/during", version)
+        assert headers.count((b"connection", b"close")) == 1
+    # HTTP/2 has no Connection header (h2 refuses one): its server says GOAWAY.
+    assert all(name != b"connection" for name, _ in await call_as(gate, "/during", "2"))
+    # The app's own Connection header is replaced, not doubled.
+    own = await call_as(Gate(KeepAliveApp()), "/own", "1.1")
+    assert (b"Connection", b"keep-alive") in own
+    ending = Gate(KeepAliveApp())
+    ending.end_connections()
+    replaced = await call_as(ending, "/own", "1.1")
+    assert [value for name, value in replaced if name.lower() == b"connection"] == [b"close"]
+    assert [p for p, _ in inner.arrivals] == ["/before", "/during", "/during", "/during"]
+    assert gate.served == 4 and gate.refused == 0
+
+
+async def test_a_closed_gate_refuses_http2_without_a_connection_header() -> None:
+    gate = Gate(RecordingApp("inner"))
+    gate.close()
+    assert gate.ending
+    headers = dict(await call_as(gate, "/b", "2"))
+    assert b"connection" not in headers and headers[b"retry-after"] == b"0"
 
 
 async def test_a_closed_gate_refuses_new_requests_and_counts() -> None:
