@@ -10,7 +10,8 @@ Status translation (the API server answers errors with a ``Status`` object)::
 
     401 Unauthorized   re-read the token file once and repeat the request;
                        401 again -> IdentityRevoked
-    403 Forbidden      IdentityRevoked (RBAC denial: no grace)
+    403 Forbidden      Forbidden, an IdentityRevoked (RBAC denial: no grace; the
+                       caller tells a watch-only denial from a lost list)
     404 NotFound       NotFound (the caller decides: a missing Service is empty)
     410 Gone/Expired   Gone (resourceVersion or continue token too old: relist)
     504 "Too large resource version"
@@ -62,7 +63,7 @@ from nadisc import (
 from ._credentials import ClusterAccess
 from ._wire import Status, decode_status
 
-__all__ = ["Gone", "KubeHttp", "LineReader", "NotFound", "RetryLater", "TooLarge"]
+__all__ = ["Forbidden", "Gone", "KubeHttp", "LineReader", "NotFound", "RetryLater", "TooLarge"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,10 @@ class Gone(IncompleteSnapshot):
 
 class TooLarge(Gone):
     """504 "Too large resource version": the server is behind the version we hold."""
+
+
+class Forbidden(IdentityRevoked):
+    """403: the credentials may not make this request (an RBAC denial)."""
 
 
 class NotFound(Exception):
@@ -121,8 +126,10 @@ def failure_for(
     """The typed outcome of a non-200 answer (401 is handled by the caller);
     ``retry_after_header`` is the answer's ``Retry-After``, if any."""
     detail = _describe(status, body, secrets)
-    if status in (401, 403):
-        return IdentityRevoked(f"{what}: HTTP {status} {detail}")
+    if status == 403:
+        return Forbidden(f"{what}: HTTP 403 {detail}")
+    if status == 401:
+        return IdentityRevoked(f"{what}: HTTP 401 {detail}")
     if status == 404:
         return NotFound(f"{what}: {detail}")
     if status == 410:
@@ -147,7 +154,9 @@ def status_failure(status: Status, what: str, secrets: tuple[str, ...] = ()) -> 
         return Gone(f"{what}: {detail}")
     if status.too_large_version:
         return TooLarge(f"{what}: {detail}")
-    if status.code in (401, 403):
+    if status.code == 403:
+        return Forbidden(f"{what}: {detail}")
+    if status.code == 401:
         return IdentityRevoked(f"{what}: {detail}")
     message = f"{what}: watch ended with an error ({detail})"
     if status.code == 429 or status.code >= 500:

@@ -18,7 +18,10 @@ while both sides are in sync::
                    │                                │   (after a backoff if it lasted < 1 s)
                    │                                │ silent, no bookmark seen yet: read the
                    │                                │   version (one item); not lower: re-watch
-                   │                                │ 403 / 401 twice: fail(IdentityRevoked)
+                   │                                │ 403 on opening: list at once; list 403:
+                   │                                │   fail(IdentityRevoked); list allowed:
+                   │                                │   poll (below)
+                   │                                │ 403 later / 401 twice: fail(IdentityRevoked)
                    └─ backoff (or Retry-After) ◄────┴ 429, 5xx, broken, silent: fail(Incomplete)
 
 Every relist waits a backoff delay first (a server answering 410 right
@@ -38,8 +41,18 @@ quietly, after a one-item list showed the server's version is not lower
 than the one held (see ``_pacing``).
 
 A publish happens only when the listing differs from the last one
-published (a relist that finds nothing new commits nothing), or when a
-failure was reported since. resourceVersions are only sent back, never
+published, or when a failure was reported since. A complete list that finds
+nothing new (a relist after a 410, a poll) commits nothing but confirms the
+listing (``refresh()``, like a bookmark, at most once a second): it was read
+at the server's current version.
+
+A role that may list but not watch (the watch answers 403 right after a
+list succeeded): one WARNING per resource naming the missing permission,
+the listing kept, and the stream *polls*: it lists every ``max_backoff``
+(jittered to 50-100 %), confirming each time, and tries the watch after
+each list; once a watch opens it follows changes again. While a stream
+polls, only its own lists confirm (the other stream's bookmarks say
+nothing about what it last listed). resourceVersions are only sent back, never
 ordered, except that a decimal version lower than the one held (a restored
 storage) forces a relist.
 
@@ -61,6 +74,7 @@ import logging
 import math
 import random
 from collections.abc import Mapping
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -81,7 +95,7 @@ from nadisc import (
 )
 
 from ._credentials import ClusterAccess, resolve_access
-from ._http import Gone, KubeHttp, RetryLater, status_failure
+from ._http import Forbidden, Gone, KubeHttp, RetryLater, status_failure
 from ._pacing import RefreshGate, retry_wait, silence_is_failure, silence_limit, went_backwards
 from ._settings import KubernetesSettings
 from ._state import SERVICE_NAME_LABEL, ServiceView
@@ -108,6 +122,12 @@ _SHORTEST_WATCH = 1.0
 #: that under priority and fairness (staging/src/k8s.io/apiserver/pkg/server/
 #: filters/priority-and-fairness.go getRequestWaitContext).
 _WATCH_OPEN_FLOOR = 5.0
+
+#: Resource and API group of each kind, as RBAC rules name them.
+_RESOURCES: dict[Kind, tuple[str, str]] = {
+    "service": ("services", ""),
+    "slice": ("endpointslices", "discovery.k8s.io"),
+}
 
 CAPABILITIES = Capabilities(
     evidence=EvidenceKind.ORCHESTRATOR_READY, registration=False, watch_streams=2
@@ -137,10 +157,25 @@ class KubernetesStatistics:
     confirmations: int = 0
     #: Watches the server ended on its own (timeoutSeconds) and that resumed.
     server_timeouts: int = 0
+    #: Watches refused with 403 Forbidden right after a list was allowed (the
+    #: credentials may list but not watch; the stream then polls).
+    watch_denials: int = 0
+    #: Lists made in place of a watch the credentials may not open (every
+    #: ``max_backoff``, jittered); not counted in ``relists``.
+    polls: int = 0
     bookmarks: int = 0
     events: int = 0
     publishes: int = 0
     failures: int = 0
+
+
+class _WatchDenied(Exception):
+    """A watch was refused with 403 Forbidden when it was opened (before any
+    line): the credentials may not watch; whether they may list, a list tells."""
+
+    def __init__(self, failure: Forbidden) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
 
 
 class _Backoff:
@@ -172,6 +207,9 @@ class _Run:
         self.sink = sink
         #: Streams whose last outcome was a failure.
         self.failing: set[str] = set()
+        #: Streams that may list but not watch: they list again periodically,
+        #: so what they hold is only as fresh as their last list.
+        self.polling: set[str] = set()
         #: A failure was reported since the last publish.
         self.reported = False
         self.last: ProviderSnapshot | None = None
@@ -187,7 +225,12 @@ class _Run:
     def settle(self, kind: str, stats: KubernetesStatistics, *, confirm: bool = False) -> None:
         """Stream ``kind`` is healthy: publish the view when both sides are in
         sync, no stream is failing, and it changed (or a failure was reported
-        since); with ``confirm``, refresh otherwise."""
+        since); with ``confirm`` (a bookmark, or a complete list answered at
+        the server's current version), refresh otherwise.
+
+        While a stream polls (its watch is forbidden), only its own lists
+        confirm: a bookmark of the other stream says nothing about what the
+        polling side last listed."""
         self.failing.discard(kind)
         if self.failing or not self.view.synced:
             return
@@ -205,7 +248,11 @@ class _Run:
             stats.publishes += 1
             self.sink.publish(snapshot)
             self._start()
-        elif confirm and self.gate.due(anyio.current_time()):
+        elif (
+            confirm
+            and (not self.polling or kind in self.polling)
+            and self.gate.due(anyio.current_time())
+        ):
             stats.confirmations += 1
             self.sink.refresh()
 
@@ -242,6 +289,9 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         self._views: dict[str, ServiceView] = {}
         #: The server has sent a bookmark on one of this provider's watches.
         self.bookmarks_seen = False
+        #: Kinds whose watch the credentials were found not to allow (the
+        #: WARNING is logged once per kind until a watch of it opens again).
+        self._unwatchable: set[Kind] = set()
         self._closed = False
         #: Set by aclose(): ends the streams' waits between requests (made
         #: by the first wait; a provider may be built outside an event loop).
@@ -413,6 +463,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         while True:
             opened: float | None = None
             asked: float | None = None
+            listed = False
             try:
                 if need_list:
                     held = view.version(kind)
@@ -432,9 +483,33 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                     else:
                         view.reset_slices(items, version)  # type: ignore[arg-type]
                     need_list = False
-                    run.settle(kind, stats)
+                    listed = True
+                    if kind in run.polling:
+                        stats.polls += 1
+                        # A poll that went through is a completed cycle.
+                        backoff.reset()
+                    # A complete list (no resourceVersion sent: read at the
+                    # server's current version) is news from the server even
+                    # when nothing changed: it confirms the listing.
+                    run.settle(kind, stats, confirm=True)
                 opened = anyio.current_time()
-                if await self._stream(kind, run, what):
+                try:
+                    ended = await self._stream(kind, run, what)
+                except _WatchDenied as denied:
+                    opened = None
+                    # A 403 on a watch says nothing about the list: only a
+                    # list tells a watch-only role from credentials that lost
+                    # both. Until a watch is allowed, lists keep the side current.
+                    need_list = True
+                    if not listed:
+                        logger.info("%s: %s; listing to see whether lists still are", what, denied)
+                        continue
+                    stats.watch_denials += 1
+                    self._note_unwatchable(kind, run, denied.failure)
+                    await self._pause(self._poll_interval())
+                    self._check_open()
+                    continue
+                if ended:
                     stats.server_timeouts += 1
                 else:
                     # Silent before any bookmark: no failure, but a server
@@ -478,6 +553,52 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                     backoff.reset()
             await self._pause(retry_wait(backoff.next_delay(), asked, settings.max_backoff))
             self._check_open()
+
+    def _poll_interval(self) -> float:
+        """Seconds between the lists of a stream that may not watch:
+        ``max_backoff``, jittered to 50-100 % (so the streams of many
+        Services do not list in step)."""
+        return self._settings.max_backoff * (0.5 + 0.5 * self._random.random())
+
+    def _note_unwatchable(self, kind: Kind, run: _Run, denied: ProviderFailure) -> None:
+        """The list of ``kind`` was allowed and its watch refused: poll, and
+        say so once (a WARNING naming the missing permission), not per cycle."""
+        run.polling.add(kind)
+        if kind in self._unwatchable:
+            logger.debug("%s: the watch is still forbidden; listed instead", denied)
+            return
+        self._unwatchable.add(kind)
+        resource, group = _RESOURCES[kind]
+        logger.warning(
+            "kubernetes connection %r: the credentials may list but not watch %s in "
+            'namespace %r (missing RBAC permission: verb "watch" on resource "%s" in API '
+            'group "%s" in namespace "%s"); the provider lists them again about every %gs '
+            "(max_backoff) instead of following changes, and goes back to watching once "
+            "the permission is granted. The server said: %s",
+            self._context.name,
+            resource,
+            self.namespace,
+            resource,
+            group,
+            self.namespace,
+            self._settings.max_backoff,
+            denied,
+        )
+
+    def _watch_allowed(self, kind: Kind, run: _Run, what: str) -> None:
+        """A watch of ``kind`` opened: a stream that polled follows changes again."""
+        if kind in run.polling:
+            run.polling.discard(kind)
+            logger.debug("%s: the watch is allowed again; following changes", what)
+        if kind in self._unwatchable:
+            self._unwatchable.discard(kind)
+            logger.info(
+                "kubernetes connection %r: watching %s in namespace %r is allowed again; "
+                "following changes",
+                self._context.name,
+                _RESOURCES[kind][0],
+                self.namespace,
+            )
 
     async def _pause(self, seconds: float) -> None:
         """Sleep ``seconds`` between a stream's requests, or until aclose()."""
@@ -523,14 +644,21 @@ class KubernetesProvider(DiscoveryOnlyProvider):
             "timeoutSeconds": str(max(1, math.ceil(settings.watch_timeout))),
         }
         limit = self._context.max_response_bytes
-        async with self._http.watch(
-            self._collection(kind),
-            params,
-            open_budget=max(self._timeout, _WATCH_OPEN_FLOOR),
-            idle_timeout=settings.watch_timeout + settings.watch_grace,
-            what=what,
-        ) as lines:
+        async with AsyncExitStack() as stack:
+            try:
+                lines = await stack.enter_async_context(
+                    self._http.watch(
+                        self._collection(kind),
+                        params,
+                        open_budget=max(self._timeout, _WATCH_OPEN_FLOOR),
+                        idle_timeout=settings.watch_timeout + settings.watch_grace,
+                        what=what,
+                    )
+                )
+            except Forbidden as exc:
+                raise _WatchDenied(exc) from None
             stats.watches_opened += 1
+            self._watch_allowed(kind, run, what)
             quiet = silence_limit(
                 watch_timeout=settings.watch_timeout,
                 watch_grace=settings.watch_grace,

@@ -887,7 +887,14 @@ class KubernetesFake:
         return len(self._watches)
 
     def deny(self, user: str, verb: str = "*", resource: str = "*") -> None:
-        """RBAC: ``user`` may no longer ``verb`` ``resource`` ("*": any)."""
+        """RBAC: ``user`` may no longer ``verb`` ``resource`` ("*": any).
+
+        Verbs are the API server's request verbs: a collection read is
+        ``list``, the same read with ``watch=1`` is ``watch``
+        (staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go), so
+        ``deny(user, "watch", "endpointslices")`` is a role that lists slices but
+        may not watch them: the list answers 200, the watch 403 before any
+        stream (the authorization filter runs before the handler)."""
         self.denied.setdefault(user, set()).add((verb, resource))
 
     def allow(self, user: str) -> None:
@@ -953,12 +960,18 @@ class KubernetesFake:
                 if namespace is not None
                 else " at the cluster scope"
             )
+            # staging/src/k8s.io/apiserver/pkg/endpoints/handlers/responsewriters/
+            # errors.go Forbidden/forbiddenMessage, wrapped by apierrors.NewForbidden:
+            # the verb is the request's ("watch" for ?watch=1, so a role may allow
+            # list and refuse watch), and details carry the group only when set
+            # (StatusDetails.Group is omitempty; a core resource has none).
+            details = {"group": group, "kind": resource} if group else {"kind": resource}
             raise ApiError(
                 403,
                 "Forbidden",
                 f'{resource}{"." + group if group else ""} is forbidden: User "{user}" cannot '
                 f'{verb} resource "{resource}" in API group "{group}"{scope}',
-                {"group": group, "kind": resource},
+                details,
             )
 
     def _matches(

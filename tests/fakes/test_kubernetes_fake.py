@@ -144,6 +144,40 @@ async def test_errors_are_status_objects_as_the_api_server_sends_them() -> None:
         assert (await http.get(SERVICES)).status_code == 200  # only that verb on that resource
 
 
+async def test_a_role_may_list_but_not_watch_as_the_api_server_words_it() -> None:
+    # The watch is refused before any stream, with the verb "watch" in the
+    # message (responsewriters/errors.go forbiddenMessage) and the group in the
+    # details only for a named group (the body client-go logs, e.g.
+    # kubernetes-sigs/prometheus-adapter#274: "details":{"kind":"pods"}).
+    fake = seeded()
+    fake.deny("alice", "watch", "endpointslices")
+    fake.deny("alice", "watch", "services")
+    async with client(fake) as http:
+        listed = await http.get(SLICES)
+        assert listed.status_code == 200 and len(listed.json()["items"]) == 5
+        watched = await http.get(SLICES, params={"watch": "1", "resourceVersion": "1"})
+        assert watched.status_code == 403
+        assert watched.json() == {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": 'endpointslices.discovery.k8s.io is forbidden: User "alice" cannot '
+            'watch resource "endpointslices" in API group "discovery.k8s.io" in the '
+            'namespace "default"',
+            "reason": "Forbidden",
+            "details": {"group": "discovery.k8s.io", "kind": "endpointslices"},
+            "code": 403,
+        }  # fmt: skip
+        core = await http.get(SERVICES, params={"watch": "true"})
+        assert core.status_code == 403
+        assert core.json()["details"] == {"kind": "services"}
+        assert core.json()["message"] == (
+            'services is forbidden: User "alice" cannot watch resource "services" in API '
+            'group "" in the namespace "default"'
+        )
+        assert (await http.get(SERVICES)).status_code == 200
+    assert fake.open_watches == 0
+    assert [r.status for r in fake.watch_requests("endpointslices")] == [403]
+
+
 async def test_chunked_lists_are_one_consistent_snapshot_and_expire_with_compaction() -> None:
     fake = seeded()
     async with client(fake) as http:
@@ -353,6 +387,43 @@ async def test_kubectl_lists_slices_and_services_from_the_fake(
         )
         assert refused.returncode != 0
         assert b'cannot list resource "endpointslices"' in refused.stderr
+
+
+@pytest.mark.trio_only
+async def test_kubectl_lists_then_fails_to_watch_under_a_list_only_role(
+    tmp_path: Path, self_signed_cert: tuple[str, str]
+) -> None:
+    binary = need_kubectl()
+    async with run_kubernetes_fake(tokens={TOKEN: "alice"}, tls=self_signed_cert) as fake:
+        uid = fake.create_service("orders")["metadata"]["uid"]
+        fake.put_slice(slice_object("orders-a", "orders", [endpoint(1)], owner_uid=uid))
+        config = write_kubeconfig(tmp_path / "config", fake.url, ca_file=self_signed_cert[0])
+        fake.deny("alice", "watch", "endpointslices")
+        assert (await kubectl(tmp_path, config, "auth", "can-i", "list", "endpointslices")) == (
+            "yes\n"
+        )
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "KUBECONFIG": str(config)}
+        cache = ["--cache-dir", str(tmp_path / "cache")]
+        with anyio.fail_after(30):
+            can_watch = await anyio.run_process(
+                [binary, "auth", "can-i", "watch", "endpointslices", *cache], env=env, check=False
+            )
+            watched = await anyio.run_process(
+                [binary, "get", "endpointslices", "--watch", "-o", "name", *cache],
+                env=env,
+                check=False,
+            )
+        assert (can_watch.returncode, can_watch.stdout) == (1, b"no\n")
+        # kubectl prints the list, then the watch's 403 as client-go reports a
+        # refused watch (kubernetes/kubernetes#78227: "Forbidden: unknown (get ...)").
+        assert watched.returncode != 0
+        assert watched.stdout.split() == [b"endpointslice.discovery.k8s.io/orders-a"]
+        assert b"(Forbidden)" in watched.stderr
+        slices = [r for r in fake.requests if r.path == SLICES]
+        assert [(bool(r.query.get("watch")), r.status) for r in slices] == [
+            (False, 200),
+            (True, 403),
+        ]
 
 
 @pytest.mark.trio_only
