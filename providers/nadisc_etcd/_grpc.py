@@ -59,6 +59,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from itertools import repeat
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -79,6 +80,7 @@ from ._client import (
     _transport_failure,
 )
 from ._proto import MESSAGES as _M
+from ._proto import RANGE_COLUMNS
 from ._settings import EtcdSettings
 from ._wire import (
     DeleteRangeResponse,
@@ -124,6 +126,50 @@ def _header(message: Any) -> ResponseHeader:
 
 def _kv(kv: Any) -> KeyValue:
     return KeyValue(kv.key, kv.create_revision, kv.mod_revision, kv.version, "", kv.lease, kv.value)
+
+
+def _range_response(data: bytes) -> RangeResponse:
+    """A ``RangeResponse``'s bytes as the wire struct, read column-wise
+    (:data:`~._proto.RANGE_COLUMNS`: one list per field from the C parser,
+    the key-values built in one ``map``, no Python step per key).
+
+    The columns line up only when every key-value carries each field once.
+    etcd always sends a key and the three revisions (all non-zero for a
+    stored key); a value is left out only when empty (every one of a
+    keys-only range) and a lease only when 0. A column of another length
+    (some values empty or leases 0 but not all, or a key-value without a
+    key or revision) is not in step: the message is then read again with
+    the ``RangeResponse`` class, one key-value at a time."""
+    answer = RANGE_COLUMNS.FromString(data)
+    columns = answer.kvs
+    keys = list(columns.key)
+    count = len(keys)
+    creates = list(columns.create_revision)
+    mods = list(columns.mod_revision)
+    versions = list(columns.version)
+    values = list(columns.value)
+    leases = list(columns.lease)
+    if (
+        len(creates) == len(mods) == len(versions) == count
+        and len(values) in (0, count)
+        and len(leases) in (0, count)
+    ):
+        kvs = tuple(
+            map(
+                KeyValue,
+                keys,
+                creates,
+                mods,
+                versions,
+                repeat(""),
+                leases or repeat(0),
+                values or repeat(b""),
+            )
+        )
+    else:
+        full = _M["RangeResponse"].FromString(data)
+        kvs = tuple([_kv(kv) for kv in full.kvs])
+    return RangeResponse(_header(answer), kvs, answer.more, answer.count)
 
 
 def _watch_response(message: Any) -> WatchResponse:
@@ -201,8 +247,10 @@ def _status(error: RpcError, secrets: tuple[str, ...], limit: int) -> GatewaySta
     return GatewayStatus.of(number, text)
 
 
-def _method(channel: Channel, path: str, response: str, *, stream: bool = False) -> Any:
-    parse = _M[response].FromString
+def _method(
+    channel: Channel, path: str, response: str | Callable[[bytes], Any], *, stream: bool = False
+) -> Any:
+    parse = _M[response].FromString if isinstance(response, str) else response
     if stream:
         return channel.stream_stream(path, _serialize, parse)
     return channel.unary_unary(path, _serialize, parse)
@@ -305,7 +353,7 @@ class EtcdGrpcClient(ClientCore):
     async def _send(
         self,
         path: str,
-        response: str,
+        response: str | Callable[[bytes], Any],
         request: Any,
         *,
         kind: Kind,
@@ -363,7 +411,7 @@ class EtcdGrpcClient(ClientCore):
     async def _call(
         self,
         path: str,
-        response: str,
+        response: str | Callable[[bytes], Any],
         request: Any,
         *,
         kind: Kind,
@@ -431,12 +479,10 @@ class EtcdGrpcClient(ClientCore):
         )
         if newest_first:
             request.sort_order, request.sort_target = _DESCEND, _MOD
-        answer = await self._call(
-            _KV + "Range", "RangeResponse", request, kind="read", deadline=deadline
+        answer: RangeResponse = await self._call(
+            _KV + "Range", _range_response, request, kind="read", deadline=deadline
         )
-        return RangeResponse(
-            _header(answer), tuple([_kv(kv) for kv in answer.kvs]), answer.more, answer.count
-        )
+        return answer
 
     async def put(self, key: bytes, value: bytes, *, lease: int, deadline: float) -> PutResponse:
         request = _M["PutRequest"](key=key, value=value, lease=lease)

@@ -19,6 +19,17 @@ numbers are etcd's own, from (etcd-io/etcd, ``main``):
 
 A server that sends fields not listed here is fine: protobuf keeps unknown
 fields aside and nothing reads them.
+
+:data:`RANGE_COLUMNS` reads a ``RangeResponse``'s bytes column-wise: the
+same field numbers, with ``kvs`` (field 2) declared as one message whose
+``KeyValue`` fields are repeated. Protobuf merges every occurrence of a
+singular message field into one message, appending to its repeated
+fields (the protobuf encoding guide, "Last One Wins" / merging of embedded
+messages), so the parser in C hands over one list per field (all keys, all
+mod revisions, ...) instead of one message object per key-value. A column
+is only in step with the keys when every key-value carries that field once:
+proto3 leaves out a zero or empty field (a value of ``b""``, a lease of 0),
+so the reader checks the column lengths (see ``_grpc._range_response``).
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-__all__ = ["MESSAGES", "message"]
+__all__ = ["MESSAGES", "RANGE_COLUMNS", "message"]
 
 _F = descriptor_pb2.FieldDescriptorProto
 _BYTES, _INT64, _UINT64, _BOOL, _STRING = (
@@ -172,14 +183,38 @@ _TABLE: dict[str, dict[str, list[_Field]]] = {
 }
 
 
+#: The column view of ``RangeResponse`` (see the module docstring); not
+#: etcd messages, so kept apart from ``_TABLE``.
+_VIEWS: dict[str, dict[str, list[_Field]]] = {
+    "nadisc_etcd_views": {
+        "KeyValueColumns": [
+            _f("key", 1, _BYTES, many=True),
+            _f("create_revision", 2, _INT64, many=True),
+            _f("mod_revision", 3, _INT64, many=True),
+            _f("version", 4, _INT64, many=True),
+            _f("value", 5, _BYTES, many=True),
+            _f("lease", 6, _INT64, many=True),
+        ],
+        "RangeColumns": [
+            _HEADER,
+            _f("kvs", 2, _MSG, ".nadisc_etcd_views.KeyValueColumns"),
+            _f("more", 3, _BOOL),
+            _f("count", 4, _INT64),
+        ],
+    },
+}
+
+
 def _build() -> dict[str, type[Any]]:
     pool = descriptor_pool.DescriptorPool()
-    for package, messages in _TABLE.items():
+    for package, messages in {**_TABLE, **_VIEWS}.items():
         file = descriptor_pb2.FileDescriptorProto(
             name=f"nadisc_etcd/{package}.proto", package=package, syntax="proto3"
         )
         if package == "etcdserverpb":
             file.dependency.append("nadisc_etcd/mvccpb.proto")
+        elif package in _VIEWS:
+            file.dependency.append("nadisc_etcd/etcdserverpb.proto")
         for name, fields in messages.items():
             proto = file.message_type.add(name=name)
             if name == "Event":
@@ -204,13 +239,18 @@ def _build() -> dict[str, type[Any]]:
         pool.Add(file)
     return {
         name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}"))
-        for package, messages in _TABLE.items()
+        for package, messages in {**_TABLE, **_VIEWS}.items()
         for name in messages
     }
 
 
-#: Message name (without package) -> its protobuf class.
-MESSAGES: dict[str, type[Any]] = _build()
+_CLASSES = _build()
+#: Message name (without package) -> its protobuf class (etcd's messages).
+MESSAGES: dict[str, type[Any]] = {
+    name: cls for name, cls in _CLASSES.items() if cls.DESCRIPTOR.file.package in _TABLE
+}
+#: ``RangeResponse`` read column-wise (see the module docstring).
+RANGE_COLUMNS: type[Any] = _CLASSES["RangeColumns"]
 
 
 def message(name: str) -> type[Any]:
