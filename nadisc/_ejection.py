@@ -20,6 +20,11 @@ caller cancelled are no evidence. A caller other than HTTP decides its own
 failure statuses and feeds them the same way (``Held.complete(failed=...)``,
 or by raising from its service).
 
+* :class:`RouteDetector`: the detector of a route, which a caller may ask
+  to end one ejection early (:meth:`RouteDetector.reinstate`): the gRPC
+  discovery channel does so for an instance taken out because it could not
+  be reached, once a connection to it succeeds again.
+
 Defaults (on, as failure accrual is in Linkerd and Finagle): five failed
 attempts in a row eject an instance for 10 s, the k-th ejection in a row
 lasts k x 10 s up to 300 s, and at most half of the listed instances are out
@@ -29,14 +34,16 @@ usable would be left, the ejections are lifted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from poise import InvalidInput, OutlierDetector, OutlierEvent
 
 from ._config import OutlierConfig
 from ._errors import ConfigError
 
-__all__ = ["EjectionLog", "EjectionOptions"]
+__all__ = ["EjectionLog", "EjectionOptions", "RouteDetector"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +69,9 @@ class EjectionOptions:
         except InvalidInput as exc:
             raise ConfigError("rest.outlier", str(exc)) from None
 
-    def detector(self, observer: EjectionLog | None = None) -> OutlierDetector:
+    def detector(self, observer: EjectionLog | None = None) -> RouteDetector:
         """A new detector with these rules (one per route), reporting to ``observer``."""
-        return OutlierDetector(
+        return RouteDetector(
             consecutive_failures=self.consecutive_failures,
             failure_rate=self.failure_rate,
             window=self.window,
@@ -97,12 +104,15 @@ class EjectionLog:
 
     ``ejections`` counts ejections since the route opened, ``returns`` the
     ends of ejections; ``last`` is the latest event per instance identity.
-    O(1) per event; never raises.
+    ``listener``, when set, is called with every event after it is counted
+    (synchronously, in the detector's call; it must not raise).
+    O(1) per event.
     """
 
     ejections: int = 0
     returns: int = 0
     last: dict[str, OutlierEvent] = field(default_factory=dict)
+    listener: Callable[[OutlierEvent], None] | None = None
 
     def __call__(self, event: OutlierEvent) -> None:
         if event.ejected:
@@ -110,3 +120,98 @@ class EjectionLog:
         else:
             self.returns += 1
         self.last[str(event.key)] = event
+        if self.listener is not None:
+            self.listener(event)
+
+
+#: The reason of a return :meth:`RouteDetector.reinstate` asked for.
+RECONNECTED = "reconnected"
+
+
+class RouteDetector(OutlierDetector):
+    """An :class:`~poise.OutlierDetector` one of whose ejections may end early.
+
+    :meth:`reinstate` marks an ejected key; the balance's next scan (every
+    pick scans) ends its ejection with the reason ``"reconnected"``. The
+    key then starts over as a new member: clean counters and its next
+    ejection lasts the base time again, as gRPC resets a subchannel's
+    backoff once a connection succeeds. Built on the detector's public
+    methods only (an early return is a removal and a re-add, whose events
+    the detector returns), so the balance applies it as any return; the
+    other ejections keep their duration.
+
+    No cost per pick: the balance asks ``next_due()`` at every scan, so
+    only while a return is marked does the detector take the form whose
+    ``next_due()`` and ``expire()`` know about it (it switches class to a
+    subclass with the same slots, and back once the marks are applied).
+    """
+
+    __slots__ = ("_early", "_log", "_relabel")
+
+    def __init__(self, *, observer: EjectionLog | None = None, **rules: Any) -> None:
+        self._log = observer
+        self._relabel: Hashable | None = None
+        #: Key -> when its early return was asked for.
+        self._early: dict[Hashable, float] = {}
+        super().__init__(observer=self._observe, **rules)
+
+    def _observe(self, event: OutlierEvent) -> None:
+        if event.key == self._relabel and not event.ejected and event.reason == "removed":
+            event = replace(event, reason=RECONNECTED)
+        log = self._log
+        if log is not None:
+            log(event)
+
+    def reinstate(self, key: Hashable, now: float) -> bool:
+        """End the ejection of ``key`` at the next scan from ``now`` (False: not ejected)."""
+        if not self.is_ejected(key):
+            return False
+        self._early.setdefault(key, now)
+        _become(self, _Reinstating)
+        return True
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("<OutlierDetector", "<RouteDetector", 1)
+
+
+class _Reinstating(RouteDetector):
+    """A :class:`RouteDetector` with early returns marked (see :meth:`RouteDetector.reinstate`)."""
+
+    __slots__ = ()
+
+    def next_due(self) -> float:
+        due = OutlierDetector.next_due(self)
+        early = self._early
+        if early:
+            return min(due, min(early.values()))
+        return due
+
+    def expire(self, now: float) -> list[OutlierEvent]:
+        events: list[OutlierEvent] = []
+        early = self._early
+        for key in [key for key, at in early.items() if at <= now]:
+            del early[key]
+            if not self.is_ejected(key):
+                continue
+            self._relabel = key
+            try:
+                removed = self.remove(key, now)
+            finally:
+                self._relabel = None
+            self.add(key)
+            events += [
+                replace(event, reason=RECONNECTED)
+                if event.key == key and not event.ejected and event.reason == "removed"
+                else event
+                for event in removed
+            ]
+        if not early:
+            _become(self, RouteDetector)
+        # Not super(): the class may have switched back just above.
+        events += OutlierDetector.expire(self, now)
+        return events
+
+
+def _become(detector: RouteDetector, form: type[RouteDetector]) -> None:
+    """Switch ``detector`` between its two forms (the same slots, so the same layout)."""
+    detector.__class__ = form

@@ -51,7 +51,9 @@ Picks: a hedge is a copy of an attempt that already had its turn, so
     call's record of the endpoints its attempts picked, per balance). A
     :class:`~poise.Balance` whose policy can ``peek`` (the turn-taking
     ones: :class:`~poise.RoundRobin`, :class:`~poise.WeightedRoundRobin`,
-    :class:`~poise.LeastLoaded`) records every pick of the call's attempts,
+    :class:`~poise.LeastLoaded`; and :class:`~poise.WeightedRendezvous`,
+    whose hedge goes to the context's next-ranked ready endpoint) records
+    every pick of the call's attempts,
     and answers a pick of a later attempt, once the call has picked from
     that balance, with :func:`hedge_pick`: the policy's next turn among the
     ready endpoints the call has not tried, taken without using it up. So

@@ -19,12 +19,14 @@ WeightedRendezvous     key, weight, context   highest random weight        O(n) 
 =====================  =====================  ===========================  ==========
 
 The turn-taking policies (:class:`RoundRobin`, :class:`WeightedRoundRobin`,
-:class:`LeastLoaded`) also have ``peek(ready, context, now, avoid=())``: the
-index ``pick`` would return if the endpoints keyed in ``avoid`` were not
-ready, with the policy's state left as it is. The balance uses it for the
-extra attempts of a hedged call (see :func:`~poise.hedged_call`), so that a
-hedge, a copy of an attempt that already had its turn, takes no turn of its
-own: the next call's first pick is where it would have been without it.
+:class:`LeastLoaded`) and :class:`WeightedRendezvous` also have
+``peek(ready, context, now, avoid=())``: the index ``pick`` would return if
+the endpoints keyed in ``avoid`` were not ready, with the policy's state
+left as it is. The balance uses it for the extra attempts of a hedged call
+(see :func:`~poise.hedged_call`), so that a hedge, a copy of an attempt that
+already had its turn, takes no turn of its own (the next call's first pick
+is where it would have been without it) and goes to another endpoint than
+the attempts before it (for rendezvous, the context's next-ranked one).
 
 None of them allocates per pick except :class:`WeightedRendezvous` (one hash
 object per candidate), the first sighting of a key by the keyed policies, and
@@ -510,6 +512,11 @@ class WeightedRendezvous:
 
     Cost: O(n) per pick, one 8-byte blake2b per candidate; encoded keys are
     cached (the cache is cleared when it outgrows ``4 x len(ready) + 1024``).
+
+    :meth:`peek` ranks the same way among the endpoints not avoided: the
+    extra attempt of a hedged call goes to the context's next-ranked ready
+    endpoint, never again to the one the first attempt took while another
+    is ready, and the same one for every hedge of that context.
     """
 
     __slots__ = ("_keys",)
@@ -569,6 +576,66 @@ class WeightedRendezvous:
                 if score > best_score:
                     best_score = score
                     best = index
+        return best
+
+    def peek(
+        self,
+        ready: Sequence[Weighted],
+        context: object,
+        now: float,
+        avoid: Container[Hashable] = (),
+    ) -> int:
+        """The index :meth:`pick` would return without the ``avoid`` keys; no state changes.
+
+        The highest score among the endpoints not avoided: with the first
+        pick avoided, the context's second-ranked ready endpoint, the one it
+        falls back to when its first is not ready. When every candidate left
+        has weight 0 they rank as equal, as in :meth:`pick`. Raises
+        :class:`~poise.SelectionError` when nothing is left to pick (and,
+        as :meth:`pick` does, for ``context=None``).
+        """
+        n = len(ready)
+        if n == 0:
+            raise _nothing_ready("WeightedRendezvous")
+        if context is None:
+            raise SelectionError(
+                "WeightedRendezvous needs an affinity context (got None); "
+                "configure the balance to pass the request or a field of it"
+            )
+        base = hashlib.blake2b(_encode(context), digest_size=8, person=self._PERSON)
+        keys = self._keys
+        log = math.log
+        best = -1
+        best_score = -1.0
+        candidates = 0
+        for equal in (False, True):
+            for index in range(n):
+                endpoint = ready[index]
+                weight = endpoint.weight
+                if not 0.0 <= weight < _INF:
+                    raise _bad_weight("WeightedRendezvous", endpoint, weight)
+                key = endpoint.key
+                if key in avoid:
+                    continue
+                candidates += 1
+                if equal:
+                    weight = 1.0
+                elif weight == 0.0:
+                    continue
+                encoded = keys.get(key)
+                if encoded is None:
+                    encoded = keys[key] = _encode(key)
+                hasher = base.copy()
+                hasher.update(encoded)
+                bits = int.from_bytes(hasher.digest(), "little") >> 12
+                score = weight / -log((bits + 0.5) * _UNIT)
+                if score > best_score:
+                    best_score = score
+                    best = index
+            if best >= 0 or not candidates:
+                break
+        if best < 0:
+            raise _all_avoided("WeightedRendezvous")
         return best
 
     def __repr__(self) -> str:

@@ -26,6 +26,7 @@ from ._discovery import (
 from ._errors import RpcError, StatusCode
 from ._first_serving import PROBE_SHARE, PROBE_WIDTH, NoServingInstance
 from ._health import HealthClient, HealthStatus
+from ._reconnect import ConnectBackoff
 from ._retry import RetryPolicy, RetryThrottle
 from ._wire import DEFAULT_MAX_MESSAGE_LENGTH, DEFAULT_MAX_METADATA_SIZE
 
@@ -35,6 +36,7 @@ __all__ = [
     "PROBE_SHARE",
     "PROBE_WIDTH",
     "Channel",
+    "ConnectBackoff",
     "DiscoveryChannel",
     "DiscoveryProtocol",
     "DiscoveryStreamCall",

@@ -402,6 +402,12 @@ class Channel:
             return not conn.greeted
         return self._lock.locked()
 
+    @property
+    def connected(self) -> bool:
+        """A connection is up and the server's first SETTINGS came (a call would not wait)."""
+        conn = self._conn
+        return conn is not None and conn.usable and conn.greeted
+
     async def connection(self) -> Connection:
         """The current connection, opened (under the caller's deadline) when there is none."""
         conn = self._conn

@@ -28,7 +28,12 @@ four multicallables of :class:`~nadisc.grpc.Channel`). Underneath:
 - the route statistics count a gRPC attempt as the HTTP transport counts a
   request (:func:`failure_of`): application statuses are successes;
 - ``first_serving=True`` on a call first asks ``grpc.health.v1`` Check of up
-  to 16 candidates at once (see :mod:`nadisc.grpc._first_serving`).
+  to 16 candidates at once (see :mod:`nadisc.grpc._first_serving`);
+- an instance ejected while its subchannel had no connection up (it could
+  not be reached) is dialled again on gRPC's connection backoff, by a task
+  of the channel, and returns as soon as a connection succeeds (see
+  :mod:`nadisc.grpc._reconnect`); one ejected for its answers keeps the
+  whole ejection.
 
 The protocol of an instance comes from exactly one source: the metadata our
 registrations of a ``grpc`` listener publish (:mod:`nadisc._grpc_protocol`),
@@ -64,9 +69,10 @@ import anyio.abc
 import grpc
 import grpc.aio
 
-from poise import CallDeclined, Held, InvalidInput, PoiseError, SelectionError
+from poise import CallDeclined, Held, InvalidInput, OutlierEvent, PoiseError, SelectionError
 
 from .._balancing import RouteBalancing
+from .._ejection import RouteDetector
 from .._errors import DiscoveryError, EvidenceUnavailable, LifecycleError
 from .._grpc_protocol import GRPC_AUTHORITY_KEY, GRPC_TLS_KEY, GRPC_TLS_MODES
 from .._observation import run_clock
@@ -83,9 +89,12 @@ from .._route import (
 )
 from .._tls import grpc_tls_context
 from ._channel import Channel
+from ._connection import Unprocessed
 from ._errors import RpcError
 from ._first_serving import first_serving_pick
+from ._health import HealthClient, HealthStatus
 from ._outcome import Outcome
+from ._reconnect import ConnectBackoff, ReconnectSchedule
 from ._retry import RetryPolicy, RetryThrottle, retry_delay, should_retry
 from ._wire import MetadataLike
 
@@ -302,6 +311,8 @@ class DiscoveryChannel:
         probe_budget: float = 1.0,
         health_service: str = "",
         channel_options: dict[str, Any] | None = None,
+        reconnect_backoff: ConnectBackoff | None = None,
+        reconnect_health: bool = False,
     ) -> None:
         if protocol is not None and not isinstance(protocol, DiscoveryProtocol):
             raise TypeError(f"protocol must be a DiscoveryProtocol, not {type(protocol).__name__}")
@@ -355,6 +366,21 @@ class DiscoveryChannel:
         self.probe_start = 0
         #: The owner's call counts of this connection (they outlive the channel).
         self.stats = owner.grpc_call_counts(self.qualifier)
+        if reconnect_backoff is not None and not isinstance(reconnect_backoff, ConnectBackoff):
+            raise TypeError(
+                "reconnect_backoff must be a ConnectBackoff, "
+                f"not {type(reconnect_backoff).__name__}"
+            )
+        if not isinstance(reconnect_health, bool):
+            raise TypeError(
+                f"reconnect_health must be a bool, not {type(reconnect_health).__name__}"
+            )
+        #: When the unreachable instances are dialled again (see nadisc.grpc._reconnect).
+        self._reconnects = ReconnectSchedule(reconnect_backoff)
+        #: Whether a reconnected instance must also answer Check(health_service) SERVING.
+        self.reconnect_health = reconnect_health
+        #: identity -> the cancel scope of its reconnect task.
+        self._reconnect_scopes: dict[str, anyio.CancelScope] = {}
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("open" if self._tg is not None else "new")
@@ -384,6 +410,8 @@ class DiscoveryChannel:
         policy = self._owner.connection_policy(self.qualifier)
         route = Route(observation, RestOptions.from_config(policy.rest), self._clock)
         route.balancing = _EligibleBalancing(self, policy.balancing)
+        if isinstance(route.detector, RouteDetector):
+            route.ejection_log.listener = self._ejection_event
         self._route = route
         # Listed by the owner's observer while open (console, metrics, watch).
         self._owner._grpc_routes[route] = None
@@ -422,6 +450,11 @@ class DiscoveryChannel:
             self._owner._grpc_routes.pop(route, None)
         subs = list(self._subs.values())
         self._subs.clear()
+        # The reconnect attempts end with the task group, at once.
+        for identity, scope in list(self._reconnect_scopes.items()):
+            scope.cancel()
+            self._reconnects.stop(identity)
+        self._reconnect_scopes.clear()
         for sub in subs:
             sub.stop.set()
             sub.idle.set()
@@ -517,6 +550,91 @@ class DiscoveryChannel:
         sub = self._subs[identity] = _Subchannel(instance, dial)
         tg.start_soon(self._run_sub, sub, channel)
         return await self.subchannel(instance)
+
+    # -- reconnecting to an instance that could not be reached ---------------------------
+
+    def reconnecting(self) -> frozenset[str]:
+        """The identities ejected as unreachable whose reconnect attempts go on now."""
+        return self._reconnects.identities()
+
+    def _ejection_event(self, event: OutlierEvent) -> None:
+        """The route's detector ejected or returned an instance (synchronous, never raises).
+
+        An instance ejected while its subchannel has no connection up could
+        not be reached: a task of the channel dials it again on the backoff.
+        One whose connection is up answered badly: its ejection stands.
+        """
+        identity = str(event.key)
+        scope = self._reconnect_scopes.pop(identity, None)
+        if scope is not None:
+            scope.cancel()
+        self._reconnects.stop(identity)
+        tg = self._tg
+        route = self._route
+        if not event.ejected or tg is None or route is None or self._closed:
+            return
+        instance = route.current(identity)
+        if instance is None:
+            return
+        sub = self._subs.get(identity)
+        if sub is not None and sub.channel is not None and sub.channel.connected:
+            return
+        self._reconnects.start(identity, self._clock(), random.random())
+        scope = self._reconnect_scopes[identity] = anyio.CancelScope()
+        tg.start_soon(self._reconnect, identity, instance, scope)
+
+    async def _reconnect(self, identity: str, instance: Instance, scope: anyio.CancelScope) -> None:
+        """Dial ``instance`` on the backoff until it connects (then end its ejection)."""
+        schedule = self._reconnects
+        with scope:
+            while (due := schedule.due(identity)) is not None:
+                await anyio.sleep_until(due)
+                route = self._route
+                if route is None or route.current(identity) is not instance:
+                    break  # replaced or gone: its ejection ended with it
+                began = self._clock()
+                if await self._connects(instance, schedule.attempt_timeout(identity)):
+                    schedule.stop(identity)
+                    detector = route.detector
+                    if isinstance(detector, RouteDetector):
+                        # The balance's next scan (every pick scans) returns it.
+                        detector.reinstate(identity, self._clock())
+                    logger.info("gRPC discovery: instance %r reachable again", identity)
+                    break
+                schedule.failed(identity, began, random.random())
+        if self._reconnect_scopes.get(identity) is scope:
+            del self._reconnect_scopes[identity]
+            schedule.stop(identity)
+
+    async def _connects(self, instance: Instance, timeout: float) -> bool:  # noqa: ASYNC109
+        """One attempt: the subchannel's connection up (SETTINGS in) and, when
+        configured, Check(health_service) SERVING, within ``timeout``."""
+        with anyio.move_on_after(timeout):
+            try:
+                sub = self.live_subchannel(instance)
+                if sub is None:
+                    sub = await self.subchannel(instance)
+                channel = sub.channel
+                if channel is None:
+                    return False
+                conn = await channel.connection()
+                await conn.wait_open()
+                if not self.reconnect_health:
+                    return True
+                status = await HealthClient(channel).check(self.health_service)
+                return status is HealthStatus.SERVING
+            except (RpcError, Unprocessed):
+                return False
+            except Exception:
+                # Whatever else one dial raises (an OS error, a TLS failure)
+                # is a failed attempt: it must not end the channel's tasks.
+                logger.debug(
+                    "gRPC discovery: reconnect attempt to %r failed",
+                    instance.identity,
+                    exc_info=True,
+                )
+                return False
+        return False
 
     # -- eligibility -------------------------------------------------------------------
 
@@ -1766,6 +1884,8 @@ def discovery_channel(
     retry_throttle: RetryThrottle | None = None,
     probe_budget: float = 1.0,
     health_service: str = "",
+    reconnect_backoff: ConnectBackoff | None = None,
+    reconnect_health: bool = False,
     **channel_options: Any,
 ) -> DiscoveryChannel:
     """A gRPC channel for ``service`` on connection ``qualifier``; use with ``async with``.
@@ -1773,6 +1893,10 @@ def discovery_channel(
     ``protocol`` names how to dial instances without gRPC metadata (DNS,
     Kubernetes); ``drain`` bounds how long the calls of a departed instance
     may go on; ``retry_policy`` applies to calls made with ``idempotent=True``;
+    ``reconnect_backoff`` (default gRPC's: 1 s, x1.6, +/-20 %, 120 s) paces
+    the reconnect attempts to an instance ejected because it could not be
+    reached, and ``reconnect_health=True`` makes such an instance return only
+    once ``grpc.health.v1`` Check of ``health_service`` answers SERVING;
     the other keywords go to each subchannel's :class:`~nadisc.grpc.Channel`.
     """
     return DiscoveryChannel(
@@ -1786,4 +1910,6 @@ def discovery_channel(
         probe_budget=probe_budget,
         health_service=health_service,
         channel_options=channel_options,
+        reconnect_backoff=reconnect_backoff,
+        reconnect_health=reconnect_health,
     )

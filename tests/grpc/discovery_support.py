@@ -61,9 +61,11 @@ class _Health(health_pb2_grpc.HealthServicer):
 
 
 class Backend:
-    """One grpcio server on 127.0.0.1 (port chosen by the kernel)."""
+    """One grpcio server on 127.0.0.1 (port chosen by the kernel unless given)."""
 
-    def __init__(self, name: str, pb: ModuleType, pb_grpc: ModuleType, workers: int = 24) -> None:
+    def __init__(
+        self, name: str, pb: ModuleType, pb_grpc: ModuleType, workers: int = 24, port: int = 0
+    ) -> None:
         self.name = name
         self.health = "serving"
         self.health_checks = 0
@@ -130,7 +132,8 @@ class Backend:
 
         pb_grpc.add_TestServiceServicer_to_server(Service(), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(_Health(self), self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        # ``port``: a restarted server listening where its predecessor did.
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
         self._server.start()
 
     def instance(self, **metadata: str) -> Instance:
