@@ -743,6 +743,9 @@ def _close_outcome(records: sm.RegistrationRecords) -> CloseOutcome:
         return CloseOutcome.UNREACHABLE
     if write is sm.WriteOutcome.UNKNOWN and not records.handle:
         return CloseOutcome.OUTCOME_UNKNOWN
+    if write is sm.WriteOutcome.REJECTED and records.residual_risk:
+        # Refused after a write whose answer was lost, and not removed.
+        return CloseOutcome.OUTCOME_UNKNOWN
     if write is sm.WriteOutcome.NONE and not records.written:
         return CloseOutcome.NOT_REGISTERED
     return CloseOutcome.REGISTERED
@@ -1633,9 +1636,10 @@ class RegistrationSet:
             action = _next_action(reg)
             target = reg.registered
             if action is sm.Action.DEREGISTER and not reg.records.handle:
-                # A write whose outcome is unknown, on a provider that can
-                # address the removal with the record alone: remove it, in
-                # case it landed (its acknowledgement then reports RESIDUAL).
+                # A write whose outcome is unknown (or a rejected repeat of
+                # one), on a provider that can address the removal with the
+                # record alone: remove it, in case it landed (its
+                # acknowledgement then reports RESIDUAL).
                 target = Registered(reg.frozen.record, "")
             if action is not sm.Action.DEREGISTER or target is None:
                 self._retire(reg, now)

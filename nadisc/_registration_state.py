@@ -78,9 +78,11 @@ Rules the table enforces (and the exhaustive tests check):
 * re-registration after ``LeaseLost`` starts only from ``LOST``, which is
   reached by a definitive answer (or repeats a lost re-registration, above);
   a registration blocked in an unknown first write never gets there;
-* a removal needs a handle, except for a write whose outcome is unknown,
-  which :func:`next_action` removes only for providers with
-  ``deregister_without_handle`` (the record alone names it);
+* a removal needs a handle, except for a write whose outcome is unknown
+  (or a rejected write after one: the repeat of a lost re-registration
+  refused with HTTP 400 says nothing about the lost write, which may have
+  stored the record), which :func:`next_action` removes only for providers
+  with ``deregister_without_handle`` (the record alone names it);
 * ``last_error`` names the last failure not yet recovered from: it is
   cleared by an acknowledged (re-)registration, a recovering renewal, or a
   HEALTHY check that makes the registration Active with no failed attempt
@@ -678,11 +680,13 @@ def _on_quiesce(r: RegistrationRecords, e: Event, now: float) -> RegistrationRec
 def _on_deregister_started(r: RegistrationRecords, e: Event, now: float) -> RegistrationRecords:
     if not r.quiescing:
         raise _refuse(r, e)
-    _require(r, e, _W.ACKED, _W.UNKNOWN, _W.LOST)
-    # Without a handle only a write whose outcome is unknown is removed, and
-    # only by a provider that addresses removals by the record alone (the
-    # shell asks next_action): the write may have landed.
-    if not r.handle and r.write is not _W.UNKNOWN:
+    _require(r, e, _W.ACKED, _W.UNKNOWN, _W.LOST, _W.REJECTED)
+    # Without a handle only a write whose outcome is unknown is removed (or a
+    # rejected write after one, with its residual risk), and only by a
+    # provider that addresses removals by the record alone (the shell asks
+    # next_action): the unknown write may have landed.
+    unknown_earlier = r.write is _W.UNKNOWN or (r.write is _W.REJECTED and r.residual_risk)
+    if not r.handle and not unknown_earlier:
         raise LifecycleError("deregistration needs an acknowledged registration handle")
     return replace(r, write=_W.DEREGISTERING, healthy_until=None, health=_H.NONE)
 
@@ -704,6 +708,11 @@ def _on_retired(r: RegistrationRecords, e: Event, now: float) -> RegistrationRec
     # (the latter keeps UNKNOWN: something may exist that we cannot name).
     if not r.quiescing:
         raise _refuse(r, e)
+    if r.write is _W.REJECTED and r.residual_risk:
+        # Refused, but an earlier write whose answer was lost may have stored
+        # the record and nothing could remove it: it stays FAILED, with its
+        # residual risk (the close report says its outcome is unknown).
+        return replace(r, healthy_until=None, health=_H.NONE)
     if r.write in (_W.NONE, _W.REJECTED) or (r.write is _W.LOST and not r.handle):
         # LOST: the registry itself said it no longer holds the record.
         return replace(r, write=_W.DEREGISTERED, healthy_until=None, health=_H.NONE)
@@ -805,6 +814,11 @@ def next_action(
             return Action.DEREGISTER
         if write is _W.UNKNOWN and deregister_without_handle:
             # The unknown write may have landed; the record alone names it.
+            return Action.DEREGISTER
+        if write is _W.REJECTED and records.residual_risk and deregister_without_handle:
+            # A refused write (the repeat of a lost re-registration, say)
+            # proves nothing about the earlier write whose answer was lost:
+            # it may have stored the record, which the record alone names.
             return Action.DEREGISTER
         if write in (_W.PENDING, _W.DEREGISTERING):
             return Action.WAIT

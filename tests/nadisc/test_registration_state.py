@@ -195,7 +195,11 @@ def check_step(old: RegistrationRecords, event: sm.Event) -> RegistrationRecords
     if isinstance(event, sm.RenewAcked | sm.RenewUnknown | sm.RenewLeaseLost):
         assert old.handle
     if isinstance(event, sm.DeregisterStarted):
-        assert old.handle or old.write is WriteOutcome.UNKNOWN
+        assert (
+            old.handle
+            or old.write is WriteOutcome.UNKNOWN
+            or (old.write is WriteOutcome.REJECTED and old.residual_risk)
+        )
         assert old.quiescing
     # A removal acknowledged after a possibly-landing write is Residual.
     if new.write is WriteOutcome.DEREGISTERED and new.residual_risk:
@@ -241,7 +245,11 @@ def check_state(records: RegistrationRecords) -> None:
         if action is Action.DEREGISTER:
             assert records.quiescing
             assert records.handle or (
-                caps["deregister_without_handle"] and records.write is WriteOutcome.UNKNOWN
+                caps["deregister_without_handle"]
+                and (
+                    records.write is WriteOutcome.UNKNOWN
+                    or (records.write is WriteOutcome.REJECTED and records.residual_risk)
+                )
             )
 
 
@@ -489,6 +497,36 @@ def test_an_unknown_write_is_removed_by_record_only_where_the_provider_can() -> 
         sm.apply(lost, sm.DeregisterStarted(), 1)
 
 
+def rejected_repeat() -> RegistrationRecords:
+    """A lost lease, a re-registration whose answer was lost, and its repeat
+    refused (HTTP 400): FAILED, with the lost write's residual risk."""
+    r = lost_lease()
+    for event in (sm.RegisterStarted(), sm.RegisterUnknown(), sm.RegisterStarted()):
+        r = sm.apply(r, event, 1)
+    assert r.repeating
+    return sm.apply(r, sm.RegisterRejected(), 2)
+
+
+def test_a_rejected_repeat_is_removed_at_close_where_the_record_names_it() -> None:
+    r = rejected_repeat()
+    assert sm.derive_state(r, 2) is RegistrationState.FAILED and r.residual_risk
+    closing = sm.apply(r, sm.QuiesceBegan(), 3)
+    caps = {"idempotent_renewal": True, "idempotent_register": True}
+    assert sm.next_action(closing, **caps, deregister_without_handle=True) is Action.DEREGISTER
+    removing = sm.apply(closing, sm.DeregisterStarted(), 3)
+    assert sm.derive_state(sm.apply(removing, sm.DeregisterAcked(), 4), 4) is (
+        RegistrationState.RESIDUAL
+    )
+    assert sm.derive_state(sm.apply(removing, sm.DeregisterFailed(), 4), 4) is (
+        RegistrationState.OUTCOME_UNKNOWN
+    )
+    # Where nothing can address it, it is never reported as removed.
+    assert sm.next_action(closing, **caps) is Action.DONE
+    retired = sm.apply(closing, sm.Retired(), 4)
+    assert retired.write is WriteOutcome.REJECTED and retired.residual_risk
+    assert sm.derive_state(retired, 4) is RegistrationState.FAILED
+
+
 def test_a_lost_refresh_leaves_no_residual_risk() -> None:
     r = sm.apply(acked(), sm.RenewUnknown("RenewalOutcomeUnknown", creates=False), 5)
     assert sm.derive_state(r, 5) is RegistrationState.OUTCOME_UNKNOWN and not r.residual_risk
@@ -670,7 +708,9 @@ class RegistrationMachine(RuleBasedStateMachine):
         if action is Action.DEREGISTER:
             if not self.records.handle:
                 assert self.caps["deregister_without_handle"]
-                assert self.records.write is WriteOutcome.UNKNOWN
+                assert self.records.write is WriteOutcome.UNKNOWN or (
+                    self.records.write is WriteOutcome.REJECTED and self.records.residual_risk
+                )
             assert self.step(sm.DeregisterStarted())
             assert self.step(sm.DeregisterAcked() if ack else sm.DeregisterFailed())
         elif action is Action.DONE and self.step(sm.Retired()):
@@ -927,6 +967,9 @@ class ShellMachine(RuleBasedStateMachine):
             assert state is RegistrationState.RESIDUAL
         if r.write is WriteOutcome.UNKNOWN and r.quiescing and not r.handle:
             # Left unknown at close: only when no removal could be addressed.
+            assert not self.caps["deregister_without_handle"]
+        if r.write is WriteOutcome.REJECTED and r.quiescing and r.residual_risk:
+            # A rejected write after a lost one is removed where it can be.
             assert not self.caps["deregister_without_handle"]
 
 

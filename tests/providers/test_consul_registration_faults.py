@@ -191,6 +191,35 @@ async def test_unknown_first_write_whose_removal_is_refused_stays_unknown(
     assert held(fake)
 
 
+@pytest.mark.parametrize("removal", ["acknowledged", "refused"])
+async def test_a_rejected_repeat_of_a_lost_reregistration_is_removed_by_id_at_close(
+    autojump_clock: trio.testing.MockClock, removal: str
+) -> None:
+    # The lost re-registration landed; its repeat is refused (400). The
+    # refusal says nothing about the lost write, so the service is still
+    # deregistered by ID at close.
+    transport = FaultTransport(ConsulFake(perform_checks=False))
+    restarted = ConsulFake(perform_checks=False)
+    async with owner_over(transport) as owner:
+        transport.once(Once("PUT", REGISTER, "apply_then_hang"), Once("PUT", REGISTER, 400))
+        transport.restart(restarted)  # the TTL pass now answers 404: LeaseLost
+        await until_state(owner, RegistrationState.FAILED)
+        assert held(restarted) and status(owner).residual_risk
+        if removal == "refused":
+            transport.once(Once("PUT", DEREGISTER, "refuse"))
+        since = transport.mark()
+    assert transport.requests("PUT", DEREGISTER, since)
+    entry = outcome(owner)
+    assert entry.possibly_remaining
+    if removal == "acknowledged":
+        assert not held(restarted)
+        assert entry.outcome is CloseOutcome.RESIDUAL
+    else:
+        assert held(restarted)
+        assert entry.outcome is CloseOutcome.UNREACHABLE
+        assert entry.state is RegistrationState.OUTCOME_UNKNOWN
+
+
 # --------------------------------------------------------- writes that cannot land later
 
 

@@ -218,6 +218,36 @@ async def test_unknown_first_write_is_deleted_at_close(
     assert entry.outcome is CloseOutcome.RESIDUAL and entry.possibly_remaining
 
 
+@API
+@pytest.mark.parametrize("removal", ["acknowledged", "refused"])
+async def test_a_rejected_repeat_of_a_lost_reregistration_is_deleted_at_close(
+    autojump_clock: trio.testing.MockClock, api: str, removal: str
+) -> None:
+    # The lost re-registration landed; its repeat is refused (400). The
+    # refusal says nothing about the lost write, so the instance is still
+    # deleted by ip:port:cluster at close.
+    transport = FaultTransport(NacosFake())
+    restarted = NacosFake()
+    async with owner_over(transport, api) as owner:
+        transport.once(register_fault(api, "apply_then_hang"), register_fault(api, 400))
+        transport.restart(restarted)  # the next beat: "instance not found"
+        await until_state(owner, RegistrationState.FAILED)
+        assert held(restarted) and status(owner).residual_risk
+        if removal == "refused":
+            transport.once(Once("DELETE", f"/{api}/", "refuse"))
+        since = transport.mark()
+    assert any(method == "DELETE" for _, method, _ in transport.log[since:])
+    entry = outcome(owner)
+    assert entry.possibly_remaining
+    if removal == "acknowledged":
+        assert not held(restarted)
+        assert entry.outcome is CloseOutcome.RESIDUAL
+    else:
+        assert held(restarted)
+        assert entry.outcome is CloseOutcome.UNREACHABLE
+        assert entry.state is RegistrationState.OUTCOME_UNKNOWN
+
+
 def record() -> RegistrationRecord:
     return RegistrationRecord(
         registration="web", service="order-api", instance_id="i", host=WEB[0], port=WEB[1]
