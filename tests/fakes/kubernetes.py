@@ -96,6 +96,16 @@ _KINDS: dict[Kind, tuple[str, str, str]] = {
     "endpointslices": ("EndpointSlice", "discovery.k8s.io/v1", "discovery.k8s.io"),
 }
 DEFAULT_WATCH_TIMEOUT = 1800.0
+
+
+def _details(kind: Kind, name: str) -> dict[str, str]:
+    """A Status's ``details`` naming one object: ``group`` is left out for the
+    core group, as ``StatusDetails.Group`` is ``omitempty``
+    (staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/types.go)."""
+    group = _KINDS[kind][2]
+    return {"name": name, "group": group, "kind": kind} if group else {"name": name, "kind": kind}
+
+
 #: What the fake's resources allow (the API server's verbs for both kinds).
 _VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 _WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
@@ -1245,7 +1255,7 @@ class KubernetesFake:
             409,
             "Conflict",
             f'Operation cannot be fulfilled on {_qualified(kind)} "{name}": {detail}',
-            {"name": name, "group": _KINDS[kind][2], "kind": kind},
+            _details(kind, name),
         )
 
     def _commit(
@@ -1295,7 +1305,7 @@ class KubernetesFake:
                     409,
                     "AlreadyExists",
                     f'{_qualified(kind)} "{new_name}" already exists',
-                    {"name": new_name, "group": _KINDS[kind][2], "kind": kind},
+                    _details(kind, new_name),
                 )
             if meta.get("resourceVersion"):
                 # staging/src/k8s.io/apiserver/pkg/storage/errors.go ErrResourceVersionSetOnCreate
@@ -1343,12 +1353,7 @@ class KubernetesFake:
                 "apiVersion": "v1",
                 "metadata": {},
                 "status": "Success",
-                "details": {
-                    "name": name,
-                    "group": _KINDS[kind][2],
-                    "kind": kind,
-                    "uid": old["metadata"]["uid"],
-                },
+                "details": {**_details(kind, name), "uid": old["metadata"]["uid"]},
             }
         if method == "PUT":
             obj = self._decode_body(body, content_type)

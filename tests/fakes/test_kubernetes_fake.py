@@ -483,6 +483,8 @@ async def test_create_defaults_and_refuses_a_duplicate_as_already_exists() -> No
         again = await http.post(SERVICES, json=service_body())
         assert again.status_code == 409 and again.json()["reason"] == "AlreadyExists"
         assert again.json()["message"] == 'services "payments" already exists'
+        # StatusDetails.Group is omitempty: the core group is left out.
+        assert again.json()["details"] == {"name": "payments", "kind": "services"}
         # generateName: the prefix and five characters of the name generator's alphabet.
         generated = await http.post(
             SLICES,
@@ -518,6 +520,7 @@ async def test_updates_and_deletes_honour_resource_version_preconditions() -> No
         # store.go GuaranteedUpdate: errors.NewConflict with OptimisticLockErrorMsg.
         assert conflict.status_code == 409 and conflict.json()["reason"] == "Conflict"
         assert "the object has been modified" in conflict.json()["message"]
+        assert conflict.json()["details"] == {"name": "orders", "kind": "services"}
         current["metadata"]["labels"] = {"tier": "web"}
         updated = await http.put(f"{SERVICES}/orders", json=current)
         assert updated.status_code == 200

@@ -255,6 +255,7 @@ async def test_a_link_without_state_yet_is_not_called_live(
     assert view.lines == [f"tick connecting · data 0.0s old · {SHOWN_URL}"] * 2
 
 
+@pytest.mark.trio_only  # trio listeners, nursery and events
 async def test_an_unreachable_console_is_retried_without_showing_credentials() -> None:
     listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
     port = listener.socket.getsockname()[1]
