@@ -470,7 +470,9 @@ def _body(stream: httpx.SyncByteStream | httpx.AsyncByteStream) -> httpx.AsyncBy
     bytes behind an iterator that is not a generator have nothing to finalize.
     """
     if type(stream) is httpx.ByteStream:
-        return _Bytes(stream._stream)
+        data = stream._stream
+        # Most requests have no body: one shared, stateless empty body.
+        return _Bytes(data) if data else _NO_BODY
     return stream  # type: ignore[return-value]
 
 
@@ -479,6 +481,10 @@ class _Bytes(httpx.ByteStream):
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return _OneChunk(self._stream)
+
+
+#: The body of every request without one (each iteration starts afresh).
+_NO_BODY = _Bytes(b"")
 
 
 class _OneChunk:
@@ -508,7 +514,17 @@ class _GuardedStream(httpx.AsyncByteStream):
     cancelled.
     """
 
-    __slots__ = ("_closed", "_done", "_failed", "_held", "_inner", "_iterator", "_route")
+    __slots__ = (
+        "_closed",
+        "_data",
+        "_done",
+        "_failed",
+        "_held",
+        "_inner",
+        "_iterator",
+        "_memory",
+        "_route",
+    )
 
     def __init__(
         self,
@@ -524,14 +540,26 @@ class _GuardedStream(httpx.AsyncByteStream):
         self._done = False
         self._closed = False
         self._iterator: AsyncIterator[bytes] | None = None
+        # A body already in memory (httpx.ByteStream, what MockTransport and
+        # in-memory pools hand back) is handed out here as its one chunk,
+        # with no iterator of its own; ``_data`` is None once it was.
+        self._memory = type(inner) is httpx.ByteStream
+        self._data: bytes | None = inner._stream if self._memory else None  # type: ignore[attr-defined]
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         # One iteration per body: iterating again continues where it stopped.
-        if self._iterator is None:
+        if self._iterator is None and not self._memory:
             self._iterator = _iterate(self._inner)
         return self
 
     async def __anext__(self) -> bytes:
+        if self._memory:
+            data = self._data
+            if data is None:
+                self._done = True
+                raise StopAsyncIteration
+            self._data = None
+            return data
         iterator = self._iterator
         if iterator is None:
             iterator = self._iterator = _iterate(self._inner)
@@ -779,7 +807,11 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             if not isinstance(budget, Budget):
                 budget = call_budget(request, options, start)
             deadline = budget.deadline
+            # The start reading stands for the first "budget left?" check of a
+            # plain call when nothing was awaited since it was taken.
+            first: float | None = start
             if route is None:
+                first = None
                 route = await self._route(target.qualifier, target.service, budget)
             target.route = route
             balancing = route.balancing
@@ -799,13 +831,18 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 # costs about what the scope does; a caller's scope that ends
                 # first still cancels the call through ours.
                 own = True
+            # A plain call observes its own latency on success, with the clock
+            # reading it takes after the response (a balanced call's is observed
+            # below).
             response: httpx.Response | None = None
             try:
                 if own and not self._pool_enforces:
                     # A pool that may ignore the timeout extension: one scope.
                     with loop.scope(deadline=deadline):
                         if plain:
-                            response = await self._call(route, request, target, budget, own, None)
+                            response = await self._call(
+                                route, request, target, budget, own, None, start, first
+                            )
                         else:
                             response = await self._balanced(
                                 route, request, target, budget, own is True
@@ -814,13 +851,16 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                         route.count_failure(TIMEOUT)
                         raise budget.exceeded(route, 0)
                 elif plain:
-                    response = await self._call(route, request, target, budget, own, None)
+                    return await self._call(route, request, target, budget, own, None, start, first)
                 else:
                     response = await self._balanced(route, request, target, budget, own is True)
             except Exception as exc:
                 route.observe_call(call_outcome(exc), now() - start)
                 raise
-            route.observe_call(0 if response.status_code < 500 else _STATUS_OUTCOME, now() - start)
+            if not plain:
+                route.observe_call(
+                    0 if response.status_code < 500 else _STATUS_OUTCOME, now() - start
+                )
             return response
         except CallError:
             # A failure that waited for nothing still yields once, so a
@@ -842,7 +882,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         balancing = route.balancing
         if balancing.hedging is None or not idempotent:
             return balancing.call(
-                lambda n: self._call(route, request, target, budget, own, None),
+                lambda n: self._call(route, request, target, budget, own, None, None, None),
                 idempotent=False,
                 clock=route.clock,
             )
@@ -850,7 +890,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         # hedges: a hedge avoids them while another instance is eligible.
         sent: set[str] = set()
         return balancing.call(
-            lambda n: self._call(route, request, target, budget, own, sent),
+            lambda n: self._call(route, request, target, budget, own, sent, None, None),
             idempotent=True,
             clock=route.clock,
         )
@@ -871,7 +911,13 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         budget: Budget,
         own: bool | None,
         sent: set[str] | None,
+        start: float | None,
+        at: float | None,
     ) -> httpx.Response:
+        # ``start``: the call's start when this attempt loop is the whole call
+        # (no hedging, no retry budget), which then observes the call's
+        # latency on success; ``at``: a clock reading taken with nothing
+        # awaited since, which stands for the first check of the budget.
         # Every wait is bounded by the budget: the pool by the timeouts handed
         # to it (or the caller's scope), the rare waits for discovery by a
         # scope of their own. Nothing here yields unless it must wait.
@@ -896,7 +942,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         extensions = dict(request.extensions)
         extensions["timeout"] = timeouts
         # What every attempt's request is built from (no closure per call).
-        rebuild = _Rebuild(request, options.instance_scheme, target.raw_path, extensions, self._url)
+        scheme = options.instance_scheme
+        raw_path = target.raw_path
+        url = self._url
 
         # Fast path, taken while the balance already applied the mirrored
         # listing: no separate evidence view, no reconcile step and no wait
@@ -910,7 +958,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         # tried instance instead of declining picks until the budget ends.
         skip_budget = 0 if not tried else _skip_budget(route, tried, len(balance))
         while True:
-            if now() >= deadline:
+            if at is None:
+                at = now()
+            if at >= deadline:
                 if not attempts:
                     route.count_failure(NO_ENDPOINT)
                 raise budget.exceeded(route, attempts) from (errors[-1] if errors else None)
@@ -921,6 +971,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     if not attempts:
                         route.count_failure(NO_ENDPOINT)
                     raise
+            at = None  # read again at the next check
             attempt = Attempt(
                 avoid=frozenset(tried) if skip_budget else _NOTHING,
                 skips=skip_budget,
@@ -955,7 +1006,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 held.cancel()  # nothing was sent
                 declined = exc
             else:
-                outgoing = rebuild(instance)
+                made, host = url(scheme, instance, raw_path)
+                outgoing = _rebuild(request, made, host, extensions)
                 try:
                     if attempt.cutoff is None:
                         response = await pool.handle_async_request(outgoing)
@@ -1065,7 +1117,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     held.complete(failed=True)
                 fast = False
                 continue
-            if now() > deadline and self._own(deadline, own):
+            at = now()
+            if at > deadline and self._own(deadline, own):
                 # A pool bounds each wait by what was left when it began; a
                 # response that trickled in past the budget is not returned.
                 route.count_failure(TIMEOUT, instance.identity)
@@ -1084,7 +1137,10 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 timeouts.deadline = deadline
             if status >= 500:
                 route.count_failure(STATUS, instance.identity)
-            return _wrap(response, held, instance, route)
+            response = _wrap(response, held, instance, route)
+            if start is not None:
+                route.observe_call(0 if status < 500 else _STATUS_OUTCOME, at - start)
+            return response
 
     def _target(self, request: httpx.Request) -> _Target:
         # Parsing the service and path out of a nadisc:// URL, once per
@@ -1190,34 +1246,6 @@ class _Loop:
             # The running backend's own class (a subclass of anyio.CancelScope):
             # built directly, it skips anyio's backend lookup per scope.
             self.scope = type(anyio.CancelScope())
-
-
-class _Rebuild:
-    """Builds an attempt's request for the chosen instance (``Attempt.build``).
-
-    One per call, holding what every attempt of the call shares: the
-    caller's request, the instance scheme, the path and the extensions.
-    """
-
-    __slots__ = ("extensions", "raw_path", "request", "scheme", "url")
-
-    def __init__(
-        self,
-        request: httpx.Request,
-        scheme: str,
-        raw_path: bytes,
-        extensions: dict[str, object],
-        url: Callable[[str, Instance, bytes], tuple[httpx.URL, bytes]],
-    ) -> None:
-        self.request = request
-        self.scheme = scheme
-        self.raw_path = raw_path
-        self.extensions = extensions
-        self.url = url
-
-    def __call__(self, instance: Instance) -> httpx.Request:
-        target, host = self.url(self.scheme, instance, self.raw_path)
-        return _rebuild(self.request, target, host, self.extensions)
 
 
 async def _send_by(
