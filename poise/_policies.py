@@ -527,56 +527,10 @@ class WeightedRendezvous:
         self._keys: dict[Hashable, bytes] = {}
 
     def pick(self, ready: Sequence[Weighted], context: object, now: float) -> int:
-        n = len(ready)
-        if n == 0:
-            raise _nothing_ready("WeightedRendezvous")
-        if context is None:
-            raise SelectionError(
-                "WeightedRendezvous needs an affinity context (got None); "
-                "configure the balance to pass the request or a field of it"
-            )
-        base = hashlib.blake2b(_encode(context), digest_size=8, person=self._PERSON)
         keys = self._keys
-        if len(keys) > 4 * n + 1024:
-            keys.clear()
-        log = math.log
-        best = -1
-        best_score = -1.0
-        all_zero = True
-        for index in range(n):
-            endpoint = ready[index]
-            weight = endpoint.weight
-            if not 0.0 <= weight < _INF:
-                raise _bad_weight("WeightedRendezvous", endpoint, weight)
-            if weight == 0.0:
-                continue
-            all_zero = False
-            key = endpoint.key
-            encoded = keys.get(key)
-            if encoded is None:
-                encoded = keys[key] = _encode(key)
-            hasher = base.copy()
-            hasher.update(encoded)
-            bits = int.from_bytes(hasher.digest(), "little") >> 12
-            score = weight / -log((bits + 0.5) * _UNIT)
-            if score > best_score:
-                best_score = score
-                best = index
-        if all_zero:
-            # Only zero-weight endpoints are ready: rank them as if equal.
-            for index in range(n):
-                key = ready[index].key
-                encoded = keys.get(key)
-                if encoded is None:
-                    encoded = keys[key] = _encode(key)
-                hasher = base.copy()
-                hasher.update(encoded)
-                bits = int.from_bytes(hasher.digest(), "little") >> 12
-                score = 1.0 / -log((bits + 0.5) * _UNIT)
-                if score > best_score:
-                    best_score = score
-                    best = index
-        return best
+        if len(keys) > 4 * len(ready) + 1024:
+            keys.clear()  # bound the cache of encoded keys as the pool changes
+        return self.peek(ready, context, now)
 
     def peek(
         self,
