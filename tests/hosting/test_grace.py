@@ -116,6 +116,27 @@ def test_a_negative_grace_is_refused_naming_it() -> None:
     run_on("trio", scenario)
 
 
+def serving(app: RecordingApp, registry: MemoryRegistry, *, grace_ms: int) -> Any:
+    """``serve`` of ``app`` registered in ``registry`` (for ``task_group.start``)."""
+    return lambda task_status: serve(
+        app,
+        config_of(["memory"], [0]),
+        providers={"primary": MemoryProvider(registry=registry)},
+        handle_signals=False,
+        allow_loopback=True,
+        deregister_grace_ms=grace_ms,
+        drain_timeout_ms=500,
+        task_status=task_status,
+    )
+
+
+async def deregistered(registry: MemoryRegistry) -> None:
+    """Until ``registry`` lists no instance (it has no event to wait for)."""
+    with anyio.fail_after(5):
+        while registry.instance_ids():  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_requests_after_the_deregistration_are_served_until_the_grace_ends(backend: str) -> None:
     registry = MemoryRegistry()
@@ -124,24 +145,11 @@ def test_requests_after_the_deregistration_are_served_until_the_grace_ends(backe
     async def scenario() -> None:
         app = RecordingApp()
         async with anyio.create_task_group() as tg, httpx.AsyncClient(trust_env=False) as http:
-            host = await tg.start(
-                lambda task_status: serve(
-                    app,
-                    config_of(["memory"], [0]),
-                    providers={"primary": MemoryProvider(registry=registry)},
-                    handle_signals=False,
-                    allow_loopback=True,
-                    deregister_grace_ms=600,
-                    drain_timeout_ms=500,
-                    task_status=task_status,
-                )
-            )
+            host = await tg.start(serving(app, registry, grace_ms=600))
             url = host.url("web")
             assert registry.instance_ids()
             host.shutdown()
-            with anyio.fail_after(5):
-                while registry.instance_ids():  # noqa: ASYNC110 - the registry has no event
-                    await anyio.sleep(0.01)
+            await deregistered(registry)
             # Deregistered, and still serving: a caller that has not seen the
             # removal yet is answered.
             answer = await http.get(url + "/during-grace", headers={"connection": "close"})
@@ -179,25 +187,12 @@ def test_a_caller_still_sending_after_the_grace_holds_no_kept_alive_connection(
     async def scenario() -> None:
         app = RecordingApp()
         async with anyio.create_task_group() as tg, httpx.AsyncClient(trust_env=False) as http:
-            host = await tg.start(
-                lambda task_status: serve(
-                    app,
-                    config_of(["memory"], [0]),
-                    providers={"primary": MemoryProvider(registry=registry)},
-                    handle_signals=False,
-                    allow_loopback=True,
-                    deregister_grace_ms=400,
-                    drain_timeout_ms=500,
-                    task_status=task_status,
-                )
-            )
+            host = await tg.start(serving(app, registry, grace_ms=400))
             url = host.url("web")
             before = await http.get(url + "/before")
             seen["before"] = before.headers.get("connection")
             host.shutdown()
-            with anyio.fail_after(5):
-                while registry.instance_ids():  # noqa: ASYNC110 - the registry has no event
-                    await anyio.sleep(0.01)
+            await deregistered(registry)
             during = await http.get(url + "/during-grace")
             seen["during"] = (during.status_code, during.headers.get("connection"))
             with anyio.fail_after(5):
