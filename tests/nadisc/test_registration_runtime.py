@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -156,6 +157,17 @@ async def running(
             await registrations.wait_drained()
 
 
+def assert_backoff_gaps(events: Sequence[Any]) -> list[float]:
+    """The gaps between consecutive ``events`` (registry log entries) follow
+    the documented retry backoff: the k-th within [cap/2, cap] for a cap of
+    2^(k-1) s, at most 8 s (``TIMING``'s max backoff), jitter included."""
+    gaps = [b.at - a.at for a, b in itertools.pairwise(events)]
+    for attempt, gap in enumerate(gaps, start=1):
+        cap = min(8.0, 2.0 ** (attempt - 1))
+        assert cap / 2 <= gap <= cap + 1e-9, (attempt, gap)
+    return gaps
+
+
 async def test_happy_path_register_renew_check_deregister(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -251,10 +263,7 @@ async def test_lost_renewal_is_retried_with_backoff_for_idempotent_providers(
             "OutcomeUnknown(dropped)",
             "ok",
         ]
-        gaps = [b.at - a.at for a, b in itertools.pairwise(renewals)]
-        for attempt, gap in enumerate(gaps, start=1):
-            cap = min(8.0, 2.0 ** (attempt - 1))
-            assert cap / 2 <= gap <= cap + 1e-9, (attempt, gap)
+        assert_backoff_gaps(renewals)
         # Active again only after a check that started after the recovery.
         checks = [e for e in registry.log if e.operation == "check" and e.at >= renewals[-1].at]
         assert checks and checks[0].outcome == "healthy"

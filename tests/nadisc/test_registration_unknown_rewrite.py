@@ -38,7 +38,12 @@ from nadisc import (
     WriteOutcome,
 )
 from nadisc._memory_registry import Fault, MemoryRegistry
-from tests.nadisc.test_registration_runtime import IID, TIMING, RegistryProvider
+from tests.nadisc.test_registration_runtime import (
+    IID,
+    TIMING,
+    RegistryProvider,
+    assert_backoff_gaps,
+)
 
 # Tests taking ``autojump_clock`` run on trio only (tests/conftest.py marks
 # them); the last one runs on both loops in real (short) time.
@@ -200,10 +205,7 @@ async def test_repeats_back_off_and_a_repeat_that_never_left_keeps_the_outcome_u
             "OutcomeUnknown(dropped)",
             "ok",
         ]
-        gaps = [b.at - a.at for a, b in itertools.pairwise(registers)]
-        for attempt, gap in enumerate(gaps, start=1):
-            cap = min(8.0, 2.0 ** (attempt - 1))
-            assert cap / 2 <= gap <= cap + 1e-9, (attempt, gap)
+        assert_backoff_gaps(registers)
 
 
 async def test_a_late_landing_of_the_lost_reregistration_changes_nothing(
@@ -413,11 +415,8 @@ async def test_lost_renewals_back_off_up_to_max_backoff_not_the_monitor_interval
         await h.until(RegistrationState.ACTIVE)
         renewals = [e for e in registry.log if e.operation == "renew"]
         renewals = renewals[renewals.index(next(e for e in renewals if e.outcome != "ok")) :]
-        gaps = [b.at - a.at for a, b in itertools.pairwise(renewals)]
+        gaps = assert_backoff_gaps(renewals)
         assert len(gaps) == 6
-        for attempt, gap in enumerate(gaps, start=1):
-            cap = min(8.0, 2.0 ** (attempt - 1))
-            assert cap / 2 <= gap <= cap + 1e-9, (attempt, gap)
         # Past the monitor interval: the registry is left alone for longer.
         assert max(gaps) > timing.monitor_interval
 
@@ -454,10 +453,7 @@ async def test_renewals_that_did_not_apply_back_off_while_checks_go_on(
         assert registry.pending_faults("renew") == 0
         first = next(e for e in registry.log if e.operation == "renew" and e.outcome != "ok")
         renewals = [e for e in registry.log if e.operation == "renew" and e.at >= first.at]
-        gaps = [b.at - a.at for a, b in itertools.pairwise(renewals[:6])]
-        for attempt, gap in enumerate(gaps, start=1):
-            cap = min(8.0, 2.0 ** (attempt - 1))
-            assert cap / 2 <= gap <= cap + 1e-9, (attempt, gap)
+        gaps = assert_backoff_gaps(renewals[:6])
         assert max(gaps) > timing.monitor_interval
         # Meanwhile the checks kept the monitor pace: the evidence never lapsed.
         checks = [e.at for e in registry.log if e.operation == "check" and e.at >= first.at]
