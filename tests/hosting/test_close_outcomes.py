@@ -11,12 +11,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +24,11 @@ from nadisc.hosting import Bind, Host, open_host, serve
 from nadisc.testing import Fault, MemoryProvider, MemoryRegistry
 from tests.hosting.support import BACKENDS, RecordingApp, etcd_addresses, etcd_config, run_on
 from tests.hosting.test_interrupted_startup import _Watched
+from tests.hosting.test_subprocess import EXAMPLES, running
 from tests.hosting.test_units import memory_config
 from tests.providers.etcd.conftest import EtcdServer
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "plain_asgi_asyncio.py"
+EXAMPLE = EXAMPLES["asgi-asyncio"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -106,35 +102,16 @@ def test_the_example_exits_1_when_its_registry_hangs_at_shutdown(
     # confirmed, so the close is not clean and the exit code says so.
     prefix = f"{tmp_path.name}/services"
     config = etcd_config(own_etcd.url, prefix)
-    path = tmp_path / "discovery.json"
-    path.write_text(json.dumps({"discovery": config.model_dump(mode="json")}))
-    process = subprocess.Popen(
-        [sys.executable, str(EXAMPLE), str(path), "--allow-loopback"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-    )
-    try:
-        assert process.stdout is not None and process.stderr is not None
-        line = process.stdout.readline().decode()
-        assert line.startswith("serving "), process.stderr.read()
-        web = dict(item.split("=") for item in line.split()[1:])["web"]
-        assert anyio.run(etcd_addresses, own_etcd.url, prefix) == [web]
+    with running(EXAMPLE, config, tmp_path) as (process, listeners):
+        assert anyio.run(etcd_addresses, own_etcd.url, prefix) == [listeners["web"]]
         own_etcd.pause()
         try:
             process.send_signal(signal.SIGTERM)
             code = process.wait(30)
         finally:
             own_etcd.resume()
+        assert process.stderr is not None
         stderr = process.stderr.read().decode()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(5)
-        for pipe in (process.stdout, process.stderr):
-            if pipe is not None:
-                pipe.close()
     assert code == 1, stderr
     assert "WARNING nadisc.hosting: host closed (SIGTERM)" in stderr
     assert "possibly remaining: web" in stderr
