@@ -1637,9 +1637,9 @@ class RegistrationSet:
             target = reg.registered
             if action is sm.Action.DEREGISTER and not reg.records.handle:
                 # A write whose outcome is unknown (or a rejected repeat of
-                # one), on a provider that can address the removal with the
-                # record alone: remove it, in case it landed (its
-                # acknowledgement then reports RESIDUAL).
+                # one, or a lease lost after one), on a provider that can
+                # address the removal with the record alone: remove it, in
+                # case it landed (its acknowledgement then reports RESIDUAL).
                 target = Registered(reg.frozen.record, "")
             if action is not sm.Action.DEREGISTER or target is None:
                 self._retire(reg, now)

@@ -81,8 +81,10 @@ Rules the table enforces (and the exhaustive tests check):
 * a removal needs a handle, except for a write whose outcome is unknown
   (or a rejected write after one: the repeat of a lost re-registration
   refused with HTTP 400 says nothing about the lost write, which may have
-  stored the record), which :func:`next_action` removes only for providers
-  with ``deregister_without_handle`` (the record alone names it);
+  stored the record; or a lease lost after one, whose re-registration has
+  no handle: the lost write may land after the registry said the record
+  was gone), which :func:`next_action` removes only for providers with
+  ``deregister_without_handle`` (the record alone names it);
 * ``last_error`` names the last failure not yet recovered from: it is
   cleared by an acknowledged (re-)registration, a recovering renewal, or a
   HEALTHY check that makes the registration Active with no failed attempt
@@ -682,10 +684,12 @@ def _on_deregister_started(r: RegistrationRecords, e: Event, now: float) -> Regi
         raise _refuse(r, e)
     _require(r, e, _W.ACKED, _W.UNKNOWN, _W.LOST, _W.REJECTED)
     # Without a handle only a write whose outcome is unknown is removed (or a
-    # rejected write after one, with its residual risk), and only by a
-    # provider that addresses removals by the record alone (the shell asks
-    # next_action): the unknown write may have landed.
-    unknown_earlier = r.write is _W.UNKNOWN or (r.write is _W.REJECTED and r.residual_risk)
+    # rejected write or a lost lease after one, with its residual risk), and
+    # only by a provider that addresses removals by the record alone (the
+    # shell asks next_action): the unknown write may have landed.
+    unknown_earlier = r.write is _W.UNKNOWN or (
+        r.write in (_W.REJECTED, _W.LOST) and r.residual_risk
+    )
     if not r.handle and not unknown_earlier:
         raise LifecycleError("deregistration needs an acknowledged registration handle")
     return replace(r, write=_W.DEREGISTERING, healthy_until=None, health=_H.NONE)
@@ -714,7 +718,9 @@ def _on_retired(r: RegistrationRecords, e: Event, now: float) -> RegistrationRec
         # residual risk (the close report says its outcome is unknown).
         return replace(r, healthy_until=None, health=_H.NONE)
     if r.write in (_W.NONE, _W.REJECTED) or (r.write is _W.LOST and not r.handle):
-        # LOST: the registry itself said it no longer holds the record.
+        # LOST: the registry itself said it no longer holds the record. With
+        # residual risk (only where no removal could be addressed) the close
+        # reports RESIDUAL: gone when it answered, but a lost write may land.
         return replace(r, write=_W.DEREGISTERED, healthy_until=None, health=_H.NONE)
     if r.write is _W.UNKNOWN and not r.handle:
         return replace(r, healthy_until=None, health=_H.NONE)
@@ -819,6 +825,11 @@ def next_action(
             # A refused write (the repeat of a lost re-registration, say)
             # proves nothing about the earlier write whose answer was lost:
             # it may have stored the record, which the record alone names.
+            return Action.DEREGISTER
+        if write is _W.LOST and records.residual_risk and deregister_without_handle:
+            # The registry said the record was gone, but a write whose answer
+            # was lost may land after that answer (requests on different
+            # connections are not ordered): remove it by record, in case.
             return Action.DEREGISTER
         if write in (_W.PENDING, _W.DEREGISTERING):
             return Action.WAIT

@@ -198,7 +198,7 @@ def check_step(old: RegistrationRecords, event: sm.Event) -> RegistrationRecords
         assert (
             old.handle
             or old.write is WriteOutcome.UNKNOWN
-            or (old.write is WriteOutcome.REJECTED and old.residual_risk)
+            or (old.write in (WriteOutcome.REJECTED, WriteOutcome.LOST) and old.residual_risk)
         )
         assert old.quiescing
     # A removal acknowledged after a possibly-landing write is Residual.
@@ -248,7 +248,10 @@ def check_state(records: RegistrationRecords) -> None:
                 caps["deregister_without_handle"]
                 and (
                     records.write is WriteOutcome.UNKNOWN
-                    or (records.write is WriteOutcome.REJECTED and records.residual_risk)
+                    or (
+                        records.write in (WriteOutcome.REJECTED, WriteOutcome.LOST)
+                        and records.residual_risk
+                    )
                 )
             )
 
@@ -507,24 +510,63 @@ def rejected_repeat() -> RegistrationRecords:
     return sm.apply(r, sm.RegisterRejected(), 2)
 
 
+UPSERT = {"idempotent_renewal": True, "idempotent_register": True}
+
+
+def removed_by_record_at_close(r: RegistrationRecords, now: float) -> RegistrationRecords:
+    """Close ``r`` (no handle, residual risk): a provider that removes by
+    record sends the removal (acknowledged: RESIDUAL, failed: unknown); one
+    that cannot is told DONE. Returns the quiescing records."""
+    assert not r.handle and r.residual_risk
+    closing = sm.apply(r, sm.QuiesceBegan(), now)
+    assert sm.next_action(closing, **UPSERT, deregister_without_handle=True) is Action.DEREGISTER
+    removing = sm.apply(closing, sm.DeregisterStarted(), now)
+    acked_removal = sm.apply(removing, sm.DeregisterAcked(), now + 1)
+    assert sm.derive_state(acked_removal, now + 1) is RegistrationState.RESIDUAL
+    failed_removal = sm.apply(removing, sm.DeregisterFailed(), now + 1)
+    assert sm.derive_state(failed_removal, now + 1) is RegistrationState.OUTCOME_UNKNOWN
+    assert sm.next_action(closing, **UPSERT) is Action.DONE
+    return closing
+
+
 def test_a_rejected_repeat_is_removed_at_close_where_the_record_names_it() -> None:
     r = rejected_repeat()
-    assert sm.derive_state(r, 2) is RegistrationState.FAILED and r.residual_risk
-    closing = sm.apply(r, sm.QuiesceBegan(), 3)
-    caps = {"idempotent_renewal": True, "idempotent_register": True}
-    assert sm.next_action(closing, **caps, deregister_without_handle=True) is Action.DEREGISTER
-    removing = sm.apply(closing, sm.DeregisterStarted(), 3)
-    assert sm.derive_state(sm.apply(removing, sm.DeregisterAcked(), 4), 4) is (
-        RegistrationState.RESIDUAL
-    )
-    assert sm.derive_state(sm.apply(removing, sm.DeregisterFailed(), 4), 4) is (
-        RegistrationState.OUTCOME_UNKNOWN
-    )
+    assert sm.derive_state(r, 2) is RegistrationState.FAILED
+    closing = removed_by_record_at_close(r, 3)
     # Where nothing can address it, it is never reported as removed.
-    assert sm.next_action(closing, **caps) is Action.DONE
     retired = sm.apply(closing, sm.Retired(), 4)
     assert retired.write is WriteOutcome.REJECTED and retired.residual_risk
     assert sm.derive_state(retired, 4) is RegistrationState.FAILED
+
+
+def lost_again_after_a_lost_write() -> RegistrationRecords:
+    """A re-registration whose answer was lost, its repeat acknowledged, the
+    lease lost again and the next re-registration definitely not applied
+    (refused connection): LOST with no handle, and the residual risk."""
+    r = lost_lease()
+    for event in (sm.RegisterStarted(), sm.RegisterUnknown(), sm.RegisterStarted()):
+        r = sm.apply(r, event, 6)
+    r = sm.apply(r, sm.RegisterAcked(), 7)
+    r = sm.apply(r, sm.RenewLeaseLost(), 8)
+    r = sm.apply(r, sm.RegisterStarted(), 9)
+    return sm.apply(r, sm.RegisterFailed("IncompleteSnapshot"), 9)
+
+
+def test_a_lease_lost_after_a_lost_write_is_removed_at_close_where_the_record_names_it() -> None:
+    r = lost_again_after_a_lost_write()
+    assert r.write is WriteOutcome.LOST
+    closing = removed_by_record_at_close(r, 10)
+    # Without removal by record: the registry's "gone" is all there is, and
+    # the lost write may still land after it.
+    retired = sm.apply(closing, sm.Retired(), 11)
+    assert sm.derive_state(retired, 11) is RegistrationState.RESIDUAL
+    # With no lost write behind it, a lost lease needs no removal anywhere.
+    plain = sm.apply(sm.apply(lost_lease(), sm.RegisterStarted(), 6), sm.RegisterFailed(), 6)
+    plain = sm.apply(plain, sm.QuiesceBegan(), 7)
+    assert sm.next_action(plain, **UPSERT, deregister_without_handle=True) is Action.DONE
+    with pytest.raises(LifecycleError):
+        sm.apply(plain, sm.DeregisterStarted(), 7)
+    assert sm.derive_state(sm.apply(plain, sm.Retired(), 7), 7) is RegistrationState.DEREGISTERED
 
 
 def test_a_lost_refresh_leaves_no_residual_risk() -> None:
@@ -709,7 +751,8 @@ class RegistrationMachine(RuleBasedStateMachine):
             if not self.records.handle:
                 assert self.caps["deregister_without_handle"]
                 assert self.records.write is WriteOutcome.UNKNOWN or (
-                    self.records.write is WriteOutcome.REJECTED and self.records.residual_risk
+                    self.records.write in (WriteOutcome.REJECTED, WriteOutcome.LOST)
+                    and self.records.residual_risk
                 )
             assert self.step(sm.DeregisterStarted())
             assert self.step(sm.DeregisterAcked() if ack else sm.DeregisterFailed())
@@ -842,6 +885,8 @@ class ShellMachine(RuleBasedStateMachine):
         self.recovered_at: float | None = None
         self.writes_after_first_unknown = 0
         self.acts = 0
+        #: The close sent a removal.
+        self.removal_sent = False
 
     @initialize(caps=st.sampled_from(CAPABILITY_SETS))
     def capabilities(self, caps: dict[str, bool]) -> None:
@@ -934,6 +979,7 @@ class ShellMachine(RuleBasedStateMachine):
         action = self.action()
         if action is Action.DEREGISTER:
             self.apply(sm.DeregisterStarted())
+            self.removal_sent = True
             self.apply(sm.DeregisterAcked() if ack else sm.DeregisterFailed())
         elif action is Action.DONE:
             self.apply(sm.Retired())
@@ -971,6 +1017,10 @@ class ShellMachine(RuleBasedStateMachine):
         if r.write is WriteOutcome.REJECTED and r.quiescing and r.residual_risk:
             # A rejected write after a lost one is removed where it can be.
             assert not self.caps["deregister_without_handle"]
+        if r.write is WriteOutcome.DEREGISTERED and r.residual_risk and r.quiescing:
+            # Retired as gone without a removal (a lost lease with no handle)
+            # only where no removal could be addressed.
+            assert self.removal_sent or not self.caps["deregister_without_handle"]
 
 
 TestShellMachine = ShellMachine.TestCase

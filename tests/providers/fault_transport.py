@@ -16,7 +16,7 @@ import httpx
 
 from nadisc import ConnectionContext, DiscoveryConfig
 
-Action = Literal["hang", "apply_then_hang", "refuse"] | int
+Action = Literal["hang", "apply_then_hang", "deliver_later", "refuse"] | int
 
 
 class Fake(Protocol):
@@ -54,6 +54,8 @@ class FaultTransport(httpx.AsyncBaseTransport):
         self.down = False
         self.faults: list[Once] = []
         self.log: list[tuple[float, str, str]] = []
+        #: Requests taken by a ``deliver_later`` fault, not yet delivered.
+        self.delayed: list[httpx.Request] = []
 
     def restart(self, fake: Fake) -> None:
         """The registry came back as ``fake`` (typically a new, empty one)."""
@@ -61,6 +63,14 @@ class FaultTransport(httpx.AsyncBaseTransport):
 
     def once(self, *faults: Once) -> None:
         self.faults.extend(faults)
+
+    async def deliver_delayed(self) -> None:
+        """The requests ``deliver_later`` held reach the registry now (the
+        one running now, after any :meth:`restart`): a write whose answer was
+        lost, arriving late. Their answers go nowhere."""
+        delayed, self.delayed = self.delayed, []
+        for request in delayed:
+            await self.inner.handle_async_request(request)
 
     def mark(self) -> int:
         """A position in the request log, for :meth:`requests`."""
@@ -80,6 +90,9 @@ class FaultTransport(httpx.AsyncBaseTransport):
                 if action == "refuse":
                     raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
                 if action == "hang":
+                    await anyio.sleep_forever()
+                if action == "deliver_later":
+                    self.delayed.append(request)
                     await anyio.sleep_forever()
                 if action == "apply_then_hang":
                     await self.inner.handle_async_request(request)

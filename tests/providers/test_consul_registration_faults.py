@@ -220,6 +220,38 @@ async def test_a_rejected_repeat_of_a_lost_reregistration_is_removed_by_id_at_cl
         assert entry.state is RegistrationState.OUTCOME_UNKNOWN
 
 
+async def test_a_lease_lost_after_a_lost_write_is_removed_by_id_at_close(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A re-registration's answer is lost (its repeat is acknowledged), the
+    # agent restarts empty again and refuses connections, so the next
+    # re-registration never applies and no handle is held. The lost write
+    # may still arrive after the agent said the service was gone; here it
+    # does, and the close must still remove the service by ID.
+    transport = FaultTransport(ConsulFake(perform_checks=False))
+    again = ConsulFake(perform_checks=False)
+    async with owner_over(transport) as owner:
+        transport.once(Once("PUT", REGISTER, "deliver_later"))
+        transport.restart(ConsulFake(perform_checks=False))
+        await until_state(owner, RegistrationState.OUTCOME_UNKNOWN)
+        await until_state(owner, RegistrationState.ACTIVE)
+        assert status(owner).residual_risk
+        transport.once(*[Once("PUT", REGISTER, "refuse")] * 100)
+        since = transport.mark()
+        transport.restart(again)  # the TTL pass answers 404: LeaseLost
+        with trio.fail_after(60):
+            while len(transport.requests("PUT", REGISTER, since)) < 2:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        assert not held(again)
+        await transport.deliver_delayed()  # the lost write arrives, late
+        assert held(again)
+        since = transport.mark()
+    assert transport.requests("PUT", DEREGISTER, since)
+    assert not held(again)
+    entry = outcome(owner)
+    assert entry.outcome is CloseOutcome.RESIDUAL and entry.possibly_remaining
+
+
 # --------------------------------------------------------- writes that cannot land later
 
 

@@ -248,6 +248,39 @@ async def test_a_rejected_repeat_of_a_lost_reregistration_is_deleted_at_close(
         assert entry.state is RegistrationState.OUTCOME_UNKNOWN
 
 
+@API
+async def test_a_lease_lost_after_a_lost_write_is_deleted_at_close(
+    autojump_clock: trio.testing.MockClock, api: str
+) -> None:
+    # A re-registration's answer is lost (its repeat is acknowledged); the
+    # server restarts empty again and refuses connections, so the next
+    # re-registration never applies and no handle is held. The lost write
+    # arrives after the server said the instance was gone: the close still
+    # deletes it by ip:port:cluster.
+    transport = FaultTransport(NacosFake())
+    again = NacosFake()
+    async with owner_over(transport, api) as owner:
+        transport.once(register_fault(api, "deliver_later"))
+        transport.restart(NacosFake())  # the next beat: "instance not found"
+        await until_state(owner, RegistrationState.OUTCOME_UNKNOWN)
+        await until_state(owner, RegistrationState.ACTIVE)
+        assert status(owner).residual_risk
+        transport.once(*[register_fault(api, "refuse")] * 100)
+        refused = len(transport.faults)
+        transport.restart(again)
+        with trio.fail_after(60):
+            while refused - len(transport.faults) < 2:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        assert not held(again)
+        await transport.deliver_delayed()  # the lost write arrives, late
+        assert held(again)
+        since = transport.mark()
+    assert any(method == "DELETE" for _, method, _ in transport.log[since:])
+    assert not held(again)
+    entry = outcome(owner)
+    assert entry.outcome is CloseOutcome.RESIDUAL and entry.possibly_remaining
+
+
 def record() -> RegistrationRecord:
     return RegistrationRecord(
         registration="web", service="order-api", instance_id="i", host=WEB[0], port=WEB[1]
