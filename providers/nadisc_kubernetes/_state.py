@@ -38,8 +38,9 @@ instances only).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from types import MappingProxyType
 
 from nadisc import (
@@ -49,7 +50,7 @@ from nadisc import (
     InvalidSnapshot,
     ProviderSnapshot,
 )
-from nadisc._instance import trusted_instance
+from nadisc._instance import _VALID_HOSTS, _trusted_instances, trusted_instance, valid_host
 
 from ._wire import EndpointSlice, Event, Service, SliceEndpoint
 
@@ -137,11 +138,17 @@ class _Metadata:
     """Builds instance metadata, sharing one read-only mapping per distinct
     content (endpoints on one node in one zone share theirs)."""
 
-    __slots__ = ("shared",)
+    __slots__ = ("plain", "shared")
 
     def __init__(self) -> None:
         #: Content key (see :meth:`of`) -> its one mapping.
         self.shared: dict[tuple[str, ...], Mapping[str, str]] = {}
+        #: (address type, app protocol) -> (zone, node, hostname) as the
+        #: endpoint has them -> the mapping :meth:`of` gives an endpoint
+        #: without hints (the column pass's look-up).
+        self.plain: dict[
+            tuple[str, str], dict[tuple[str | None, str | None, str | None], Mapping[str, str]]
+        ] = {}
 
     def of(
         self, slice_: EndpointSlice, endpoint: SliceEndpoint, app_protocol: str | None
@@ -171,10 +178,19 @@ class _Metadata:
 
 @dataclass(frozen=True, slots=True)
 class _SliceResult:
-    """What one slice contributes: (identity, rank, instance) members and invalid records."""
+    """What one slice contributes: its members as three columns (identity,
+    rank, instance; a rank of one member is a lower number when it is to be
+    preferred) and its invalid records."""
 
-    members: tuple[tuple[str, int, Instance], ...]
+    identities: tuple[str, ...]
+    ranks: tuple[int, ...]
+    instances: tuple[Instance, ...]
     invalid: tuple[tuple[str, str], ...]
+
+
+def _refused(*invalid: tuple[str, str]) -> _SliceResult:
+    """A slice that contributes no member."""
+    return _SliceResult((), (), (), invalid)
 
 
 #: What a cached slice result depends on besides the slice itself: Service
@@ -196,30 +212,34 @@ def _slice_result(
     meta = service.metadata
     key = f"endpointslice/{slice_.metadata.name}"
     if slice_.metadata.labels.get(SERVICE_NAME_LABEL) != meta.name:
-        return _SliceResult((), ((key, f"not labelled {SERVICE_NAME_LABEL}={meta.name}"),))
+        return _refused((key, f"not labelled {SERVICE_NAME_LABEL}={meta.name}"))
     refused = slice_owner(slice_, service, trust_unowned=trust_unowned)
     if refused is not None:
-        return _SliceResult((), ((key, refused),))
+        return _refused((key, refused))
     if family is not None and slice_.addressType != family:
-        return _SliceResult((), ())  # the other family of a dual-stack Service
+        return _refused()  # the other family of a dual-stack Service
     slice_port = next((p for p in slice_.ports or () if (p.name or "") == port_name), None)
     if slice_port is None:
         if slice_.endpoints:
-            return _SliceResult((), ((key, f"has no port named {port_name!r}"),))
-        return _SliceResult((), ())
+            return _refused((key, f"has no port named {port_name!r}"))
+        return _refused()
     number = slice_port.port
     if number is None or not 0 < number < 65536:
-        return _SliceResult((), ((key, f"port {port_name!r} has no usable number"),))
-    members: list[tuple[str, int, Instance]] = []
-    invalid: list[tuple[str, str]] = []
+        return _refused((key, f"port {port_name!r} has no usable number"))
     address_type = slice_.addressType
     family_rank = _FAMILY_RANK.get(address_type, 2)
     app_protocol = slice_port.appProtocol
     app = app_protocol or ""
+    endpoints = slice_.endpoints or ()
+    plain = _plain_members(endpoints, slice_, number, family_rank, app_protocol, metadata)
+    if plain is not None:
+        return plain
+    members: list[tuple[str, int, Instance]] = []
+    invalid: list[tuple[str, str]] = []
     # _Metadata.of for the common case (no hints, so no zones), inline: the
     # same key it builds, so both find the same shared mapping.
     shared_metadata = metadata.shared.get
-    for position, endpoint in enumerate(slice_.endpoints or ()):
+    for position, endpoint in enumerate(endpoints):
         # endpoint_state, its common case (not terminating) inline.
         conditions = endpoint.conditions
         if not conditions.terminating:
@@ -261,7 +281,89 @@ def _slice_result(
             invalid.append((f"{key}/{position}", str(exc)))
             continue
         members.append((identity, (4 if draining else 0) + family_rank, instance))
-    return _SliceResult(tuple(members), tuple(invalid))
+    identities, ranks, instances = zip(*members, strict=True) if members else ((), (), ())
+    return _SliceResult(identities, ranks, instances, tuple(invalid))
+
+
+def _plain_members(
+    endpoints: Sequence[SliceEndpoint],
+    slice_: EndpointSlice,
+    number: int,
+    rank: int,
+    app_protocol: str | None,
+    metadata: _Metadata,
+) -> _SliceResult | None:
+    """The members of a slice whose every endpoint is the common case, in
+    column passes (each a comprehension or a C call over the whole slice)
+    instead of one Python iteration per endpoint: served (not terminating,
+    not unready), an address, a ``targetRef`` with a UID, no hints, a host
+    valid or already known valid. None when any endpoint
+    is not: the per-endpoint loop then decides each one (and names what is
+    wrong), with the same result for the endpoints both paths take."""
+    count = len(endpoints)
+    if not count:
+        return _refused()
+    try:
+        identities = [e.targetRef.uid for e in endpoints]  # type: ignore[union-attr]
+        hosts = [e.addresses[0] for e in endpoints]
+    except (AttributeError, IndexError):
+        return None  # no targetRef, or no address: the loop decides
+    if "" in identities or "" in hosts:
+        return None
+    odd = [
+        e
+        for e in endpoints
+        if e.hints is not None or e.conditions.terminating or e.conditions.ready is False
+    ]
+    if odd:
+        return None  # hints, terminating or not ready: the loop decides
+    if not _VALID_HOSTS.issuperset(hosts) and not all(map(valid_host, set(hosts))):
+        return None
+    # The shared metadata by (zone, node, hostname), as _Metadata.of builds
+    # it for an endpoint without hints of this slice's type and protocol.
+    table = metadata.plain.setdefault((slice_.addressType, app_protocol or ""), {})
+    places = list(
+        zip(
+            [e.zone for e in endpoints],
+            [e.nodeName for e in endpoints],
+            [e.hostname for e in endpoints],
+            strict=True,
+        )
+    )
+    mappings = list(map(table.get, places))
+    if None in mappings:
+        for position, endpoint in enumerate(endpoints):
+            if mappings[position] is None:
+                found = table[places[position]] = metadata.of(slice_, endpoint, app_protocol)
+                mappings[position] = found
+    instances = _trusted_instances(identities, hosts, repeat(number), repeat(1.0), mappings)  # type: ignore[arg-type]
+    return _SliceResult(tuple(identities), (rank,) * count, tuple(instances), ())
+
+
+def _merged(results: list[_SliceResult]) -> dict[str, Instance]:
+    """Identity -> the instance served for it, over the slices' results in
+    the order of their names: when an identity is listed more than once,
+    served before draining, then IPv4, then the slice that sorts first."""
+    identities: list[str] = []
+    instances: list[Instance] = []
+    for result in results:
+        identities += result.identities
+        instances += result.instances
+    chosen = dict(zip(identities, instances, strict=True))
+    if len(chosen) == len(identities):
+        return chosen  # every identity listed once (the usual case): nothing to rank
+    chosen.clear()
+    rank_of: dict[str, int] = {}
+    for result in results:
+        for identity, rank, instance in zip(
+            result.identities, result.ranks, result.instances, strict=True
+        ):
+            known = rank_of.get(identity)
+            if known is not None and known <= rank:
+                continue
+            rank_of[identity] = rank
+            chosen[identity] = instance
+    return chosen
 
 
 def build_snapshot(
@@ -337,7 +439,7 @@ def build_snapshot(
         trust_unowned,
     )
     invalid: dict[str, str] = {}
-    best: dict[str, tuple[str, int, Instance]] = {}
+    results: list[_SliceResult] = []
     metadata = _Metadata()
     for slice_ in sorted(slices, key=lambda s: s.metadata.name):
         name = slice_.metadata.name
@@ -356,17 +458,14 @@ def build_snapshot(
             if cache is not None:
                 cache[name] = (slice_, key_of, result)
         invalid.update(result.invalid)
-        for member in result.members:
-            known = best.get(member[0])
-            if known is not None and known[1] <= member[1]:
-                continue  # served, then IPv4, then the slice that sorts first wins
-            best[member[0]] = member
-        if len(best) > max_instances:
-            raise CapacityRejected(
-                f"{where}: more than max_instances_per_service={max_instances} endpoints"
-            )
-    instances = tuple([best[identity][2] for identity in sorted(best)])
-    # Identities are unique (the keys of ``best``) and every host was
+        results.append(result)
+    served = _merged(results)
+    if len(served) > max_instances:
+        raise CapacityRejected(
+            f"{where}: more than max_instances_per_service={max_instances} endpoints"
+        )
+    instances = tuple([served[identity] for identity in sorted(served)])
+    # Identities are unique (the keys of ``served``) and every host was
     # checked when its instance was built: no per-instance pass again.
     return ProviderSnapshot._assembled(alias, instances, evidence, invalid, -1)
 

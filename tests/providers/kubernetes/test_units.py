@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from nadisc_kubernetes import (
     KubernetesSettings,
@@ -120,6 +120,24 @@ def test_identity_is_the_target_not_the_ip_and_duplicates_merge() -> None:
     bare = slice_("orders-x", [{"addresses": ["fd00::1"]}], address_type="IPv6")
     (x,) = snapshot(service(), bare).instances
     assert x.identity == "IPv6/[fd00::1]:8080" and x.address == "[fd00::1]:8080"
+
+
+def test_an_identity_listed_twice_is_served_then_ipv4_then_from_the_first_slice() -> None:
+    served, draining = endpoint(2), endpoint(2, ready=False, serving=True, terminating=True)
+    moved = {**endpoint(2), "addresses": ["10.0.0.9"]}
+    # Served over draining, whichever slice sorts first.
+    for first, second in ((served, draining), (draining, served)):
+        (pod,) = snapshot(service(), slice_("a", [first]), slice_("b", [second])).instances
+        assert not pod.draining
+    # Both served: the slice whose name sorts first, in whatever order given.
+    for order in ((0, 1), (1, 0)):
+        given_ = [slice_("a", [served]), slice_("b", [moved])]
+        (pod,) = snapshot(service(), *(given_[i] for i in order)).instances
+        assert pod.host == "10.0.0.2"
+    # IPv4 over IPv6 when both families are served (no spec.ipFamilies).
+    v6 = slice_("a", [{**endpoint(2), "addresses": ["fd00::2"]}], address_type="IPv6")
+    (pod,) = snapshot(service(), v6, slice_("b", [served])).instances
+    assert pod.host == "10.0.0.2"
 
 
 def test_only_slices_owned_by_the_current_uid_are_evidence() -> None:
@@ -414,6 +432,126 @@ def test_endpoints_with_the_same_topology_share_one_metadata_mapping() -> None:
     assert dict(by_id["pod-22"].metadata) == {**topology, "address_type": "IPv6"}
     distinct = {id(by_id[f"pod-{n}"].metadata) for n in (1, 7, 13, 16, 22)}
     assert len(distinct) == 5
+
+
+@st.composite
+def _endpoint_body(draw: Any, odd: bool) -> dict[str, Any]:
+    """An endpoint in the common case (a served Pod with a UID, a valid
+    address, no hints), or with ``odd`` one or more of the things the
+    per-endpoint loop decides instead."""
+    n = draw(st.integers(0, 12))
+    conditions = st.fixed_dictionaries(
+        {}, optional={"ready": st.just(True), "serving": st.booleans()}
+    )
+    body: dict[str, Any] = {
+        "addresses": [draw(st.sampled_from(["10.0.0.1", "10.0.0.2", "fd00::3"]))],
+        "conditions": draw(conditions),
+        "targetRef": {"kind": "Pod", "name": f"orders-{n}", "uid": f"pod-{n}"},
+    }
+    for key, values in (
+        # Few places, so that endpoints of one listing often share one.
+        ("zone", [None, "", "zone-a"]),
+        ("nodeName", [None, "node-1"]),
+        ("hostname", [None, None, None, "", "w1"]),
+    ):
+        value = draw(st.sampled_from(values))
+        if value is not None:
+            body[key] = value
+    if odd:
+        change = draw(
+            st.sampled_from(
+                ["unready", "terminating", "no uid", "no ref", "hints", "empty hints",
+                 "no address", "empty address", "bad address", "duplicate"]
+            )
+        )  # fmt: skip
+        if change == "unready":
+            body["conditions"] = {"ready": False}
+        elif change == "terminating":
+            body["conditions"] = {"terminating": True, "serving": draw(st.booleans())}
+        elif change == "no uid":
+            del body["targetRef"]["uid"]
+        elif change == "no ref":
+            del body["targetRef"]
+        elif change == "hints":
+            body["hints"] = {"forZones": [{"name": "zone-b"}]}
+        elif change == "empty hints":
+            body["hints"] = {}
+        elif change == "no address":
+            body["addresses"] = []
+        elif change == "empty address":
+            body["addresses"] = [""]
+        elif change == "bad address":
+            body["addresses"] = ["not a host!"]
+        else:
+            body["targetRef"]["uid"] = "pod-0"  # likely listed twice
+    return body
+
+
+@st.composite
+def _slice_shape(draw: Any) -> tuple[list[dict[str, Any]], str, str | None]:
+    plain = draw(st.lists(_endpoint_body(odd=False), max_size=8))
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):
+        plain.insert(draw(st.integers(0, len(plain))), draw(_endpoint_body(odd=True)))
+    address_type = draw(st.sampled_from(["IPv4", "IPv4", "IPv6"]))
+    return plain, address_type, draw(st.sampled_from([None, "kubernetes.io/h2c"]))
+
+
+_slices = st.lists(_slice_shape(), max_size=4)
+
+
+_PLACE = {"zone": "zone-a", "nodeName": "node-1"}
+_POD = {"addresses": ["10.0.0.1"], "conditions": {"ready": True}, **_PLACE}
+_HINTS = {"forZones": [{"name": "zone-b"}]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(_slices, st.sampled_from(["primary", "ipv4", "ipv6"]))
+# A slice whose only endpoint has hints, after one at the same place without.
+@example(
+    [
+        ([{**_POD, "targetRef": {"uid": "pod-1"}}], "IPv4", None),
+        ([{**_POD, "targetRef": {"uid": "pod-2"}, "hints": _HINTS}], "IPv4", None),
+    ],
+    "primary",
+)  # fmt: skip
+def test_the_column_pass_lists_what_the_per_endpoint_loop_lists(
+    shapes: list[tuple[list[dict[str, Any]], str, str | None]], family: str
+) -> None:
+    """A slice whose every endpoint is the common case is listed in column
+    passes; any other in one step per endpoint. Both give the same listing,
+    invalid records and shared metadata mappings for any slices."""
+    import nadisc_kubernetes._state as state
+
+    slices = []
+    for n, (endpoints, address_type, app) in enumerate(shapes):
+        port = {"name": "http", "port": 8080, "protocol": "TCP"}
+        if app is not None:
+            port["appProtocol"] = app
+        slices.append(slice_(f"s{n}", endpoints, ports=[port], address_type=address_type))
+    svc = service()
+
+    def listing() -> Any:
+        try:
+            return build_snapshot(
+                "orders", svc, slices, port="http", max_instances=12, ip_family=family
+            )
+        except CapacityRejected as exc:
+            return str(exc)
+
+    columns = listing()
+    loop_only = pytest.MonkeyPatch()
+    loop_only.setattr(state, "_plain_members", lambda *args: None)
+    try:
+        stepwise = listing()
+    finally:
+        loop_only.undo()
+    assert columns == stepwise
+    if not isinstance(columns, str):
+        assert columns.invalid == stepwise.invalid
+        for a, b in zip(columns.instances, stepwise.instances, strict=True):
+            assert a.draining is b.draining and dict(a.metadata) == dict(b.metadata)
+        mappings = {id(i.metadata) for i in columns.instances}
+        assert len(mappings) == len({id(i.metadata) for i in stepwise.instances})
 
 
 async def test_watch_lines_are_split_across_chunks_and_bounded() -> None:
