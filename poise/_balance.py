@@ -289,6 +289,7 @@ class Balance(Generic[Req, Resp]):
         "_edits",
         "_endpoints",
         "_event",
+        "_found",
         "_idle",
         "_in_flight",
         "_last_scan",
@@ -432,6 +433,9 @@ class Balance(Generic[Req, Resp]):
         self._wake_count = 0
         self._in_flight = 0
         self._scanning = False
+        # The endpoints a scan found READY, listed in _ready as one merge
+        # when it ends (empty between scans); see _scan and _list_found.
+        self._found: list[Endpoint[Req, Resp]] = []
         # Bumped by every membership edit, so an owner that mirrors the
         # membership can tell whether anyone else edited it.
         self._edits = 0
@@ -629,6 +633,11 @@ class Balance(Generic[Req, Resp]):
 
     def _scan(self, now: float | None) -> bool:
         """The scan of ready_nowait(); ``now`` is the clock if the caller read it."""
+        found = self._found
+        if found:
+            # A scan from inside another's poll_ready: what the outer scan
+            # found READY so far is listed first (the two share the list).
+            self._list_found()
         if self._parked_count or self._detector is not None:
             if now is None:
                 now = self._scan_time()
@@ -646,6 +655,9 @@ class Balance(Generic[Req, Resp]):
         ready = self._ready
         pending = 0
         failures: list[tuple[Endpoint[Req, Resp], Exception]] | None = None
+        # Newly READY endpoints are listed when the scan ends, all at once:
+        # one by one, a first scan of n endpoints (which the swap-removal
+        # visits out of order) moved O(n) list items per insertion.
         self._scanning = True
         try:
             i = 0
@@ -676,7 +688,8 @@ class Balance(Generic[Req, Resp]):
                     ep._slot = -1
                     ep._state = READY
                     if not ep._listed:
-                        self._list_ready(ep)
+                        ep._listed = True
+                        found.append(ep)
                 elif ep._wakes != wakes:
                     # Woken while it answered "not yet": poll it again next scan.
                     pending += 1
@@ -693,6 +706,8 @@ class Balance(Generic[Req, Resp]):
                     self._park(ep, now)
                     pending += 1
         finally:
+            if found:
+                self._list_found()
             self._scanning = False
         consumed = self._consumed
         if consumed:
@@ -728,6 +743,23 @@ class Balance(Generic[Req, Resp]):
         at = bisect_right(ready, ep._index, key=_by_index)
         ready.insert(at, ep)
         self._rrows.insert(at, ep._row)
+
+    def _list_found(self) -> None:
+        """List the endpoints a scan found READY (marked listed already), in order."""
+        found = self._found
+        ready = self._ready
+        rrows = self._rrows
+        if len(found) <= _FEW:
+            for ep in found:
+                at = bisect_right(ready, ep._index, key=_by_index)
+                ready.insert(at, ep)
+                rrows.insert(at, ep._row)
+        else:
+            # One sort of two ordered runs, and the rows copied once.
+            ready += found
+            ready.sort(key=_by_index)
+            rrows[:] = [ep._row for ep in ready]
+        found.clear()
 
     def _scan_time(self) -> float:
         """The clock for the scan's own bookkeeping; works outside an event loop.
@@ -1640,6 +1672,13 @@ class Balance(Generic[Req, Resp]):
 
     def _drop_ready(self, ep: Endpoint[Req, Resp]) -> None:
         """Take one endpoint (and its row) out of _ready and _rrows."""
+        found = self._found
+        if found:
+            # Perhaps found READY by the scan under way, not in _ready yet.
+            for at, other in enumerate(found):
+                if other is ep:
+                    del found[at]
+                    return
         at = self._ready.index(ep)
         del self._ready[at]
         del self._rrows[at]
