@@ -440,15 +440,12 @@ class IncrementalListing(Generic[K]):
         "_instances",
         "_keys",
         "_size",
-        "_sizes",
     )
 
     def __init__(self) -> None:
         self._keys: list[K] = []
         self._instances: list[Instance] = []
         self._by_key: dict[K, Instance] = {}
-        #: key -> the bytes its instance was measured at (each measured once).
-        self._sizes: dict[K, int] = {}
         self._identities: dict[str, int] = {}
         self._duplicates = 0
         self._size = 64
@@ -470,14 +467,17 @@ class IncrementalListing(Generic[K]):
             for key, instance in zip(keys, instances, strict=True):
                 listing.put(key, instance)
             return listing
-        sizes = list(map(Instance.approximate_bytes, instances))
+        # Identities are distinct in the common case: one C pass, counted
+        # only when some repeat.
+        counts = dict.fromkeys(map(_identity_of, instances), 1)
+        if len(counts) != len(instances):
+            counts = dict(Counter(map(_identity_of, instances)))
         listing._keys = keys
         listing._instances = instances
         listing._by_key = dict(zip(keys, instances, strict=True))
-        listing._sizes = dict(zip(keys, sizes, strict=True))
-        listing._identities = dict(Counter(map(_identity_of, instances)))
-        listing._duplicates = len(instances) - len(listing._identities)
-        listing._size = 64 + sum(sizes)
+        listing._identities = counts
+        listing._duplicates = len(instances) - len(counts)
+        listing._size = 64 + sum(map(Instance.approximate_bytes, instances))
         return listing
 
     def __len__(self) -> int:
@@ -520,11 +520,9 @@ class IncrementalListing(Generic[K]):
         else:
             at = bisect.bisect_left(keys, key)
             self._instances[at] = instance
-            self._count(old, -1, self._sizes[key])
-        size = instance.approximate_bytes()
+            self._count(old, -1, old.approximate_bytes())
         self._by_key[key] = instance
-        self._sizes[key] = size
-        self._count(instance, 1, size)
+        self._count(instance, 1, instance.approximate_bytes())
 
     def discard(self, key: K) -> bool:
         """Remove ``key``; True if it was there."""
@@ -535,14 +533,13 @@ class IncrementalListing(Generic[K]):
         at = bisect.bisect_left(self._keys, key)
         del self._keys[at]
         del self._instances[at]
-        self._count(old, -1, self._sizes.pop(key))
+        self._count(old, -1, old.approximate_bytes())
         return True
 
     def clear(self) -> None:
         self._keys.clear()
         self._instances.clear()
         self._by_key.clear()
-        self._sizes.clear()
         self._identities.clear()
         self._duplicates = 0
         self._size = 64

@@ -34,9 +34,11 @@ malformed, never what is around it: a value may hold secrets.
 Decoding is pure and synchronous; it costs O(len(value)). A range's
 records are decoded column-wise by :func:`decode_records`: each value by
 a typed msgspec decoder called from C (no Python per field), the
-addresses split in one loop, the hosts checked as one set, the instances
-built in one ``map``; a page holding a record that is invalid, or of a
-rare shape, is decoded record by record instead, with the same outcome.
+addresses checked as one text and split in one pass (one by one only
+when one is of a rarer shape, such as a bracketed IPv6 host), the hosts
+checked as one set, the instances built in one ``map``; a page holding a
+record that is invalid, or of a rare shape, is decoded record by record
+instead, with the same outcome.
 """
 
 from __future__ import annotations
@@ -346,6 +348,67 @@ def decode_record_bytes(identity: str, raw: bytes, *, max_record_bytes: int) -> 
         raise RecordError(str(exc)) from None
 
 
+_ADDR_LINES = re.compile(r"(?:[^\[:\n][^:\n]*+:[0-9]{1,5}+\n)*+[^\[:\n][^:\n]*+:[0-9]{1,5}+")
+"""Addresses joined by newlines, each ``host:port`` of the plain shape:
+a host with no colon or newline that does not start with ``[``, and a port
+of one to five ASCII digits. Possessive throughout (nothing to take back:
+a host stops at the colon, a port at the newline), so a text that fails
+is given up at once, not tried again line by line."""
+
+
+def _split_addrs(addrs: list[str]) -> tuple[list[str], list[int]] | None:
+    """The hosts and ports of ``addrs`` (non-empty) in a few passes in C,
+    when every one is of the plain shape (see :data:`_ADDR_LINES`) with a
+    port in 1-65535: what :func:`_split_addr` makes of each. None otherwise
+    (a bracketed IPv6 host, a port out of range, anything else): the
+    caller then splits them one by one.
+
+    The addresses are joined by newlines and matched as one text; a newline
+    inside an address makes a line more than there are addresses (then the
+    pieces do not add up). Each line holding exactly one colon, turning the
+    newlines into colons and splitting there gives host, port, host, port.
+    Ports repeat (a fleet listens on a few), so each distinct one is read
+    once."""
+    text = "\n".join(addrs)
+    if _ADDR_LINES.fullmatch(text) is None:
+        return None
+    parts = text.replace("\n", ":").split(":")
+    if len(parts) != 2 * len(addrs):
+        return None
+    texts = parts[1::2]
+    distinct = list(set(texts))
+    numbers = dict(zip(distinct, map(int, distinct), strict=True))
+    if min(numbers.values()) < 1 or max(numbers.values()) > 65535:
+        return None
+    return parts[0::2], list(map(numbers.__getitem__, texts))
+
+
+def _split_each(addrs: list[str]) -> tuple[list[str], list[int]]:
+    """The hosts and ports of ``addrs``, one address at a time (each what
+    :func:`_split_addr` makes of it; ``RecordError`` as it raises); both
+    lists empty when a plain port is out of range."""
+    hosts: list[str] = []
+    ports: list[int] = []
+    for addr in addrs:
+        host, _, text = addr.rpartition(":")
+        if (
+            host
+            and host[0] != "["
+            and ":" not in host
+            and len(text) <= 5
+            and text.isdigit()
+            and text.isascii()
+        ):
+            port = int(text)
+            if not 0 < port < 65536:
+                return [], []
+        else:  # a bracketed IPv6 host, or not host:port at all
+            host, port = _split_addr(addr)
+        hosts.append(host)
+        ports.append(port)
+    return hosts, ports
+
+
 def decode_records(
     identities: Sequence[str], raws: Sequence[bytes], *, max_record_bytes: int
 ) -> list[Instance] | None:
@@ -354,7 +417,8 @@ def decode_records(
     not take): the caller then decodes each by itself, which says which
     record is bad and why. Equal results, at a fraction of the cost: the
     values are decoded by a typed msgspec decoder called from C, the
-    addresses split in one loop, the hosts checked as one set and the
+    addresses split in a few passes over their joined text
+    (:func:`_split_addrs`), the hosts checked as one set and the
     instances built in one ``map``; only records with ``Metadata`` take a
     Python step of their own."""
     if not raws:
@@ -369,32 +433,21 @@ def decode_records(
         records = list(map(_RECORDS.decode, raws))
     except (msgspec.DecodeError, RecursionError):
         return None
-    hosts: list[str] = []
-    ports: list[int] = []
+    addrs = list(map(_addr_of, records))
+    split = _split_addrs(addrs)
     try:
-        for addr in map(_addr_of, records):
-            host, _, text = addr.rpartition(":")
-            if (
-                host
-                and host[0] != "["
-                and ":" not in host
-                and len(text) <= 5
-                and text.isdigit()
-                and text.isascii()
-            ):
-                port = int(text)
-                if not 0 < port < 65536:
-                    return None
-            else:  # a bracketed IPv6 host, or not host:port at all
-                host, port = _split_addr(addr)
-            hosts.append(host)
-            ports.append(port)
+        if split is not None:
+            hosts, ports = split
+        else:
+            hosts, ports = _split_each(addrs)
+            if not ports:
+                return None
         seen = set(hosts)
         if not seen <= _VALID_HOSTS and not all(map(valid_host, seen)):
             return None
-        extras = list(map(_metadata_of, records))
-        if not any(extras):
+        if not any(map(_metadata_of, records)):
             return _trusted_instances(identities, hosts, ports, repeat(1.0), repeat(_NO_METADATA))
+        extras = list(map(_metadata_of, records))
         weights: list[float] = []
         views: list[MappingProxyType[str, str]] = []
         tagged: list[tuple[int, tuple[str, ...]]] = []

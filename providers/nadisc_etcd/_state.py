@@ -77,7 +77,6 @@ _key_of = attrgetter("key")
 _raw_of = attrgetter("raw")
 _text_of = attrgetter("value")
 _mod_revision_of = attrgetter("mod_revision")
-_instance_of = attrgetter("instance")
 
 
 def _reused(known: Mapping[bytes, _Entry], kv: KeyValue) -> _Entry | None:
@@ -141,13 +140,15 @@ class ServiceState:
             return _Entry(kv.mod_revision, None, str(exc))
         return _Entry(kv.mod_revision, instance, None)
 
-    def _decode_all(self, kvs: Sequence[KeyValue], keys: list[bytes]) -> list[_Entry] | None:
+    def _decode_all(
+        self, kvs: Sequence[KeyValue], keys: list[bytes]
+    ) -> tuple[list[_Entry], list[Instance]] | None:
         """The entries of ``kvs`` (whose keys are ``keys``), each what
         :meth:`_decode` makes of it, decoded column-wise
-        (:func:`~._layout.decode_records`); None when any of them is not
-        valid (each is then decoded by itself)."""
+        (:func:`~._layout.decode_records`), and their instances; None when
+        any of them is not valid (each is then decoded by itself)."""
         if not kvs:
-            return []
+            return [], []
         identities = instance_ids_after(self._head, keys)
         if identities is None:
             return None
@@ -164,7 +165,7 @@ class ServiceState:
             )
         if decoded is None:
             return None
-        return list(map(_Entry, map(_mod_revision_of, kvs), decoded, repeat(None)))
+        return list(map(_Entry, map(_mod_revision_of, kvs), decoded, repeat(None))), decoded
 
     def reset(
         self,
@@ -213,13 +214,13 @@ class ServiceState:
             decoded = self._decode_all(fresh, fresh_keys)
             if decoded is not None and len(fresh) == len(chunk):
                 # Every record of the chunk new and valid (the common case).
-                entries.update(zip(fresh_keys, decoded, strict=True))
+                entries.update(zip(fresh_keys, decoded[0], strict=True))
                 keys += fresh_keys
-                instances += map(_instance_of, decoded)
+                instances += decoded[1]
             else:
                 # Record by record: reused, decoded in bulk above, or (a
                 # chunk holding an invalid record) decoded by itself.
-                done = {} if decoded is None else dict(zip(fresh_keys, decoded, strict=True))
+                done = {} if decoded is None else dict(zip(fresh_keys, decoded[0], strict=True))
                 for kv in chunk:
                     key = kv.key
                     problem = unread.get(key)

@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import base64
 import json
-from types import MappingProxyType
+import sys
+from collections.abc import Callable
+from functools import partial
+from types import FrameType, MappingProxyType
 from typing import Any
 
 import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from nadisc_etcd import RecordError, decode_record_bytes
+from nadisc_etcd import RecordError, _layout, decode_record_bytes
 from nadisc_etcd._layout import (
     Layout,
+    _split_addr,
+    _split_addrs,
     decode_records,
     decode_records_b64,
     instance_id_after,
@@ -28,6 +33,8 @@ from nadisc_etcd._layout import (
 )
 from nadisc_etcd._state import ServiceState, _Entry
 from nadisc_etcd._wire import KeyValue
+
+from nadisc import Instance
 
 HEAD = b"p/orders/"
 LIMIT = 256
@@ -202,15 +209,21 @@ def test_records_a_live_state_decoded_are_reused_around_new_and_bad_ones(wire: s
     assert "object" in (fresh._entries[kvs[9].key].problem or "")
 
 
+def each_decoded(identities: list[str], raws: list[bytes]) -> list[Instance | None]:
+    """Each record decoded by itself: its instance, or None when invalid."""
+    decoded: list[Instance | None] = []
+    for identity, raw in zip(identities, raws, strict=True):
+        try:
+            decoded.append(decode_record_bytes(identity, raw, max_record_bytes=LIMIT))
+        except RecordError:
+            decoded.append(None)
+    return decoded
+
+
 @given(items=st.lists(st.sampled_from(VALUES), max_size=12))
 def test_decode_records_is_each_record_or_none(items: list[bytes]) -> None:
     identities = [f"i{n}" for n in range(len(items))]
-    expected: list[object] = []
-    for identity, raw in zip(identities, items, strict=True):
-        try:
-            expected.append(decode_record_bytes(identity, raw, max_record_bytes=LIMIT))
-        except RecordError:
-            expected.append(None)
+    expected = each_decoded(identities, items)
     bulk = decode_records(identities, items, max_record_bytes=LIMIT)
     texts = [base64.b64encode(raw).decode() for raw in items]
     assert decode_records_b64(identities, texts, max_record_bytes=LIMIT) == bulk
@@ -249,3 +262,134 @@ def test_instance_ids_are_each_key_s_or_none(tails: list[bytes]) -> None:
         assert None in one_by_one or any(b"\n" in key for key in keys)
     if all(b"\n" not in key for key in keys) and None not in one_by_one:
         assert together == one_by_one
+
+
+#: Addresses of every shape: plain ``host:port``, bracketed IPv6, no port,
+#: two colons, a newline inside, ports out of range or not ASCII digits.
+ADDRESSES = st.one_of(
+    st.sampled_from(
+        [
+            "10.0.0.1:80",
+            "svc.example.com:8080",
+            "h_1:080",
+            "h:00080",
+            "h:65535",
+            "h:65536",
+            "h:0",
+            "h:00000",
+            "[fe80::1]:443",
+            "[example.com]:80",
+            "a[b:80",
+            "::1:80",
+            "h:1\nh:2",
+            "h\n:1",
+            ":80",
+            "host:",
+            "host",
+        ]
+    ),
+    st.text(alphabet="0123456789ab.-_:[]\n \u00b2\u0661", max_size=12),
+)
+
+
+def split_one_by_one(addr: str) -> tuple[str, int] | None:
+    try:
+        return _split_addr(addr)
+    except RecordError:
+        return None
+
+
+def plain(addr: str) -> bool:
+    """Of the shape the joined pass takes: one colon, no newline, no
+    leading bracket, a port of 1-5 ASCII digits in 1-65535."""
+    host, _, port = addr.partition(":")
+    return (
+        addr.count(":") == 1
+        and "\n" not in addr
+        and bool(host)
+        and not host.startswith("[")
+        and 0 < len(port) <= 5
+        and all(c in "0123456789" for c in port)
+        and 0 < int(port) < 65536
+    )
+
+
+@settings(max_examples=500, deadline=None)
+@given(addrs=st.lists(ADDRESSES, min_size=1, max_size=10))
+def test_addresses_split_together_as_each_by_itself(addrs: list[str]) -> None:
+    one_by_one = [split_one_by_one(addr) for addr in addrs]
+    together = _split_addrs(addrs)
+    if all(map(plain, addrs)):
+        # The joined pass takes every plain list, whatever its hosts.
+        assert together is not None
+    if together is None:
+        return
+    assert None not in one_by_one
+    assert together == ([p[0] for p in one_by_one if p], [p[1] for p in one_by_one if p])
+    assert all(type(port) is int for port in together[1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(addrs=st.lists(ADDRESSES, min_size=1, max_size=10))
+def test_records_of_any_address_decode_in_bulk_as_each_by_itself(addrs: list[str]) -> None:
+    """What ``decode_records`` makes of records with these addresses is
+    each record decoded by itself, and equal to the validating
+    constructor's instance."""
+    identities = [f"i{n}" for n in range(len(addrs))]
+    raws = [doc(Op=0, Addr=addr) for addr in addrs]
+    expected = each_decoded(identities, raws)
+    bulk = decode_records(identities, raws, max_record_bytes=LIMIT)
+    if None not in expected:
+        assert bulk == expected
+        for instance, identity, addr in zip(bulk, identities, addrs, strict=True):
+            host, port = _split_addr(addr)
+            assert instance == Instance(identity, host, port)
+    else:
+        assert bulk is None
+
+
+def count_lines(run: Callable[[], object], filename: str) -> int:
+    """Python lines run in ``filename`` while ``run`` runs."""
+    lines = 0
+
+    def local(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal lines
+        if event == "line":
+            lines += 1
+        return local
+
+    def calls(frame: FrameType, event: str, arg: object) -> Any:
+        return local if frame.f_code.co_filename == filename else None
+
+    before = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        run()
+    finally:
+        sys.settrace(before)
+    return lines
+
+
+def test_a_chunk_of_plain_records_takes_no_python_step_per_address() -> None:
+    """Plain records (``host:port``, no Metadata) of any count are decoded
+    in a fixed number of Python lines: the addresses are checked and split
+    as one text, not one at a time."""
+
+    def records(count: int) -> tuple[list[str], list[bytes]]:
+        addrs = [f"10.{n // 250}.{n % 250}.1:{8000 + n % 7}" for n in range(count)]
+        addrs[1] = "svc-1.example.com:080"
+        return [f"i{n}" for n in range(count)], [doc(Op=0, Addr=addr) for addr in addrs]
+
+    lines: dict[int, int] = {}
+    for count in (10, 1000):
+        identities, raws = records(count)
+        decoded = decode_records(identities, raws, max_record_bytes=LIMIT)
+        assert (
+            decoded is not None
+            and decoded[1].port == 80
+            and decoded[-1].port == 8000 + (count - 1) % 7
+        )
+        lines[count] = count_lines(
+            partial(decode_records, identities, raws, max_record_bytes=LIMIT), _layout.__file__
+        )
+    assert lines[1000] == lines[10]
