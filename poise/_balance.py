@@ -667,7 +667,10 @@ class Balance(Generic[Req, Resp]):
                 try:
                     ok = ep._service.poll_ready(ep._wake)  # type: ignore[arg-type]
                 except Exception as exc:
-                    self._take_idle(ep)
+                    if ep._slot == i:
+                        self._take_idle(ep)
+                    elif not self._fail_moved(ep):
+                        continue
                     ep._state = FAILED
                     ep._error = exc
                     if failures is None:
@@ -735,6 +738,22 @@ class Balance(Generic[Req, Resp]):
             ep._state = READY
             if not ep._listed:
                 self._list_ready(ep)
+
+    def _fail_moved(self, ep: Endpoint[Req, Resp]) -> bool:
+        """Before quarantining an endpoint whose poll_ready moved it, then
+        raised (a scan from inside that poll_ready settled it first): take
+        it out of where it went. The raise is the newer answer, so one the
+        inner scan found READY gives its reservation back. False when the
+        inner scan quarantined it already (and reports that failure).
+        (Membership cannot change during a scan: it is still this balance's.)"""
+        if ep._state is FAILED:
+            return False
+        if ep._state is READY:
+            self._unlist(ep)
+            release_reservation(ep._service)
+        else:
+            self._leave_scan(ep)
+        return True
 
     def _list_ready(self, ep: Endpoint[Req, Resp]) -> None:
         """Insert a READY endpoint in _ready (and its row in _rrows), in order."""
