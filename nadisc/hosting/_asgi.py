@@ -9,7 +9,15 @@ close`` without calling the app, and refuses new websocket handshakes.
 From :meth:`Gate.end_connections` on (the start of the grace) every
 HTTP/1.x response says ``Connection: close``, so that no caller still
 sending here holds a kept-alive connection when the server stops.
-Requests already inside the app run to completion. Lifespan messages
+Requests already inside the app run to completion, or until
+:meth:`Gate.cut` (the host calls it when the drain budget is spent): it
+cancels every HTTP request and websocket session inside the app and
+answers what it can, the same on trio and asyncio: ``503``,
+``Connection: close`` and ``Retry-After: 0`` for a request whose response
+had not started, close code 1012 (service restart) for a websocket; a
+response already started is left unfinished, so the server closes its
+connection (hypercorn alone disconnected such requests on trio and
+answered ``500`` on asyncio). Lifespan messages
 always pass through; an app that returns from the lifespan scope
 without finishing it (the ASGI way to say "no lifespan support", which
 hypercorn 0.18 on trio turns into a failed startup) has the rest of the
@@ -21,7 +29,7 @@ the server stops instead of serving an app that never started. An app that
 raises before reading any lifespan message does not support lifespan; its
 exception goes to the server, which serves it without lifespan (ASGI)::
 
-    OPEN ──end_connections()──► ENDING ──close()──► CLOSED
+    OPEN ──end_connections()──► ENDING ──close()──► CLOSED ──cut()──► CUT
                                     (in_flight counts down to 0 as requests finish)
 
 :class:`PrefixRouter` dispatches on path prefixes (``/metrics`` -> an app),
@@ -32,6 +40,7 @@ for everything else (a 404 app by default). Both cost O(1) per request
 
 from __future__ import annotations
 
+import contextlib
 import re
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -160,20 +169,37 @@ async def _lifespan_of(app: ASGIApp, scope: Scope, receive: Receive, send: Send)
 class Gate:
     """Counts in-flight HTTP requests; refuses new ones once closed (see module docs)."""
 
-    __slots__ = ("_app", "_closed", "_ending", "cancelled", "in_flight", "refused", "served")
+    __slots__ = (
+        "_app",
+        "_closed",
+        "_ending",
+        "_inside",
+        "cancelled",
+        "cut_requests",
+        "in_flight",
+        "refused",
+        "served",
+    )
 
     def __init__(self, app: ASGIApp) -> None:
         self._app = app
         self._closed = False
         self._ending = False
+        #: The cancel scope of every HTTP request and websocket session
+        #: inside the app (what :meth:`cut` cancels).
+        self._inside: set[anyio.CancelScope] = set()
         #: HTTP requests inside the app now.
         self.in_flight = 0
         #: HTTP requests handed to the app so far.
         self.served = 0
         #: Requests answered 503 because the gate was closed.
         self.refused = 0
-        #: HTTP requests cancelled inside the app (cut by the server).
+        #: HTTP requests cancelled inside the app (by :meth:`cut`, or by the
+        #: server).
         self.cancelled = 0
+        #: HTTP requests :meth:`cut` cancelled before their response
+        #: started, answered 503 in their place.
+        self.cut_requests = 0
 
     @property
     def closed(self) -> bool:
@@ -199,6 +225,16 @@ class Gate:
         self._closed = True
         self._ending = True
 
+    def cut(self) -> int:
+        """Cancel every HTTP request and websocket session inside the app
+        (the drain budget is spent) and close the gate; returns how many
+        were cancelled (synchronous, idempotent). Each is answered as the
+        module docs say once its cancellation has run through the app."""
+        self.close()
+        for scope in self._inside:
+            scope.cancel()
+        return len(self._inside)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
@@ -214,19 +250,55 @@ class Gate:
                 await send({"type": "websocket.close", "code": 1012})  # service restart
             return
         if kind != "http":
-            await self._app(scope, receive, send)
+            await self._session(scope, receive, send)
             return
         self.in_flight += 1
         self.served += 1
         if self._ending and _one_per_request(scope):
             send = _closing(send)
+        started = False
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        inside = anyio.CancelScope()
+        self._inside.add(inside)
         try:
-            await self._app(scope, receive, send)
+            with inside:
+                await self._app(scope, receive, watched_send)
         except anyio.get_cancelled_exc_class():
             self.cancelled += 1
             raise
         finally:
             self.in_flight -= 1
+            self._inside.discard(inside)
+        if inside.cancelled_caught:
+            self.cancelled += 1
+            if not started:
+                self.cut_requests += 1
+                await _respond(
+                    send, 503, b"shutting down\n", close=_one_per_request(scope), retry=True
+                )
+
+    async def _session(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A websocket session (or any other non-HTTP scope) inside the app,
+        cancellable by :meth:`cut`: closed with code 1012 when cut."""
+        inside = anyio.CancelScope()
+        self._inside.add(inside)
+        try:
+            with inside:
+                await self._app(scope, receive, send)
+        finally:
+            self._inside.discard(inside)
+        if inside.cancelled_caught and scope["type"] == "websocket":
+            with contextlib.suppress(Exception):
+                # Accepted or not, 1012 (service restart) tells the caller
+                # to come back elsewhere; a server that took the socket away
+                # already refuses the message.
+                await send({"type": "websocket.close", "code": 1012})
 
 
 def _closing(send: Send) -> Send:

@@ -95,7 +95,7 @@ from .._registration import resolve_registrations
 from .._registration_state import RegistrationState
 from ._asgi import ASGIApp, Gate, PrefixRouter, Receive, Scope, Send, not_found
 from ._grpc import GrpcListener, GrpcListenerReport
-from ._listen import Bind, Listener, bind_socket, is_wildcard
+from ._listen import CUT_BACKSTOP, Bind, Listener, bind_socket, is_wildcard
 from ._timing import EligibilityLease, ShutdownBudget, default_deregister_grace
 
 if TYPE_CHECKING:
@@ -440,12 +440,21 @@ class Host:
         self._draining.set()
         for listener in self._listeners.values():
             listener.stop()  # gRPC: server.stop(the drain budget)
-        # hypercorn cuts what still runs at the drain budget (graceful_timeout);
-        # the host kills a server only if it is still there a second later.
+        # At the drain budget the gates cut what still runs (503 for what has
+        # not answered yet, alike on both loops); hypercorn's own cut
+        # (graceful_timeout, CUT_BACKSTOP later) catches what ignores that,
+        # and the host kills a server only if it is still there after it.
         cancelled_before = sum(gate.cancelled for gate in self._gates.values())
-        with anyio.move_on_at(budget.drain_until(refusing) + 1.0):
+        cut_at = budget.drain_until(refusing)
+        with anyio.move_on_at(cut_at):
             for listener in self._listeners.values():
                 await listener.stopped.wait()
+        if not all(li.stopped.is_set() for li in self._listeners.values()):
+            for gate in self._gates.values():
+                gate.cut()
+            with anyio.move_on_at(cut_at + CUT_BACKSTOP + 1.0):
+                for listener in self._listeners.values():
+                    await listener.stopped.wait()
         if not all(li.stopped.is_set() for li in self._listeners.values()):
             for listener in self._listeners.values():
                 listener.kill()

@@ -44,11 +44,18 @@ from hypercorn.config import Config, Sockets
 #: times the pool expiry of httpx (5 s), the callers' default.
 KEEP_ALIVE_TIMEOUT = 15.0
 
+#: Seconds after the drain budget at which hypercorn cancels what still
+#: runs on a listener (its ``graceful_timeout``): the host's gate cuts
+#: every request at the budget itself, answering what it can (see
+#: :meth:`~nadisc.hosting._asgi.Gate.cut`); this only catches an app that
+#: does not end when cancelled.
+CUT_BACKSTOP = 1.0
+
 if TYPE_CHECKING:
     from ._asgi import ASGIApp, Message, Receive, Scope, Send
     from ._grpc import GrpcServe
 
-__all__ = ["KEEP_ALIVE_TIMEOUT", "Bind", "Listener", "bind_socket"]
+__all__ = ["CUT_BACKSTOP", "KEEP_ALIVE_TIMEOUT", "Bind", "Listener", "bind_socket"]
 
 logger = logging.getLogger("nadisc.hosting")
 
@@ -175,8 +182,9 @@ class Listener:
         self._stop = anyio.Event()
         self._scope = anyio.CancelScope(shield=True)
         self.config = _HandOver(self)
-        # hypercorn cancels what still runs when the drain budget is spent.
-        self.config.graceful_timeout = drain_timeout
+        # The host's gate cuts what still runs when the drain budget is
+        # spent; hypercorn cancels whatever outlives that a little later.
+        self.config.graceful_timeout = drain_timeout + CUT_BACKSTOP
         self.config.accesslog = None
         self.config.errorlog = logging.getLogger("nadisc.hosting.server")
         self.config.loglevel = "WARNING"

@@ -65,6 +65,20 @@ class RecordingApp:
         if path.startswith("/slow/"):
             await anyio.sleep(int(path.rsplit("/", 1)[1]) / 1000)
         body = self.name.encode()
+        if path.startswith("/started/"):
+            # The response starts and its first half is sent; the rest after
+            # the wait.
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-length", b"%d" % (2 * len(body)))],
+                }
+            )
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            await anyio.sleep(int(path.rsplit("/", 1)[1]) / 1000)
+            await send({"type": "http.response.body", "body": body})
+            return
         await send(
             {
                 "type": "http.response.start",

@@ -5,7 +5,6 @@ registry behind real hypercorn on loopback, on trio and asyncio."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import math
@@ -183,6 +182,87 @@ async def test_the_gate_counts_requests_in_flight() -> None:
         assert gate.in_flight == 1
         gate.close()  # closing does not cut what is running
     assert gate.in_flight == 0 and gate.served == 1
+
+
+class StuckApp:
+    """Never ends by itself: an HTTP request to ``/started`` gets its
+    response started and half its body; any other waits before answering;
+    a websocket is accepted and then waited on."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.inside = anyio.Event()
+        self._count = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.accept"})
+        elif scope["path"] == "/started":
+            headers = [(b"content-length", b"4")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b"ha", "more_body": True})
+        self._count += 1
+        if self._count == self.expected:
+            self.inside.set()
+        await anyio.sleep_forever()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cut_ends_what_runs_in_the_app_and_answers_what_it_can(backend: str) -> None:
+    run_on(backend, _cut_scenario)
+
+
+async def _cut_scenario() -> None:
+    app = StuckApp(expected=4)
+    gate = Gate(app)
+    sent: dict[str, list[dict[str, Any]]] = {}
+
+    async def run(name: str, scope: dict[str, Any]) -> None:
+        messages = sent[name] = []
+
+        async def receive() -> dict[str, Any]:
+            if scope["type"] == "websocket":
+                return {"type": "websocket.connect"}
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Any) -> None:
+            messages.append(message)
+
+        await gate(scope, receive, send)
+
+    http = {"type": "http", "root_path": "", "method": "GET", "headers": []}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, "waiting, 1.1", {**http, "path": "/wait", "http_version": "1.1"})
+        tg.start_soon(run, "waiting, 2", {**http, "path": "/wait", "http_version": "2"})
+        tg.start_soon(run, "started", {**http, "path": "/started", "http_version": "1.1"})
+        tg.start_soon(run, "websocket", {"type": "websocket", "path": "/ws"})
+        await app.inside.wait()
+        assert gate.in_flight == 3
+        assert gate.cut() == 4
+    assert gate.cut() == 0  # idempotent: nothing inside any more
+    assert gate.closed and gate.in_flight == 0
+    assert (gate.served, gate.cancelled, gate.cut_requests) == (3, 3, 2)
+
+    def answer(name: str) -> tuple[int, dict[bytes, bytes], bytes]:
+        start, body = sent[name]
+        assert body["type"] == "http.response.body" and not body.get("more_body")
+        return start["status"], dict(start["headers"]), body["body"]
+
+    status, headers, body = answer("waiting, 1.1")
+    assert status == 503 and body == b"shutting down\n"
+    assert headers[b"connection"] == b"close" and headers[b"retry-after"] == b"0"
+    status, headers, _ = answer("waiting, 2")
+    assert status == 503 and b"connection" not in headers and headers[b"retry-after"] == b"0"
+    # Started: left unfinished (the server closes its connection), nothing added.
+    assert [m["type"] for m in sent["started"]] == ["http.response.start", "http.response.body"]
+    assert sent["started"][-1]["more_body"] is True
+    assert sent["websocket"] == [
+        {"type": "websocket.accept"},
+        {"type": "websocket.close", "code": 1012},
+    ]
+    # Closed by the cut: a new request is refused without reaching the app.
+    assert (await call(gate, "/late"))[0] == 503 and gate.refused == 1
 
 
 async def _lifespan_exchange(app: Any) -> list[str]:
@@ -503,6 +583,8 @@ def test_a_drain_past_its_budget_is_cut_and_warned(
 ) -> None:
     caplog.set_level(logging.INFO, logger="nadisc.hosting")
 
+    answers: dict[str, httpx.Response | httpx.HTTPError] = {}
+
     async def scenario() -> None:
         app = RecordingApp()
         async with anyio.create_task_group() as tg, httpx.AsyncClient(trust_env=False) as http:
@@ -520,19 +602,32 @@ def test_a_drain_past_its_budget_is_cut_and_warned(
                 )
             )
 
-            async def stuck() -> None:
-                with contextlib.suppress(httpx.HTTPError):
-                    await http.get(host.url("web") + "/slow/5000", timeout=10)
+            async def stuck(path: str) -> None:
+                try:
+                    answers[path] = await http.get(host.url("web") + path, timeout=10)
+                except httpx.HTTPError as exc:
+                    answers[path] = exc
 
-            tg.start_soon(stuck)
-            await app.wait_arrival()
-            host.shutdown()
+            # The callers end (answered or cut) before the client closes.
+            async with anyio.create_task_group() as callers:
+                callers.start_soon(stuck, "/slow/5000")
+                callers.start_soon(stuck, "/started/5000")
+                await app.wait_arrival(2)
+                host.shutdown()
         report = host.report
-        assert report.abandoned_requests == 1
+        assert report.abandoned_requests == 2
         # Cut at the 0.2 s budget (measured 0.2-0.3 s), not held for the 5 s
-        # the stuck request would take: a bound 10x above what it measures.
+        # the stuck requests would take: a bound 10x above what it measures.
         assert report.drain_seconds < 3.0
         assert "still running after the 0.200 s drain budget" in caplog.text
+        # Alike on both loops: the request that had no answer yet gets 503
+        # (hypercorn alone disconnected it on trio, answered 500 on asyncio);
+        # the one whose response had started is left unfinished, so its
+        # connection closes under it.
+        refused = answers["/slow/5000"]
+        assert isinstance(refused, httpx.Response) and refused.status_code == 503
+        assert refused.headers["connection"] == "close" and refused.headers["retry-after"] == "0"
+        assert isinstance(answers["/started/5000"], httpx.RemoteProtocolError)
 
     run_on(backend, scenario)
 
