@@ -35,7 +35,7 @@ usable would be left, the ejections are lifted.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from poise import InvalidInput, OutlierDetector, OutlierEvent
@@ -131,87 +131,23 @@ RECONNECTED = "reconnected"
 class RouteDetector(OutlierDetector):
     """An :class:`~poise.OutlierDetector` one of whose ejections may end early.
 
-    :meth:`reinstate` marks an ejected key; the balance's next scan (every
-    pick scans) ends its ejection with the reason ``"reconnected"``. The
-    key then starts over as a new member: clean counters and its next
-    ejection lasts the base time again, as gRPC resets a subchannel's
-    backoff once a connection succeeds. Built on the detector's public
-    methods only (an early return is a removal and a re-add, whose events
-    the detector returns), so the balance applies it as any return; the
-    other ejections keep their duration.
-
-    No cost per pick: the balance asks ``next_due()`` at every scan, so
-    only while a return is marked does the detector take the form whose
-    ``next_due()`` and ``expire()`` know about it (it switches class to a
-    subclass with the same slots, and back once the marks are applied).
+    :meth:`reinstate` (the detector's own, with the reason
+    ``"reconnected"``) marks an ejected key; the balance's next scan (every
+    pick scans) ends its ejection. The key then starts over as a new
+    member: clean counters, and its next ejection lasts the base time
+    again, as gRPC resets a subchannel's backoff once a connection
+    succeeds; the other ejections keep their duration. No cost per pick:
+    the early return is one more entry in the detector's expiry heap.
     """
-
-    __slots__ = ("_early", "_log", "_relabel")
-
-    def __init__(self, *, observer: EjectionLog | None = None, **rules: Any) -> None:
-        self._log = observer
-        self._relabel: Hashable | None = None
-        #: Key -> when its early return was asked for.
-        self._early: dict[Hashable, float] = {}
-        super().__init__(observer=self._observe, **rules)
-
-    def _observe(self, event: OutlierEvent) -> None:
-        if event.key == self._relabel and not event.ejected and event.reason == "removed":
-            event = replace(event, reason=RECONNECTED)
-        log = self._log
-        if log is not None:
-            log(event)
-
-    def reinstate(self, key: Hashable, now: float) -> bool:
-        """End the ejection of ``key`` at the next scan from ``now`` (False: not ejected)."""
-        if not self.is_ejected(key):
-            return False
-        self._early.setdefault(key, now)
-        _become(self, _Reinstating)
-        return True
-
-    def __repr__(self) -> str:
-        return super().__repr__().replace("<OutlierDetector", "<RouteDetector", 1)
-
-
-class _Reinstating(RouteDetector):
-    """A :class:`RouteDetector` with early returns marked (see :meth:`RouteDetector.reinstate`)."""
 
     __slots__ = ()
 
-    def next_due(self) -> float:
-        due = OutlierDetector.next_due(self)
-        early = self._early
-        if early:
-            return min(due, min(early.values()))
-        return due
+    def __init__(self, *, observer: EjectionLog | None = None, **rules: Any) -> None:
+        super().__init__(observer=observer, **rules)
 
-    def expire(self, now: float) -> list[OutlierEvent]:
-        events: list[OutlierEvent] = []
-        early = self._early
-        for key in [key for key, at in early.items() if at <= now]:
-            del early[key]
-            if not self.is_ejected(key):
-                continue
-            self._relabel = key
-            try:
-                removed = self.remove(key, now)
-            finally:
-                self._relabel = None
-            self.add(key)
-            events += [
-                replace(event, reason=RECONNECTED)
-                if event.key == key and not event.ejected and event.reason == "removed"
-                else event
-                for event in removed
-            ]
-        if not early:
-            _become(self, RouteDetector)
-        # Not super(): the class may have switched back just above.
-        events += OutlierDetector.expire(self, now)
-        return events
+    def reinstate(self, key: Hashable, now: float, reason: str = RECONNECTED) -> bool:
+        """End the ejection of ``key`` at the next scan from ``now`` (False: not ejected)."""
+        return super().reinstate(key, now, reason)
 
-
-def _become(detector: RouteDetector, form: type[RouteDetector]) -> None:
-    """Switch ``detector`` between its two forms (the same slots, so the same layout)."""
-    detector.__class__ = form
+    def __repr__(self) -> str:
+        return super().__repr__().replace("<OutlierDetector", "<RouteDetector", 1)

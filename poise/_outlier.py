@@ -28,6 +28,10 @@ Ejection rules
       happen (the endpoint's counters restart). When members leave and the
       cap shrinks, the most recently ejected endpoints return early.
     * A returning endpoint starts with clean counters.
+    * ``reinstate(key, now)`` ends one ejection early, at the first
+      ``expire`` from ``now`` (a caller that learned the endpoint is back,
+      such as a connection that succeeds again): it returns as a new
+      member would, its next ejection lasting the base time again.
 
 Only completed calls count (a success, or a failure: the service raised,
 or a held response was completed as failed). Cancelled and declined calls
@@ -60,8 +64,9 @@ class OutlierEvent:
     ends and ``ejections`` how many times in a row the endpoint was ejected
     (the multiplier of ``base_ejection_time``); ``reason`` is
     ``"consecutive failures"``, ``"failure rate"``, ``"expired"``,
-    ``"cap"`` (returned early because the pool shrank), ``"removed"`` or
-    ``"exhausted"`` (returned early because nothing else was usable).
+    ``"cap"`` (returned early because the pool shrank), ``"removed"``,
+    ``"exhausted"`` (returned early because nothing else was usable), or
+    the reason given to :meth:`OutlierDetector.reinstate`.
     """
 
     key: Hashable
@@ -79,6 +84,7 @@ OutlierObserver = Callable[[OutlierEvent], None]
 class _State:
     __slots__ = (
         "consecutive",
+        "early",
         "ejected_at",
         "ejections",
         "failures",
@@ -99,6 +105,8 @@ class _State:
         self.ejected_at = 0.0
         self.returned_at: float | None = None
         self.seq = 0
+        #: The reason of an early return asked for (reinstate), while ejected.
+        self.early: str | None = None
 
     def clear_counters(self) -> None:
         self.consecutive = 0
@@ -257,6 +265,23 @@ class OutlierDetector:
         if key not in self._states:
             self._states[key] = _State()
 
+    def reinstate(self, key: Hashable, now: float, reason: str = "reinstated") -> bool:
+        """End the ejection of ``key`` at the first :meth:`expire` from
+        ``now`` (:meth:`next_due` says so), with ``reason``; False when
+        ``key`` is not ejected. The key returns as a new member would:
+        clean counters, and its next ejection lasts the base time again.
+        The other ejections keep their time. O(log e)."""
+        now = _finite_time("reinstate", now)
+        state = self._states.get(key)
+        if state is None or state.until is None:
+            return False
+        state.early = reason
+        if state.until > now:
+            state.until = now
+            state.seq += 1
+            heapq.heappush(self._due, (now, state.seq, key))
+        return True
+
     def remove(self, key: Hashable, now: float) -> list[OutlierEvent]:
         """Stop watching ``key``; an ejection of it ends ("removed")."""
         now = _finite_time("remove", now)
@@ -370,7 +395,16 @@ class OutlierDetector:
         state.returned_at = now
         state.clear_counters()
         del self._ejected[key]
-        return OutlierEvent(key, False, now, now, state.ejections, reason)
+        event = OutlierEvent(key, False, now, now, state.ejections, reason)
+        early = state.early
+        if early is not None:
+            state.early = None
+            if reason == "expired":
+                # The early return reinstate() asked for: it starts over.
+                event = OutlierEvent(key, False, now, now, state.ejections, early)
+                state.ejections = 0
+                state.returned_at = None
+        return event
 
     def _enforce_cap(self, now: float) -> list[OutlierEvent]:
         events: list[OutlierEvent] = []

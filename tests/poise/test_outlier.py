@@ -126,6 +126,53 @@ def test_release_all_ends_every_ejection() -> None:
     assert d.expire(1000.0) == []  # the old heap entries are stale
 
 
+def one_failure_ejects() -> tuple[OutlierDetector, list[OutlierEvent]]:
+    """One failure ejects, for 10 s x k (up to 100 s), any share of the pool."""
+    return detector(
+        consecutive_failures=1,
+        max_ejection_percent=100.0,
+        base_ejection_time=10.0,
+        max_ejection_time=100.0,
+    )
+
+
+def test_a_reinstated_ejection_ends_at_the_next_expire_and_starts_over() -> None:
+    d, seen = one_failure_ejects()
+    d.sync(["a", "b", "c"], 0.0)
+    d.record("a", True, 0.0)
+    d.expire(10.0)
+    d.record("a", True, 10.0)  # its second ejection in a row: 2 x the base
+    d.record("b", True, 10.0)
+    assert d.ejected_until("a") == 30.0 and d.ejected_until("b") == 20.0
+    assert not d.reinstate("c", 11.0)  # not ejected: nothing to end
+    assert d.reinstate("a", 11.0, "back")
+    assert d.reinstate("a", 12.0, "back")  # marked again: the earlier time stays
+    assert d.next_due() == 11.0 and d.ejected_until("a") == 11.0
+    assert d.expire(10.5) == []
+    events = d.expire(11.5)
+    assert [(e.key, e.ejected, e.reason, e.ejections) for e in events] == [("a", False, "back", 2)]
+    assert seen[-1] == events[0]
+    # A new member again: its next ejection lasts the base time; "b" keeps its own.
+    assert d.ejections("a") == 0 and d.ejected_until("b") == 20.0
+    again = d.record("a", True, 12.0)
+    assert again is not None and again.until == 22.0 and again.ejections == 1
+    assert [e.reason for e in d.expire(20.0)] == ["expired"]
+
+
+def test_a_reinstated_key_that_returned_otherwise_keeps_its_count() -> None:
+    d, _ = one_failure_ejects()
+    d.sync(["a", "b"], 0.0)
+    d.record("a", True, 0.0)
+    assert d.reinstate("a", 5.0)
+    released = d.release_all(1.0)  # returned before the mark was due
+    assert [(e.key, e.reason) for e in released] == [("a", "exhausted")]
+    assert d.ejections("a") == 1
+    assert d.expire(5.0) == []  # the mark went with the ejection
+    d.record("a", True, 6.0)
+    assert d.ejected_until("a") == 6.0 + 20.0  # its second ejection in a row
+    assert [e.reason for e in d.expire(26.0)] == ["expired"]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -177,6 +224,8 @@ class DetectorMachine(RuleBasedStateMachine):
         )
         self.now = 0.0
         self.members: set[str] = set()
+        #: Keys reinstate() marked, until they return.
+        self.marked: set[str] = set()
         self.sync([f"k{i}" for i in range(5)])
 
     def sync(self, keys: list[str]) -> None:
@@ -194,8 +243,23 @@ class DetectorMachine(RuleBasedStateMachine):
     @rule(step=st.floats(min_value=0.0, max_value=4.0))
     def advance(self, step: float) -> None:
         self.now += step
+        marked = set(self.marked)
         for event in self.d.expire(self.now):
             assert not event.ejected and event.at == self.now
+            key = str(event.key)
+            assert (event.reason == "early") == (key in marked)
+            if key in marked:
+                assert self.d.ejections(key) == 0
+        # Every marked key returned at this expire.
+        assert not marked & set(self.d.ejected)
+
+    @rule(key=st.sampled_from([f"k{i}" for i in range(8)]))
+    def reinstate(self, key: str) -> None:
+        ejected = self.d.is_ejected(key)
+        assert self.d.reinstate(key, self.now, "early") == ejected
+        if ejected:
+            self.marked.add(key)
+            assert self.d.next_due() <= self.now
 
     @rule(keys=st.sets(st.sampled_from([f"k{i}" for i in range(8)])))
     def membership(self, keys: set[str]) -> None:
@@ -218,7 +282,8 @@ class DetectorMachine(RuleBasedStateMachine):
     def every_ejection_ends_in_time(self) -> None:
         for key in self.d.ejected:
             until = self.d.ejected_until(key)
-            assert until is not None and self.now < until <= self.now + 7.0
+            assert until is not None and until <= self.now + 7.0
+            assert until >= self.now if key in self.marked else until > self.now
         if self.d.ejected:
             assert self.d.next_due() <= self.now + 7.0
 
@@ -229,6 +294,8 @@ class DetectorMachine(RuleBasedStateMachine):
             assert state.get(event.key, False) != event.ejected
             state[event.key] = event.ejected
         assert {k for k, v in state.items() if v} == set(self.d.ejected)
+        # A mark lasts while its ejection does (it returned: for whatever reason).
+        self.marked &= set(self.d.ejected)
 
 
 DetectorMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
