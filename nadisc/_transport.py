@@ -837,7 +837,11 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             response: httpx.Response | None = None
             try:
                 if own and not self._pool_enforces:
-                    # A pool that may ignore the timeout extension: one scope.
+                    # A pool that may ignore the timeout extension: one scope,
+                    # entered before the call runs so that every scope the call
+                    # opens (the pool's, the wait for an endpoint) nests inside
+                    # it. Entered only once the call suspends, it would cross
+                    # them (see docs/calling.md, "Benchmark").
                     with loop.scope(deadline=deadline):
                         if plain:
                             response = await self._call(

@@ -328,6 +328,114 @@ async def test_concurrent_budgets_each_end_their_own_call_on_either_loop() -> No
     assert ended == {"later": "nadisc.deadline", "sooner": "nadisc.deadline", "spared": 200}
 
 
+# The budget's scope around a pool that may ignore timeouts is entered before
+# the pool runs, so that every scope the pool opens nests inside it. Entering
+# it only once the pool suspends (to spare it on calls that never suspend)
+# would put it inside scopes the pool opened before suspending: exiting those
+# then corrupts the cancel scope stack on both loops. These calls go through a
+# warmed route (the fast path, no wait of the transport's own), so the first
+# thing that suspends is the pool, inside a scope of its own.
+
+
+@asynccontextmanager
+async def warmed(
+    answer: Any, request_timeout_ms: int = 60_000
+) -> AsyncIterator[tuple[DiscoveryTransport, httpx.AsyncClient]]:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/warm":
+            return httpx.Response(200)
+        response: httpx.Response = await answer(request)
+        return response
+
+    rest = RestConfig(request_timeout_ms=request_timeout_ms, connect_timeout_ms=10)
+    async with memory_owner(
+        {"primary": provider()}, policies={"primary": policy(rest=rest)}
+    ) as owner:
+        transport = DiscoveryTransport(owner, transport=httpx.MockTransport(handler))
+        async with httpx.AsyncClient(mounts={"nadisc://": transport}) as http:
+            warm = await http.get(f"nadisc://primary/{SERVICE}/warm")
+            assert warm.status_code == 200
+            yield transport, http
+
+
+def assert_settled(transport: DiscoveryTransport, timeouts: int) -> None:
+    """Nothing left in flight on the route; ``timeouts`` counted against "a"."""
+    route = transport.route("primary", SERVICE)
+    assert route is not None
+    assert route.statistics().in_flight == {"a": 0}
+    assert route.statistics().failures["timeout"] == timeouts
+
+
+async def assert_the_budget_ends(answer: Any) -> None:
+    """A call through a warmed route whose pool answers with ``answer`` ends
+    at its 50 ms budget, counted as a timeout, nothing left in flight."""
+    async with warmed(answer, request_timeout_ms=50) as (transport, http):
+        with pytest.raises(CallTimeout) as info:
+            await http.get(URL)
+        assert info.value.limit == "rest.request_timeout"
+        assert_settled(transport, 1)
+
+
+async def test_the_budget_ends_a_pool_waiting_inside_its_own_scope_on_either_loop() -> None:
+    async def answer(request: httpx.Request) -> httpx.Response:
+        with anyio.move_on_after(3600):  # the pool's own, far longer bound
+            await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    await assert_the_budget_ends(answer)
+
+
+async def test_the_budget_ends_a_pool_waiting_on_its_own_task_group_on_either_loop() -> None:
+    # The pool's child task is cancelled with it: its task group was opened
+    # inside the budget's scope.
+    child_cancelled = anyio.Event()
+
+    async def child() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            child_cancelled.set()
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(child)
+            await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    await assert_the_budget_ends(answer)
+    assert child_cancelled.is_set()
+
+
+async def test_a_pools_shielded_wait_outlasts_the_budget_on_either_loop() -> None:
+    # The budget ends while the pool waits in a shielded scope: the shield
+    # holds (the budget's scope is outside it), and the call ends at the
+    # pool's next wait outside the shield.
+    release = anyio.Event()
+    shielded: list[str] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        with anyio.CancelScope(shield=True):
+            await release.wait()
+            shielded.append("released")
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with warmed(answer) as (transport, http):
+        deadline = anyio.current_time() + 0.1
+
+        async def release_after_the_budget() -> None:
+            await anyio.sleep_until(deadline + 0.05)
+            release.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(release_after_the_budget)
+            with pytest.raises(CallTimeout) as info:
+                await http.get(URL, extensions={"nadisc.deadline": deadline})
+        assert info.value.limit == "nadisc.deadline"
+        assert shielded == ["released"]
+        assert_settled(transport, 1)
+
+
 # -- httpx's own pool, a real loopback server, the real clock ---------------------------
 
 
