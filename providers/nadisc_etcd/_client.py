@@ -227,8 +227,8 @@ class _Counters:
     authentications: int = 0
     #: Dedicated watch connections open right now (outside the request pool).
     watch_connections: int = 0
-    #: gRPC wire: channels opened for one unary call each (none while the
-    #: provider's served channel takes the calls).
+    #: gRPC wire: channels opened for one unary call each, or for the pages
+    #: of one range (none while the provider's served channel takes the calls).
     call_channels: int = 0
 
 
@@ -581,6 +581,12 @@ class EtcdClient(ClientCore):
             raise _transport_failure(kind, f"{where}: undecodable response") from exc
 
     # ------------------------------------------------------------------- kv
+
+    @asynccontextmanager
+    async def pinned(self) -> AsyncIterator[None]:
+        """Nothing here: the HTTP pool keeps its connections by itself (see
+        ``EtcdGrpcClient.pinned``)."""
+        yield
 
     async def range(
         self,

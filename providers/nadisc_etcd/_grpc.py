@@ -23,7 +23,9 @@ When a call finds another endpoint current (a failover), the channel
 follows it. Calls to another endpoint, calls before that channel is open,
 and a provider used without an owner open a channel of their own
 inside the calling task and close it when answered: one TCP connection and
-HTTP/2 handshake per call, on loopback about a millisecond of CPU. A watch
+HTTP/2 handshake per call, on loopback about a millisecond of CPU. The
+pages of one complete range are the exception: without a served channel
+they share one the range holds (:meth:`EtcdGrpcClient.pinned`). A watch
 keeps one channel for its whole life (entered in the watch's own task), as
 the JSON wire keeps a dedicated connection per watch.
 
@@ -59,6 +61,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from contextvars import ContextVar
 from itertools import repeat
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -107,6 +110,13 @@ _EVENT_TYPES: tuple[Literal["PUT"], Literal["DELETE"]] = (
     "PUT",
     "DELETE",
 )  # mvccpb.Event.EventType by number
+
+
+#: The channel the calls of a task, and of the tasks it starts, share while
+#: :meth:`EtcdGrpcClient.pinned` holds it: (client, endpoint index, channel).
+_PINNED: ContextVar[tuple[EtcdGrpcClient, int, Channel] | None] = ContextVar(
+    "nadisc_etcd_pinned_channel", default=None
+)
 
 
 class _Refused(Exception):
@@ -313,6 +323,24 @@ class EtcdGrpcClient(ClientCore):
         if not started:
             task_status.started()
 
+    @asynccontextmanager
+    async def pinned(self) -> AsyncIterator[None]:
+        """The calls made in this block, by this task and the tasks it starts,
+        share one channel to the current endpoint when no served channel
+        exists (a provider without an owner): a range of several pages is
+        one connection, not one per page. Entered and left by one task."""
+        if self._shared is not None or self._closed or _PINNED.get() is not None:
+            yield
+            return
+        index = self._current
+        self.counters.call_channels += 1
+        async with self._channel(index) as channel:
+            token = _PINNED.set((self, index, channel))
+            try:
+                yield
+            finally:
+                _PINNED.reset(token)
+
     def _move_to(self, index: int) -> None:
         """Endpoint ``index`` answered: it is the current one from now on."""
         self._current = index
@@ -375,6 +403,10 @@ class EtcdGrpcClient(ClientCore):
                     where = f"{self._endpoints[index]}{path}"
                     async with AsyncExitStack() as stack:
                         shared = self._shared
+                        if shared is None:
+                            pin = _PINNED.get()
+                            if pin is not None and pin[0] is self:
+                                shared = pin[1], pin[2]
                         if shared is not None and shared[0] == index:
                             channel = shared[1] if await self._connected(shared[1]) else None
                         else:

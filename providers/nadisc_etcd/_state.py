@@ -32,7 +32,9 @@ column-wise a chunk of :attr:`~ServiceState.RESET_STEP` at a time
 decoded record by record, so each bad one is named with its reason), the
 listing is built in bulk from the range's key order, and
 :meth:`~ServiceState.reset_steps` yields every few hundred records so the
-caller can give the event loop back in between.
+caller can give the event loop back in between. A range read in pages is
+decoded a page at a time as each arrives (:meth:`~ServiceState.resetting`,
+:class:`Reset`), with the same result.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from ._layout import (
 )
 from ._wire import Event, KeyValue, WatchResponse
 
-__all__ = ["Backoff", "ProbeVerdict", "ServiceState"]
+__all__ = ["Backoff", "ProbeVerdict", "Reset", "ServiceState"]
 
 
 class _Entry(msgspec.Struct, frozen=True, gc=False):
@@ -194,56 +196,16 @@ class ServiceState:
         records the range could not read (their values too large for a
         response; ``kvs`` holds them keys-only) to the reason: each is kept
         invalid at its ``mod_revision``, which a probe compares."""
-        known = reuse._entries if reuse is not None else {}
-        unread = refused or {}
-        entries: dict[bytes, _Entry] = {}
-        # A range comes in key order: the listing is built in bulk at the end.
-        keys: list[bytes] = []
-        instances: list[Instance] = []
-        invalid: dict[bytes, str] = {}
-        step = self.RESET_STEP
-        records = iter(kvs)
-        while chunk := list(islice(records, step)):
-            # What the live state decoded at the same mod_revision is taken
-            # over; the rest is decoded in bulk.
-            if known or unread:
-                fresh = [kv for kv in chunk if kv.key not in unread and _reused(known, kv) is None]
-            else:
-                fresh = chunk
-            fresh_keys = list(map(_key_of, fresh))
-            decoded = self._decode_all(fresh, fresh_keys)
-            if decoded is not None and len(fresh) == len(chunk):
-                # Every record of the chunk new and valid (the common case).
-                entries.update(zip(fresh_keys, decoded[0], strict=True))
-                keys += fresh_keys
-                instances += decoded[1]
-            else:
-                # Record by record: reused, decoded in bulk above, or (a
-                # chunk holding an invalid record) decoded by itself.
-                done = {} if decoded is None else dict(zip(fresh_keys, decoded[0], strict=True))
-                for kv in chunk:
-                    key = kv.key
-                    problem = unread.get(key)
-                    entry = (
-                        _Entry(kv.mod_revision, None, problem)
-                        if problem is not None
-                        else done.get(key) or _reused(known, kv) or self._decode(kv)
-                    )
-                    entries[key] = entry
-                    if entry.instance is not None:
-                        keys.append(key)
-                        instances.append(entry.instance)
-                    else:
-                        invalid[key] = entry.problem or "invalid record"
-            if len(chunk) == step:
-                yield
-        self._entries = entries
-        self._version += 1
-        self._listing = IncrementalListing.from_sorted(keys, instances)
-        self._invalid = invalid
-        self._invalid_view = None
-        self.revision = revision
-        self._lagging_since = None
+        building = self.resetting(refused)
+        yield from building.page_steps(kvs, reuse)
+        building.finish(revision)
+
+    def resetting(self, refused: Mapping[bytes, str] | None = None) -> Reset:
+        """A :meth:`reset_steps` fed a page at a time (:meth:`Reset.page_steps`,
+        each page decoded as it arrives) and applied by :meth:`Reset.finish`;
+        the state is left as it was until then. ``refused`` is read as each
+        page is decoded: a key added to it before its page is fed counts."""
+        return Reset(self, refused)
 
     def adopt(self, other: ServiceState) -> None:
         """Take over ``other``'s complete listing and revision (a state of
@@ -388,6 +350,88 @@ class ServiceState:
                 f"max_instances_per_service={self._max_instances}"
             )
         return self._listing.snapshot(self.service, EvidenceKind.LEASE, self.invalid())
+
+
+class Reset:
+    """A complete range decoded into a :class:`ServiceState` a page at a time
+    (see :meth:`ServiceState.resetting`): every page in key order, the pages
+    in key order, then :meth:`finish`. The result is the one
+    :meth:`ServiceState.reset_steps` gives for all the pages' records at once
+    (each record is decoded by itself or in a chunk of its page; a chunk's
+    bounds never change what a record decodes to)."""
+
+    __slots__ = ("_entries", "_instances", "_invalid", "_keys", "_state", "_unread")
+
+    def __init__(self, state: ServiceState, refused: Mapping[bytes, str] | None) -> None:
+        self._state = state
+        #: Read as each page is decoded (the caller may add to it meanwhile).
+        self._unread: Mapping[bytes, str] = refused if refused is not None else {}
+        self._entries: dict[bytes, _Entry] = {}
+        # A range comes in key order: the listing is built in bulk at the end.
+        self._keys: list[bytes] = []
+        self._instances: list[Instance] = []
+        self._invalid: dict[bytes, str] = {}
+
+    def page_steps(
+        self, kvs: Iterable[KeyValue], reuse: ServiceState | None = None
+    ) -> Iterator[None]:
+        """Decode the next page's records, yielding after every
+        :attr:`ServiceState.RESET_STEP` of them. ``reuse``: as in
+        :meth:`ServiceState.reset_steps` (read at this page)."""
+        state = self._state
+        known = reuse._entries if reuse is not None else {}
+        unread = self._unread
+        entries = self._entries
+        keys = self._keys
+        instances = self._instances
+        invalid = self._invalid
+        step = state.RESET_STEP
+        records = iter(kvs)
+        while chunk := list(islice(records, step)):
+            # What the live state decoded at the same mod_revision is taken
+            # over; the rest is decoded in bulk.
+            if known or unread:
+                fresh = [kv for kv in chunk if kv.key not in unread and _reused(known, kv) is None]
+            else:
+                fresh = chunk
+            fresh_keys = list(map(_key_of, fresh))
+            decoded = state._decode_all(fresh, fresh_keys)
+            if decoded is not None and len(fresh) == len(chunk):
+                # Every record of the chunk new and valid (the common case).
+                entries.update(zip(fresh_keys, decoded[0], strict=True))
+                keys += fresh_keys
+                instances += decoded[1]
+            else:
+                # Record by record: reused, decoded in bulk above, or (a
+                # chunk holding an invalid record) decoded by itself.
+                done = {} if decoded is None else dict(zip(fresh_keys, decoded[0], strict=True))
+                for kv in chunk:
+                    key = kv.key
+                    problem = unread.get(key)
+                    entry = (
+                        _Entry(kv.mod_revision, None, problem)
+                        if problem is not None
+                        else done.get(key) or _reused(known, kv) or state._decode(kv)
+                    )
+                    entries[key] = entry
+                    if entry.instance is not None:
+                        keys.append(key)
+                        instances.append(entry.instance)
+                    else:
+                        invalid[key] = entry.problem or "invalid record"
+            if len(chunk) == step:
+                yield
+
+    def finish(self, revision: int) -> None:
+        """Replace the state's listing with the pages fed, taken at ``revision``."""
+        state = self._state
+        state._entries = self._entries
+        state._version += 1
+        state._listing = IncrementalListing.from_sorted(self._keys, self._instances)
+        state._invalid = self._invalid
+        state._invalid_view = None
+        state.revision = revision
+        state._lagging_since = None
 
 
 class Backoff:
