@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
 
 from poise import InvalidInput, OutlierDetector, OutlierEvent
 
@@ -141,9 +140,6 @@ class RouteDetector(OutlierDetector):
     """
 
     __slots__ = ()
-
-    def __init__(self, *, observer: EjectionLog | None = None, **rules: Any) -> None:
-        super().__init__(observer=observer, **rules)
 
     def reinstate(self, key: Hashable, now: float, reason: str = RECONNECTED) -> bool:
         """End the ejection of ``key`` at the next scan from ``now`` (False: not ejected)."""

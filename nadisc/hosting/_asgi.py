@@ -87,6 +87,11 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
+async def _shutting_down(send: Send, scope: Scope) -> None:
+    """``503`` for a request the stopping host will not (or no longer) serve."""
+    await _respond(send, 503, b"shutting down\n", close=_one_per_request(scope), retry=True)
+
+
 async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
     """The fallback of an admin listener: ``404`` for HTTP, lifespan acknowledged."""
     if scope["type"] == "http":
@@ -243,9 +248,7 @@ class Gate:
         if self._closed:
             self.refused += 1
             if kind == "http":
-                await _respond(
-                    send, 503, b"shutting down\n", close=_one_per_request(scope), retry=True
-                )
+                await _shutting_down(send, scope)
             else:
                 await send({"type": "websocket.close", "code": 1012})  # service restart
             return
@@ -279,9 +282,7 @@ class Gate:
             self.cancelled += 1
             if not started:
                 self.cut_requests += 1
-                await _respond(
-                    send, 503, b"shutting down\n", close=_one_per_request(scope), retry=True
-                )
+                await _shutting_down(send, scope)
 
     async def _session(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A websocket session (or any other non-HTTP scope) inside the app,
