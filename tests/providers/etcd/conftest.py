@@ -45,6 +45,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class PortTaken(RuntimeError):
+    """Another process holds a port this etcd was to listen on."""
+
+
 class EtcdServer:
     """One etcd process on loopback, restartable on the same data dir and ports."""
 
@@ -89,7 +93,8 @@ class EtcdServer:
         while time.monotonic() < until:
             if self.process.poll() is not None:
                 log = (self.root / "etcd.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"etcd exited with {self.process.returncode}: {log}")
+                error = PortTaken if "address already in use" in log else RuntimeError
+                raise error(f"etcd exited with {self.process.returncode}: {log}")
             try:
                 answer = httpx.post(f"{self.url}/v3/maintenance/status", content=b"{}", timeout=1)
                 if answer.status_code == 200 and json.loads(answer.content).get("leader"):
@@ -99,7 +104,7 @@ class EtcdServer:
                     answer = httpx.post(
                         f"{self.url}/v3/kv/range", content=b'{"key": "AA=="}', timeout=5
                     )
-                    if answer.status_code == 200:
+                    if answer.status_code == 200 and self._answers_as_ours():
                         return
             except httpx.HTTPError:
                 pass
@@ -107,9 +112,38 @@ class EtcdServer:
         self.stop()
         raise RuntimeError(f"etcd did not become ready within {timeout} s")
 
-    def pause(self) -> None:
-        assert self.process is not None
+    def _answers_as_ours(self) -> bool:
+        """Whether the etcd answering on our client port is the one we started.
+
+        A free port is picked by binding to port 0 and closing, so another
+        worker's etcd can take the same port before ours binds it. Ours then
+        exits on the bind error, perhaps only after the other one answered
+        the readiness probe, and a test would pause or kill a server that
+        is not the one it talks to. Each server's member list names its own
+        peer port, which settles whose it is.
+        """
+        answer = httpx.post(f"{self.url}/v3/cluster/member/list", content=b"{}", timeout=5)
+        peers = [url for m in answer.json().get("members", []) for url in m.get("peerURLs", [])]
+        if f"http://127.0.0.1:{self.peer_port}" not in peers:
+            raise PortTaken(f"another etcd answers on {self.url} (peers {peers})")
+        return self.process is not None and self.process.poll() is None
+
+    def pause(self, timeout: float = 5.0) -> None:
+        """SIGSTOP, returning once every thread of etcd has stopped.
+
+        ``kill`` only queues the signal: a thread running on another CPU
+        can still answer a request sent right after it returns. A test that
+        pauses the server and then sends must not race that window, so this
+        waits until ``/proc`` shows each thread in the stopped state.
+        """
+        assert self.process is not None and self.process.poll() is None, "etcd is not running"
         self.process.send_signal(signal.SIGSTOP)
+        tasks = Path(f"/proc/{self.process.pid}/task")
+        until = time.monotonic() + timeout
+        while not _all_stopped(tasks):
+            if time.monotonic() > until:
+                raise RuntimeError(f"etcd did not stop within {timeout} s of SIGSTOP")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         assert self.process is not None
@@ -135,6 +169,20 @@ class EtcdServer:
         self.process = None
 
 
+def _all_stopped(tasks: Path) -> bool:
+    """Whether every thread under ``/proc/<pid>/task`` is stopped (``T``)."""
+    for task in tasks.iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:  # the thread exited meanwhile
+            continue
+        # The state follows the command name, which is in parentheses and
+        # may itself hold spaces or parentheses: read after the last ')'.
+        if stat[stat.rindex(")") + 2] not in "tT":
+            return False
+    return True
+
+
 def _require_etcd() -> str:
     if ETCD is None:
         message = "the etcd binary is not installed (apt-get install etcd-server)"
@@ -144,13 +192,27 @@ def _require_etcd() -> str:
     return ETCD
 
 
+def _started(binary: str, root: Path) -> EtcdServer:
+    """An etcd started on fresh ports, picked again while another process takes them."""
+    for attempt in range(3):
+        data = root / f"try-{attempt}"
+        data.mkdir()
+        server = EtcdServer(binary, data)
+        try:
+            server.start()
+        except PortTaken:
+            server.stop()
+            continue
+        return server
+    raise RuntimeError("three pairs of free ports were each taken before etcd could bind them")
+
+
 @pytest.fixture(scope="session")
 def etcd_server() -> Iterator[EtcdServer]:
     """The session's shared etcd (tests isolate themselves by key prefix)."""
     binary = _require_etcd()
     with tempfile.TemporaryDirectory(prefix="nadisc-etcd-") as root:
-        server = EtcdServer(binary, Path(root))
-        server.start()
+        server = _started(binary, Path(root))
         try:
             yield server
         finally:
@@ -162,8 +224,7 @@ def own_etcd() -> Iterator[EtcdServer]:
     """A private etcd for tests that stop, restart or lock down their server."""
     binary = _require_etcd()
     with tempfile.TemporaryDirectory(prefix="nadisc-etcd-own-") as root:
-        server = EtcdServer(binary, Path(root))
-        server.start()
+        server = _started(binary, Path(root))
         try:
             yield server
         finally:
