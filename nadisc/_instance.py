@@ -32,7 +32,7 @@ import operator
 import re
 import socket
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice, repeat
 from operator import attrgetter
@@ -178,6 +178,22 @@ def _check_host(host: str) -> bool:
 
 _host_of = attrgetter("host")
 _identity_of = attrgetter("identity")
+_metadata_of = attrgetter("metadata")
+_tags_of = attrgetter("tags")
+
+
+def _approximate_bytes_of(instances: Sequence[Instance]) -> int:
+    """``sum(i.approximate_bytes() for i in instances)``, column by column:
+    a pass in C per field, and a Python step only for an instance that has
+    metadata or tags."""
+    size = 64 * len(instances)
+    size += sum(map(len, map(_identity_of, instances)))
+    size += sum(map(len, map(_host_of, instances)))
+    for metadata in filter(None, map(_metadata_of, instances)):
+        size += sum(map(len, metadata)) + sum(map(len, metadata.values()))
+    for tags in filter(None, map(_tags_of, instances)):
+        size += sum(map(len, tags))
+    return size
 
 
 def _screen(
@@ -363,7 +379,7 @@ class ProviderSnapshot:
         # have left the slot unset.
         size: int = getattr(self, "_size", -1)
         if size < 0:
-            size = 64 + sum(i.approximate_bytes() for i in self.instances)
+            size = 64 + _approximate_bytes_of(self.instances)
             object.__setattr__(self, "_size", size)
         return size
 
@@ -477,7 +493,7 @@ class IncrementalListing(Generic[K]):
         listing._by_key = dict(zip(keys, instances, strict=True))
         listing._identities = counts
         listing._duplicates = len(instances) - len(counts)
-        listing._size = 64 + sum(map(Instance.approximate_bytes, instances))
+        listing._size = 64 + _approximate_bytes_of(instances)
         return listing
 
     def __len__(self) -> int:

@@ -82,7 +82,7 @@ from ._errors import (
     relative_deadline_hint,
 )
 from ._evidence import Backoff, Evidence, EvidencePolicy, FailureKind, Reason, Usable
-from ._instance import EvidenceKind, Instance, ProviderSnapshot
+from ._instance import EvidenceKind, Instance, ProviderSnapshot, _identity_of
 
 if TYPE_CHECKING:
     from ._connection import Connection
@@ -240,7 +240,7 @@ class ObservationSnapshot:
 
     def identities(self) -> tuple[str, ...]:
         """Provider instance identities, in listing order."""
-        return tuple([i.identity for i in self.instances])
+        return tuple(map(_identity_of, self.instances))
 
 
 _FAILURE_KINDS: tuple[tuple[type[ProviderFailure], FailureKind], ...] = (
@@ -313,6 +313,11 @@ class Slot:
         self._failure_delay = self._poll * (0.5 + 0.5 * spread)
         #: Set when a failure is recorded while the watch is up.
         self._failed: anyio.Event | None = None
+        #: While a session's query runs beside its watch opening: the
+        #: watch's failures, applied once the query answered (a watch that
+        #: fails at once must not be the first outcome ``observe()`` sees
+        #: when the query is about to list the service).
+        self._held: list[BaseException] | None = None
         #: Confirmation queries a live, current watch made unnecessary.
         self.skipped_queries = 0
         hook = getattr(connection.provider, "refresh_delay", None)
@@ -387,7 +392,13 @@ class Slot:
 
     def fail(self, failure: ProviderFailure) -> None:
         """A refresh failed (also the watch sink)."""
-        self._fail(failure, anyio.current_time())
+        self._watch_failed(failure)
+
+    def _watch_failed(self, failure: BaseException) -> None:
+        if self._held is not None:
+            self._held.append(failure)
+        else:
+            self._fail(failure, anyio.current_time())
 
     def refresh(self) -> None:
         """The registry confirmed nothing changed (also the watch sink)."""
@@ -679,9 +690,35 @@ class Slot:
             self.connection.release_watch_streams(ticket)
 
     async def _watch_once(self, backoff: Backoff) -> str | None:
-        """One watch session: a query, the watch, confirmation queries."""
-        if await self._query_once():
-            backoff.reset()
+        """One watch session: a query, the watch, confirmation queries.
+
+        For a provider whose watch takes the query's listing
+        (``Capabilities.watch_takes_query``) the query runs while the watch
+        opens, in a task of its own: the watch session's end (a failed
+        watch cancels it) does not cut the query short, and the session
+        waits for it before it ends."""
+        if not self.connection.provider.capabilities.watch_takes_query:
+            if await self._query_once():
+                backoff.reset()
+            return await self._watch_session(backoff)
+        async with anyio.create_task_group() as queries:
+
+            async def query() -> None:
+                try:
+                    if await self._query_once():
+                        backoff.reset()
+                finally:
+                    held, self._held = self._held, None
+                    for failure in held or ():
+                        self._fail(failure, anyio.current_time())
+
+            self._held = []
+            queries.start_soon(query)
+            outcome = await self._watch_session(backoff)
+        return outcome
+
+    async def _watch_session(self, backoff: Backoff) -> str | None:
+        """The watch and its confirmation queries (see :meth:`_watch_once`)."""
         outcome: str | None = None
         try:
             async with anyio.create_task_group() as tg:
@@ -689,9 +726,7 @@ class Slot:
                     await tg.start(self._watch_task, tg.cancel_scope)
                 if start_scope.cancelled_caught:
                     tg.cancel_scope.cancel()
-                    self._fail(
-                        IncompleteSnapshot("the watch did not start in time"), anyio.current_time()
-                    )
+                    self._watch_failed(IncompleteSnapshot("the watch did not start in time"))
                     return None
                 queried_at = anyio.current_time()
                 failed_at: float | None = None
@@ -722,11 +757,10 @@ class Slot:
                     if await self._query_once():
                         backoff.reset()
         except Exception as exc:
-            self._fail(
+            self._watch_failed(
                 exc
                 if isinstance(exc, ProviderFailure)
-                else IncompleteSnapshot(f"the watch could not start ({type(exc).__name__})"),
-                anyio.current_time(),
+                else IncompleteSnapshot(f"the watch could not start ({type(exc).__name__})")
             )
         finally:
             self._failed = None
@@ -752,7 +786,7 @@ class Slot:
             failure = IncompleteSnapshot(f"the watch raised {type(exc).__name__}")
         finally:
             runtime.live_tasks -= 1
-        self._fail(failure, anyio.current_time())
+        self._watch_failed(failure)
         # End the session; the slot backs off and starts a new one.
         session.cancel()
 

@@ -72,6 +72,13 @@ class Capabilities:
     #: them once per connection while any observation watches, not once per
     #: observation.
     shared_watch: bool = False
+    #: A watch's first listing takes the listing of the query the owner
+    #: made just before it, when nothing changed in between, and waits for
+    #: that query while it is in flight. The owner then starts a watch
+    #: session's query and its watch together: the watch is open about
+    #: when the query answers, not a stream set-up later, so a change made
+    #: right after ``observe()`` returns reaches a watch already following.
+    watch_takes_query: bool = False
     #: Repeating a renewal with the same identity and payload is harmless.
     idempotent_renewal: bool = False
     #: Seconds within which a registration must be renewed again to stay

@@ -226,6 +226,7 @@ def capabilities_for(settings: EtcdSettings) -> Capabilities:
         registration=True,
         watch_streams=1,
         shared_watch=shares_watch(settings),
+        watch_takes_query=True,
         idempotent_renewal=True,
         renew_within=settings.ttl_seconds * RENEW_FRACTION,
     )
@@ -278,6 +279,16 @@ class _Counts:
     probes: int = 0
     watch_listings_taken: int = 0
     oversized_resyncs: int = 0
+
+
+class _InFlight:
+    """The queries of one service in flight, and the event set when the last ends."""
+
+    __slots__ = ("count", "done")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.done = anyio.Event()
 
 
 class _Run:
@@ -428,6 +439,9 @@ class EtcdProvider:
         #: was created at that very revision takes it instead of ranging.
         self._queried: OrderedDict[str, ServiceState] = OrderedDict()
         self._queried_records = 0
+        #: service -> set when its queries in flight have all answered (the
+        #: owner starts a watch while the query before it runs).
+        self._querying: dict[str, _InFlight] = {}
         #: The members of the shared watch over ``<prefix>/`` (None: one
         #: stream per watched service).
         self._fanout: Fanout[_Run] | None = (
@@ -739,15 +753,25 @@ class EtcdProvider:
             return live is not None and self._watched_revision(live) >= revision
 
         state = self._new_state(service)
-        # Asked at the first page, and again at the end (the watch may have
-        # moved past the range while its later pages were read).
-        if not await self._range_into(state, deadline, settled=watched_past) or watched_past(
-            state.revision
-        ):
-            return self._live[service].snapshot()
-        snapshot = state.snapshot()
-        self._keep_queried(state)
-        return snapshot
+        flight = self._querying.get(service)
+        if flight is None:
+            flight = self._querying[service] = _InFlight()
+        flight.count += 1
+        try:
+            # Asked at the first page, and again at the end (the watch may
+            # have moved past the range while its later pages were read).
+            if not await self._range_into(state, deadline, settled=watched_past) or watched_past(
+                state.revision
+            ):
+                return self._live[service].snapshot()
+            snapshot = state.snapshot()
+            self._keep_queried(state)
+            return snapshot
+        finally:
+            flight.count -= 1
+            if not flight.count:
+                del self._querying[service]
+                flight.done.set()
 
     def _keep_queried(self, state: ServiceState) -> None:
         """Keep a query's listing for a watch of the service about to start."""
@@ -763,11 +787,19 @@ class EtcdProvider:
             _, dropped = self._queried.popitem(last=False)
             self._queried_records -= len(dropped)
 
-    def _take_queried(self, state: ServiceState, created: int) -> bool:
+    async def _take_queried(self, state: ServiceState, created: int) -> bool:
         """Fill ``state`` with its service's last query listing when that was
         read at ``created``, the revision a stream from now was just created
         at: nothing changed in between, so it is what a range would read now
-        (and the stream delivers everything after it). True if taken."""
+        (and the stream delivers everything after it). True if taken.
+
+        A query of the service still in flight (the owner starts the watch
+        while it runs) is waited for, within the request deadline: its
+        listing is the one to take."""
+        flight = self._querying.get(state.service)
+        if flight is not None:
+            with anyio.move_on_at(self._deadline()):
+                await flight.done.wait()
         queried = self._queried.pop(state.service, None)
         if queried is None:
             return False
@@ -828,7 +860,7 @@ class EtcdProvider:
 
         async def take_range(created: int) -> None:
             nonlocal need_range, started
-            if self._take_queried(run.state, created):
+            if await self._take_queried(run.state, created):
                 self._counts.watch_listings_taken += 1
             else:
                 self._counts.watch_ranges += 1
@@ -1062,7 +1094,7 @@ class EtcdProvider:
             from now, created at that revision (a query listing read at it
             is taken instead)."""
             nonlocal need_range, started
-            if created is not None and self._take_queried(run.state, created):
+            if created is not None and await self._take_queried(run.state, created):
                 self._counts.watch_listings_taken += 1
                 accepted = fanout.accept(member, run.state.revision)
                 assert accepted  # at the stream's own start

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
+from typing import Any
 
 import anyio
 import pytest
+from anyio.abc import TaskStatus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nadisc import (
+    Capabilities,
     CapacityRejected,
     DeadlineExceeded,
     EvidenceKind,
@@ -19,6 +23,7 @@ from nadisc import (
     IncompleteSnapshot,
     InvalidSnapshot,
     Observation,
+    ObservationSink,
     ProviderSnapshot,
 )
 from nadisc._observation import confirmation_window, next_confirmation, watch_current
@@ -637,3 +642,74 @@ async def test_the_cursor_is_the_handles_so_each_waiting_task_needs_its_own(
         # waited out its 30 s, though polls went on (nothing else changed).
         assert sorted(woken) in (["own", "shared-1"], ["own", "shared-2"])
         assert p.query_counts["order-worker"] > 2
+
+
+class QueryTakingProvider(MemoryProvider):
+    """A watch provider declaring ``watch_takes_query``: it logs when each
+    query and watch starts and ends, and its watch can be made to fail."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.log: list[str] = []
+        self.watch_failure: IncompleteSnapshot | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities, watch_takes_query=True)
+
+    async def query(self, service: str, deadline: float) -> ProviderSnapshot:
+        self.log.append("query")
+        try:
+            return await super().query(service, deadline)
+        finally:
+            self.log.append("query answered")
+
+    async def watch(
+        self, service: str, sink: ObservationSink, *, task_status: TaskStatus[None]
+    ) -> None:
+        self.log.append("watch")
+        if self.watch_failure is not None:
+            sink.fail(self.watch_failure)
+            task_status.started()
+            raise self.watch_failure
+        await super().watch(service, sink, task_status=task_status)
+
+
+async def test_a_watch_that_takes_the_query_opens_while_the_query_runs(
+    autojump_clock: object,
+) -> None:
+    p = QueryTakingProvider(services={"orders": "orders"}, watch=True)
+    p.set("orders", [inst("a")])
+    p.set_latency(0.5)
+    async with memory_owner({"primary": p}) as owner:
+        observation = await owner.client().observe("orders", anyio.current_time() + 5)
+        assert observation.snapshot().identities() == ("a",)
+        # Both went out together: the watch opened (and listed the service)
+        # while the query was still on its way.
+        assert sorted(p.log) == ["query", "watch"]
+        await anyio.sleep(1)
+        assert p.log[2:] == ["query answered"]
+        p.set("orders", [inst("a"), inst("b")])
+        await observation.changed(anyio.current_time() + 1)
+        assert observation.snapshot().identities() == ("a", "b")
+
+
+async def test_a_watch_that_fails_at_once_does_not_cut_the_query_short(
+    autojump_clock: object,
+) -> None:
+    p = QueryTakingProvider(services={"orders": "orders"}, watch=True)
+    p.set("orders", [inst("a")])
+    p.set_latency(0.5)
+    p.watch_failure = IncompleteSnapshot("the watch stream was refused")
+    pol = policy(snapshot={"max_age_ms": 15000, "stale_if_error_ms": 10000})
+    async with memory_owner({"primary": p}, policies={"primary": pol}) as owner:
+        observation = await owner.client().observe("orders", anyio.current_time() + 5)
+        # The watch failed before the query answered, and ended its session:
+        # the query was not cut short, its listing is what observe() saw
+        # first, and the watch's failure was recorded after it (served as
+        # degraded within stale_if_error).
+        assert sorted(p.log[:2]) == ["query", "watch"] and p.log[2] == "query answered"
+        snapshot = observation.snapshot()
+        assert snapshot.identities() == ("a",) and snapshot.degraded
+        status = owner.observer().snapshot().connection("primary")
+        assert dict(status.failure_kinds)["incomplete"] >= 1

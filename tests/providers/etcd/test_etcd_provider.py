@@ -27,6 +27,7 @@ from nadisc import (
     LeaseLost,
     LifecycleError,
     OutcomeUnknown,
+    ProviderSnapshot,
     Registered,
     RegistrationError,
     RegistrationRecord,
@@ -217,6 +218,65 @@ async def test_a_watch_takes_the_query_listing_read_at_its_stream_s_start(
         nursery.cancel_scope.cancel()
     stats = provider.statistics()
     assert (stats.watch_ranges, stats.watch_listings_taken) == (1, 1)
+    assert sink.failures == []
+
+
+@both_wires
+@pytest.mark.parametrize("mode", ["shared", "per_service"])
+async def test_a_watch_opened_while_the_query_runs_waits_for_it_and_takes_its_listing(
+    etcd_server: EtcdServer,
+    raw: RawEtcd,
+    make_provider: ProviderMaker,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    """The owner starts a watch while the query before it is in flight
+    (``Capabilities.watch_takes_query``). The watch's stream opens, then
+    waits for that query: its range, answered after the stream was created
+    and with nothing changed since, is the listing the watch starts from."""
+    provider = make_provider(etcd_server, probe_interval_ms=10_000, watch=mode)
+    assert provider.capabilities.watch_takes_query
+    head = f"{provider.settings.prefix}/orders"
+    await raw.put_record(f"{head}/a", "10.0.0.1:8080")
+    client = provider._client
+    real_range = client.range
+    held = anyio.Event()
+    release = anyio.Event()
+
+    async def range_(*args: Any, **kwargs: Any) -> Any:
+        if not held.is_set():  # the query's range waits until the stream is open
+            held.set()
+            await release.wait()
+        return await real_range(*args, **kwargs)
+
+    monkeypatch.setattr(client, "range", range_)
+    queried: list[ProviderSnapshot] = []
+    sink = RecordingSink()
+
+    async def query() -> None:
+        queried.append(await provider.query("orders", soon()))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as nursery:
+            nursery.start_soon(query)
+            await held.wait()
+
+            async def watch() -> None:
+                await provider.watch("orders", sink)
+
+            nursery.start_soon(watch)
+            while provider.statistics().watch_streams_opened == 0:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.05)  # the watch now waits for the query
+            assert sink.publishes == [] and sink.failures == []
+            release.set()
+            await sink.wait_for(lambda: len(sink.publishes) == 1, 5.0)
+            assert sink.publishes[0] == queried[0]
+            stats = provider.statistics()
+            assert (stats.watch_ranges, stats.watch_listings_taken) == (0, 1)
+            await raw.put_record(f"{head}/b", "10.0.0.2:8080")
+            await sink.wait_for(lambda: sink.ids() == {"a", "b"}, 5.0)
+            nursery.cancel_scope.cancel()
     assert sink.failures == []
 
 
