@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-from typing import Any
 
 import anyio
 import pytest
@@ -648,8 +647,10 @@ class QueryTakingProvider(MemoryProvider):
     """A watch provider declaring ``watch_takes_query``: it logs when each
     query and watch starts and ends, and its watch can be made to fail."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self) -> None:
+        # "orders" lists "a"; every query takes 0.5 s.
+        super().__init__(services={"orders": "orders"}, watch=True, latency=0.5)
+        self.set("orders", [inst("a")])
         self.log: list[str] = []
         self.watch_failure: IncompleteSnapshot | None = None
 
@@ -678,9 +679,7 @@ class QueryTakingProvider(MemoryProvider):
 async def test_a_watch_that_takes_the_query_opens_while_the_query_runs(
     autojump_clock: object,
 ) -> None:
-    p = QueryTakingProvider(services={"orders": "orders"}, watch=True)
-    p.set("orders", [inst("a")])
-    p.set_latency(0.5)
+    p = QueryTakingProvider()
     async with memory_owner({"primary": p}) as owner:
         observation = await owner.client().observe("orders", anyio.current_time() + 5)
         assert observation.snapshot().identities() == ("a",)
@@ -697,9 +696,7 @@ async def test_a_watch_that_takes_the_query_opens_while_the_query_runs(
 async def test_a_watch_that_fails_at_once_does_not_cut_the_query_short(
     autojump_clock: object,
 ) -> None:
-    p = QueryTakingProvider(services={"orders": "orders"}, watch=True)
-    p.set("orders", [inst("a")])
-    p.set_latency(0.5)
+    p = QueryTakingProvider()
     p.watch_failure = IncompleteSnapshot("the watch stream was refused")
     pol = policy(snapshot={"max_age_ms": 15000, "stale_if_error_ms": 10000})
     async with memory_owner({"primary": p}, policies={"primary": pol}) as owner:
