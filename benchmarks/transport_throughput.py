@@ -31,12 +31,17 @@ what the discovery layer itself costs per request):
     none of those set), which is why it can beat the baseline row; this row
     is its like-for-like comparison.
 ``plain httpx, MockTransport``
-    ``httpx.AsyncClient(transport=httpx.MockTransport(handler))``: the
+    ``httpx.AsyncClient(transport=httpx.MockTransport(handler))`` with a
+    synchronous handler (the form httpx's documentation shows): the
     baseline of the next row, with httpx's own mock pool.
 ``discovery transport, MockTransport``
-    The transport over the same ``httpx.MockTransport``: a pool that may
-    ignore the timeout extension, so the transport puts the call's budget
-    in a cancel scope of its own. Target: at least 0.8 of the row above.
+    The transport over the same ``httpx.MockTransport``: it calls the
+    handler as the mock pool does, and a synchronous handler cannot wait,
+    so no cancel scope bounds it. Target: at least 0.8 of the row above.
+``plain httpx, MockTransport, async handler`` and ``discovery transport,
+async handler`` (for information)
+    The same pair with an ``async def`` handler: its answer can wait, so the
+    transport awaits it inside a cancel scope bounding the call's budget.
 
 The in-memory pool answers without waiting, so it meets any timeout it is
 handed, and says so (``nadisc_enforces_timeouts = True``) as httpx's own
@@ -65,6 +70,7 @@ a ratio is printed only when its baseline was measured).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import time
@@ -105,7 +111,11 @@ class InMemoryPool(httpx.AsyncBaseTransport):
         return httpx.Response(200, content=b"bench")
 
 
-async def _answer(request: httpx.Request) -> httpx.Response:
+def _answer(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, content=b"bench")
+
+
+async def _answer_async(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, content=b"bench")
 
 
@@ -218,6 +228,7 @@ async def measure(
             through_url = f"nadisc://primary/{SERVICE}/"
             plain_url = backends[0].url + "/"
             mock = httpx.MockTransport(_answer)
+            mock_async = httpx.MockTransport(_answer_async)
             async with (
                 httpx.AsyncClient(transport=pool) as memory_plain,
                 DiscoveryTransport(owner, transport=pool) as in_memory,
@@ -226,6 +237,9 @@ async def measure(
                 httpx.AsyncClient(transport=mock) as mock_plain,
                 DiscoveryTransport(owner, transport=mock) as scoped,
                 httpx.AsyncClient(mounts={"nadisc://": scoped}) as mock_through,
+                httpx.AsyncClient(transport=mock_async) as async_plain,
+                DiscoveryTransport(owner, transport=mock_async) as async_scoped,
+                httpx.AsyncClient(mounts={"nadisc://": async_scoped}) as async_through,
                 httpx.AsyncClient(limits=limits) as loop_plain,
                 DiscoveryTransport(owner, limits=limits) as loop_transport,
                 httpx.AsyncClient(mounts={"nadisc://": loop_transport}) as loop_through,
@@ -238,6 +252,8 @@ async def measure(
                     "memory direct": partial(_direct, memory_plain, pool, plain_url),
                     "mock plain": lambda: mock_plain.get(plain_url),
                     "mock transport": lambda: mock_through.get(through_url),
+                    "mock async plain": lambda: async_plain.get(plain_url),
+                    "mock async transport": lambda: async_through.get(through_url),
                     "loopback plain": lambda: loop_plain.get(plain_url),
                     "loopback transport": lambda: loop_through.get(through_url),
                     "loopback rest": lambda: loop_rest.get("/", service=SERVICE),
@@ -250,6 +266,10 @@ async def measure(
                 wall_rates: dict[str, list[float]] = {name: [] for name in rows}
                 for _ in range(rounds):
                     for name, call in rows.items():
+                        # Every row starts with the collector's counts at
+                        # zero: a full collection owed to earlier rows (long
+                        # under a test runner's heap) lands in none of them.
+                        gc.collect()
                         cpu, wall = await _drive(call, requests, concurrency)
                         cpu_rates[name].append(requests / cpu)
                         wall_rates[name].append(requests / wall)
@@ -275,6 +295,8 @@ _LABELS = (
     ("memory direct", "plain httpx, pool called directly", "memory plain"),
     ("mock plain", "plain httpx, MockTransport", "mock plain"),
     ("mock transport", "discovery transport, MockTransport", "mock plain"),
+    ("mock async plain", "plain httpx, MockTransport, async handler", "mock async plain"),
+    ("mock async transport", "discovery transport, async handler", "mock async plain"),
     ("loopback plain", "plain httpx, loopback", "loopback plain"),
     ("loopback transport", "discovery transport, loopback", "loopback plain"),
     ("loopback rest", "owner.rest(), loopback", "loopback plain"),

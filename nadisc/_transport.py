@@ -709,6 +709,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         self._opening: dict[tuple[str, str], anyio.Event] = {}
         self._urls: dict[tuple[str, str, int, bytes], tuple[httpx.URL, bytes]] = {}
         self._pool_enforces = enforces_timeouts(self._pool)
+        # httpx's mock pool is called as it calls itself, so that a handler
+        # answering synchronously (which cannot wait) needs no cancel scope.
+        self._mock = self._pool if type(self._pool) is httpx.MockTransport else None
         self._targets: dict[tuple[str | None, object], _Target] = {}
         # The running loop's clock, deadline and cancel scope: resolved on the
         # first request (a transport serves one loop).
@@ -829,14 +832,16 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 # as one scope around the call whichever deadline is earlier:
                 # reading the caller's effective deadline walks its scopes and
                 # costs about what the scope does; a caller's scope that ends
-                # first still cancels the call through ours.
+                # first still cancels the call through ours. An
+                # httpx.MockTransport is bounded per send instead, only where
+                # its handler can wait (_answer_inline).
                 own = True
             # A plain call observes its own latency on success, with the clock
             # reading it takes after the response (a balanced call's is observed
             # below).
             response: httpx.Response | None = None
             try:
-                if own and not self._pool_enforces:
+                if own and not self._pool_enforces and not (plain and self._mock is not None):
                     # A pool that may ignore the timeout extension: one scope,
                     # entered before the call runs so that every scope the call
                     # opens (the pool's, the wait for an endpoint) nests inside
@@ -941,10 +946,16 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         streaming = route.streaming
         balance = streaming.balance
         pool = self._pool
+        mock = self._mock
         now = route.clock
-        timeouts = _Timeouts(request, options, deadline, now)
-        extensions = dict(request.extensions)
-        extensions["timeout"] = timeouts
+        # The pool's timeouts, capped by the budget (httpx's mock pool reads
+        # none: its handler gets the caller's extensions, as with plain httpx).
+        timeouts: _Timeouts | None = None
+        extensions = request.extensions
+        if mock is None:
+            timeouts = _Timeouts(request, options, deadline, now)
+            extensions = dict(extensions)
+            extensions["timeout"] = timeouts
         # What every attempt's request is built from (no closure per call).
         scheme = options.instance_scheme
         raw_path = target.raw_path
@@ -985,7 +996,8 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 # The attempt's own end: the pool's timeouts read it (a pool
                 # that may ignore them gets it as a scope around the send).
                 cutoff = now() + per_attempt
-                timeouts.deadline = cutoff if cutoff < deadline else deadline
+                if timeouts is not None:
+                    timeouts.deadline = cutoff if cutoff < deadline else deadline
                 if not self._pool_enforces:
                     attempt.cutoff = cutoff
             try:
@@ -1013,7 +1025,11 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 made, host = url(scheme, instance, raw_path)
                 outgoing = _rebuild(request, made, host, extensions)
                 try:
-                    if attempt.cutoff is None:
+                    if mock is not None:
+                        response = await _answer_inline(
+                            mock, outgoing, deadline if attempt.cutoff is None else cutoff
+                        )
+                    elif attempt.cutoff is None:
                         response = await pool.handle_async_request(outgoing)
                     else:
                         response = await _send_by(pool, outgoing, attempt.cutoff)
@@ -1131,7 +1147,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 finally:
                     held.complete(failed=True)
                 raise budget.exceeded(route, attempts)
-            if extensions.get(BUDGET_EXTENSION) is not budget:
+            if timeouts is None:
+                pass
+            elif extensions.get(BUDGET_EXTENSION) is not budget:
                 # The headers are in: reading the body is the caller's business,
                 # bounded per operation by the httpx timeout as with plain httpx.
                 timeouts.deadline = math.inf
@@ -1259,6 +1277,27 @@ async def _send_by(
     with anyio.move_on_at(cutoff):
         return await pool.handle_async_request(request)
     raise httpx.ReadTimeout("no response within the attempt timeout", request=request)
+
+
+async def _answer_inline(
+    pool: httpx.MockTransport, request: httpx.Request, at: float
+) -> httpx.Response:
+    # What httpx.MockTransport.handle_async_request does, bounded only where
+    # it can wait: a body not yet in memory, an async handler's answer (a
+    # synchronous handler cannot wait, and costs no cancel scope).
+    answer: Awaitable[httpx.Response]
+    if hasattr(request, "_content"):
+        called = pool.handler(request)
+        if isinstance(called, httpx.Response):
+            return called
+        answer = called
+    else:
+        answer = pool.handle_async_request(request)
+    with anyio.move_on_at(at):
+        return await answer
+    raise httpx.ReadTimeout(
+        "no response within the call's budget or its attempt timeout", request=request
+    )
 
 
 def _retryable(request: httpx.Request) -> bool:

@@ -17,6 +17,8 @@ def test_smoke_run_prints_a_table_per_loop(capsys: pytest.CaptureFixture[str]) -
         "plain httpx, pool called directly",
         "plain httpx, MockTransport",
         "discovery transport, MockTransport",
+        "plain httpx, MockTransport, async handler",
+        "discovery transport, async handler",
         "discovery transport, loopback",
         "client (trio)",
         "client (asyncio)",

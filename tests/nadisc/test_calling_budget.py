@@ -9,8 +9,9 @@ timeout extension instead.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -229,16 +230,22 @@ class StuckPool:
 
 
 @asynccontextmanager
-async def stuck(
-    pool: StuckPool, request_timeout_ms: int
+async def mocked(
+    handler: Any, request_timeout_ms: int
 ) -> AsyncIterator[tuple[DiscoveryTransport, httpx.AsyncClient]]:
     rest = RestConfig(request_timeout_ms=request_timeout_ms, connect_timeout_ms=10)
     async with memory_owner(
         {"primary": provider()}, policies={"primary": policy(rest=rest)}
     ) as owner:
-        transport = DiscoveryTransport(owner, transport=httpx.MockTransport(pool.answer))
+        transport = DiscoveryTransport(owner, transport=httpx.MockTransport(handler))
         async with httpx.AsyncClient(mounts={"nadisc://": transport}) as http:
             yield transport, http
+
+
+def stuck(
+    pool: StuckPool, request_timeout_ms: int
+) -> AbstractAsyncContextManager[tuple[DiscoveryTransport, httpx.AsyncClient]]:
+    return mocked(pool.answer, request_timeout_ms)
 
 
 async def test_the_budget_ends_a_pool_that_never_answers_on_either_loop() -> None:
@@ -473,3 +480,63 @@ async def test_rest_client_budget_covers_the_body_over_httpx_pool() -> None:
         # The whole body would take 9 s; cut at the 0.3 s budget (measured
         # 0.30 s, bounded at 13x that).
         assert error.limit == "httpx timeout" and 0.3 <= elapsed < 4.0
+
+
+# httpx.MockTransport is called as it calls itself: a synchronous handler
+# cannot wait, so it runs under no scope of the transport's; an async
+# handler's answer, and a request body still to be read, wait inside the
+# budget's scope, entered before they start.
+
+
+async def test_a_synchronous_mock_handler_runs_under_no_scope_of_ours_on_either_loop() -> None:
+    deadlines: list[float] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        deadlines.append(anyio.current_effective_deadline())
+        return httpx.Response(200, content=b"at once")
+
+    async with mocked(answer, 50) as (transport, http):
+        first = await http.get(URL)  # opens the route
+        second = await http.get(URL)  # the warmed route's fast path
+        assert first.content == second.content == b"at once"
+        assert deadlines == [math.inf, math.inf]
+        assert_settled(transport, 0)
+
+
+async def test_an_async_mock_handler_answers_inside_the_budget_on_either_loop() -> None:
+    deadlines: list[float] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        deadlines.append(anyio.current_effective_deadline())
+        return httpx.Response(200, content=b"awaited")
+
+    async with mocked(answer, 50) as (transport, http):
+        started = anyio.current_time()
+        response = await http.get(URL)
+        assert response.content == b"awaited"
+        (deadline,) = deadlines
+        assert started < deadline <= anyio.current_time() + 0.05
+        assert_settled(transport, 0)
+
+
+async def test_a_streamed_body_to_a_mock_pool_is_read_within_the_budget_on_either_loop() -> None:
+    bodies: list[bytes] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        bodies.append(request.content)
+        return httpx.Response(201)
+
+    async def chunks(stall: bool) -> AsyncIterator[bytes]:
+        yield b"one,"
+        if stall:
+            await anyio.sleep_forever()
+        yield b"two"
+
+    async with mocked(answer, 50) as (transport, http):
+        response = await http.post(URL, content=chunks(stall=False))
+        assert response.status_code == 201 and bodies == [b"one,two"]
+        with pytest.raises(CallTimeout) as info:
+            await http.post(URL, content=chunks(stall=True))
+        assert info.value.limit == "rest.request_timeout"
+        assert bodies == [b"one,two"]  # the stalled body never reached the handler
+        assert_settled(transport, 1)
