@@ -131,10 +131,15 @@ def record(n: int) -> str:
 
 
 def _listed(observation: Observation, identity: str) -> bool:
+    # Whether the snapshot lists ``identity``, searched from the end: the
+    # records are listed in key order and every new key is the largest yet,
+    # so the search stops at once (a check of the whole listing would cost
+    # O(listed) per change here, while the peer compares one event's key).
     try:
-        return identity in observation.snapshot().identities()
+        instances = observation.snapshot().instances
     except EvidenceUnavailable:
         return False
+    return any(instance.identity == identity for instance in reversed(instances))
 
 
 def _config(url: str, wire: str) -> DiscoveryConfig:
