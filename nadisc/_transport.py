@@ -1132,7 +1132,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 skip_budget = _skip_budget(route, tried, len(balance))
                 route.count_failure(STATUS, instance.identity)
                 try:
-                    await response.aclose()
+                    await _close(response, None if mock is None else deadline)
                 finally:
                     held.complete(failed=True)
                 fast = False
@@ -1143,7 +1143,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 # response that trickled in past the budget is not returned.
                 route.count_failure(TIMEOUT, instance.identity)
                 try:
-                    await response.aclose()
+                    await _close(response, None if mock is None else deadline)
                 finally:
                     held.complete(failed=True)
                 raise budget.exceeded(route, attempts)
@@ -1298,6 +1298,17 @@ async def _answer_inline(
     raise httpx.ReadTimeout(
         "no response within the call's budget or its attempt timeout", request=request
     )
+
+
+async def _close(response: httpx.Response, bound: float | None) -> None:
+    # A refused response closed before the call goes on; ``bound`` where
+    # nothing else bounds the close (the mock pool's calls have no scope
+    # around the whole call: a handler's streamed body may wait to close).
+    if bound is None:
+        await response.aclose()
+        return
+    with anyio.move_on_at(bound):
+        await response.aclose()
 
 
 def _retryable(request: httpx.Request) -> bool:

@@ -540,3 +540,37 @@ async def test_a_streamed_body_to_a_mock_pool_is_read_within_the_budget_on_eithe
         assert info.value.limit == "nadisc.deadline"
         assert bodies == [b"one,two"]  # the stalled body never reached the handler
         assert_settled(transport, 1)
+
+
+class _SlowToClose(httpx.AsyncByteStream):
+    """A 503's body whose close never finishes."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b"busy"
+
+    async def aclose(self) -> None:
+        await anyio.sleep_forever()
+
+
+async def test_a_refused_mock_answer_that_never_closes_ends_at_the_budget_on_either_loop() -> None:
+    # A retried 503 is closed before the next attempt; with the mock pool no
+    # scope surrounds the call, so the close is bounded on its own.
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, stream=_SlowToClose())
+
+    rest = RestConfig(
+        request_timeout_ms=60_000,
+        connect_timeout_ms=10,
+        max_attempts=2,
+        retry_get_head_on_retryable_status=True,
+    )
+    async with memory_owner(
+        {"primary": provider()}, policies={"primary": policy(rest=rest)}
+    ) as owner:
+        transport = DiscoveryTransport(owner, transport=httpx.MockTransport(answer))
+        async with httpx.AsyncClient(mounts={"nadisc://": transport}) as http:
+            deadline = {"nadisc.deadline": anyio.current_time() + 0.05}
+            with anyio.fail_after(30), pytest.raises(CallTimeout) as info:
+                await http.get(URL, extensions=deadline)
+            assert info.value.limit == "nadisc.deadline"
+            assert_settled(transport, 0)
