@@ -422,11 +422,12 @@ class InstanceService:
     # polling it again after each pick.
     poll_ready = ServiceFn.poll_ready
 
-    def admit(self, attempt: Attempt) -> Instance:
+    def admit(self, attempt: Attempt, now: float | None = None) -> Instance:
         """The checks of :meth:`call` before anything is sent, synchronous: the
         instance ``attempt`` may go to now (counted as sent to it), or
         :class:`~poise.CallDeclined` as :meth:`call` raises it. For a caller
-        that sends the attempt itself (the gRPC discovery channel)."""
+        that sends the attempt itself (the gRPC discovery channel). ``now``:
+        a reading of the route's clock taken with nothing awaited since."""
         key = self.key
         if attempt.skips > 0 and key in attempt.avoid:
             attempt.skips -= 1
@@ -442,7 +443,7 @@ class InstanceService:
         # check and the hand-over to the pool run with no await in between
         # (and no closure to build and vet per call).
         try:
-            route.check_usable()
+            route.check_usable(now)
         except EvidenceUnavailable as exc:
             raise CallDeclined(f"the evidence is unusable ({exc.reason})") from exc
         current = route._instances.get(key)
@@ -734,7 +735,7 @@ class Route:
         """
         return self.observation._usable_at(self.clock(), self._strict)
 
-    def check_usable(self) -> None:
+    def check_usable(self, now: float | None = None) -> None:
         """Raise :class:`~nadisc.EvidenceUnavailable` unless the evidence may be
         used now, and bring the mirror up to date with it. Synchronous.
 
@@ -744,8 +745,10 @@ class Route:
         revocation, the close) or the instant passes from which time alone
         refuses it (max age, or grace after a failure). Either one makes the
         next check ask the observation again. Nothing of the listing is kept.
+        ``now``: a reading of :attr:`clock` taken with nothing awaited since.
         """
-        now = self.clock()
+        if now is None:
+            now = self.clock()
         evidence = self._evidence
         if evidence is not None and evidence.version == self._checked and now < self._until:
             return

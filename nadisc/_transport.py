@@ -986,7 +986,10 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     if not attempts:
                         route.count_failure(NO_ENDPOINT)
                     raise
-            at = None  # read again at the next check
+            # The reading stands for the pick's and the currency check's
+            # while nothing is awaited before them; the next check reads again.
+            picked_at: float | None = at
+            at = None
             attempt = Attempt(
                 avoid=frozenset(tried) if skip_budget else _NOTHING,
                 skips=skip_budget,
@@ -995,16 +998,18 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             if per_attempt is not None:
                 # The attempt's own end: the pool's timeouts read it (a pool
                 # that may ignore them gets it as a scope around the send).
-                cutoff = now() + per_attempt
+                picked_at = now()
+                cutoff = picked_at + per_attempt
                 if timeouts is not None:
                     timeouts.deadline = cutoff if cutoff < deadline else deadline
                 if not self._pool_enforces:
                     attempt.cutoff = cutoff
             try:
-                if not (fast and balance.ready_nowait()):
+                if not (fast and balance.ready_nowait(picked_at)):
                     own = self._own(deadline, own)
                     await _ready(streaming, route, budget, own, attempts)
-                held = balance.pick_held(attempt)
+                    picked_at = None
+                held = balance.pick_held(attempt, picked_at)
             except SelectionError:
                 # The pool changed between reconciling and selection: pick again
                 # (the evidence view above says when nothing is left).
@@ -1017,7 +1022,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             declined: CallDeclined | None = None
             cause: Exception | None = None
             try:
-                instance = cast("InstanceService", held.response.service).admit(attempt)
+                instance = cast("InstanceService", held.response.service).admit(attempt, picked_at)
             except CallDeclined as exc:
                 held.cancel()  # nothing was sent
                 declined = exc

@@ -622,14 +622,16 @@ class Balance(Generic[Req, Resp]):
 
     # -- readiness ----------------------------------------------------------
 
-    def ready_nowait(self) -> bool:
+    def ready_nowait(self, now: float | None = None) -> bool:
         """One readiness scan without waiting: True if an endpoint is READY.
 
         False means some eligible endpoint is pending and will wake the
         balance. Raises like :meth:`ready` when no usable endpoint is left.
         O(idle endpoints); allocates nothing unless a service fails.
+        ``now``: a reading of the balance's clock the caller took with
+        nothing awaited since (the scan then reads none of its own).
         """
-        return self._scan(None)
+        return self._scan(now)
 
     def _scan(self, now: float | None) -> bool:
         """The scan of ready_nowait(); ``now`` is the clock if the caller read it."""
@@ -1181,7 +1183,7 @@ class Balance(Generic[Req, Resp]):
             raise
         return Held(self, guard, response, ep._key, index, now)
 
-    def pick_held(self, request: Req) -> Held[Endpoint[Req, Resp]]:
+    def pick_held(self, request: Req, now: float | None = None) -> Held[Endpoint[Req, Resp]]:
         """Pick an endpoint and open its load guard without calling its service.
 
         For a caller that sends the request itself: ``held.response`` is the
@@ -1190,8 +1192,11 @@ class Balance(Generic[Req, Resp]):
         checkpoint. The caller ends the guard once with :meth:`Held.complete`
         (``failed=True`` when the call failed: that is the outlier evidence)
         or :meth:`Held.cancel` (nothing was sent, or it was abandoned).
+        ``now``: a reading of the balance's clock the caller took with
+        nothing awaited since (the guard starts then; none is read here).
         """
-        now = self._clock()
+        if now is None:
+            now = self._clock()
         ep, guard = self._select(request, now)
         self._in_flight += 1
         return Held(self, guard, ep, ep._key, ep._index, now)

@@ -181,9 +181,9 @@ async def test_instance_revoked_between_selection_and_send_is_never_sent(
             def stale_snapshot(self: Route) -> ObservationSnapshot:
                 return self.observation.snapshot()
 
-            def spy(self: InstanceService, attempt: Attempt) -> Instance:
+            def spy(self: InstanceService, attempt: Attempt, now: float | None = None) -> Instance:
                 selected.append(self.key)
-                return real_admit(self, attempt)
+                return real_admit(self, attempt, now)
 
             monkeypatch.setattr(Route, "snapshot", stale_snapshot)
             monkeypatch.setattr(InstanceService, "admit", spy)
@@ -391,9 +391,9 @@ def _count_service_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls = [0]
     real = InstanceService.admit
 
-    def counting(self: InstanceService, attempt: Attempt) -> Instance:
+    def counting(self: InstanceService, attempt: Attempt, now: float | None = None) -> Instance:
         calls[0] += 1
-        return real(self, attempt)
+        return real(self, attempt, now)
 
     monkeypatch.setattr(InstanceService, "admit", counting)
     return calls

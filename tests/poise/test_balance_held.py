@@ -144,6 +144,28 @@ async def test_pick_held_picks_and_guards_without_calling_the_service() -> None:
     assert balance.statistics().in_flight == 0
 
 
+async def test_pick_held_starts_the_guard_at_a_reading_the_caller_hands_in() -> None:
+    # A caller that just read the balance's clock (with nothing awaited
+    # since) passes the reading; the scan and the pick then read none.
+    readings = [0]
+    now = [10.0]
+
+    def clock() -> float:
+        readings[0] += 1
+        return now[0]
+
+    tracker = Timed()
+    (ep,) = endpoints("a")
+    balance: Balance[object, object] = Balance(First(), [ep.with_tracker(tracker)], clock=clock)
+    before = readings[0]
+    assert balance.ready_nowait(9.5)
+    held = balance.pick_held("x", 9.5)
+    assert readings[0] == before  # neither read the clock
+    held.complete()  # ends at the clock's own reading
+    assert tracker.times == [("start", 9.5), ("complete", 10.0)]
+    assert readings[0] == before + 1
+
+
 async def test_hold_guards_a_named_endpoint_outside_the_pick() -> None:
     # Fixed(0) would pick "a"; hold names "b" and never consults the policy.
     balance, (a, b) = recorded("a", "b", policy=Fixed(0))
