@@ -744,14 +744,17 @@ class DiscoveryChannel:
         if route is None or self._closed or not route.reconciled:
             return None
         balance = route.streaming.balance
+        # One clock reading for the scan, the pick and the currency check
+        # (nothing is awaited between them).
+        now = route.clock()
         try:
-            if not balance.ready_nowait():
+            if not balance.ready_nowait(now):
                 return None
-            held = balance.pick_held(attempt)
+            held = balance.pick_held(attempt, now)
         except PoiseError:
             return None
         try:
-            cast("InstanceService", held.response.service).admit(attempt)
+            cast("InstanceService", held.response.service).admit(attempt, now)
         except CallDeclined:
             held.cancel()  # nothing was sent
             return None
