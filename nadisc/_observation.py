@@ -698,15 +698,13 @@ class Slot:
         watch cancels it) does not cut the query short, and the session
         waits for it before it ends."""
         if not self.connection.provider.capabilities.watch_takes_query:
-            if await self._query_once():
-                backoff.reset()
+            await self._session_query(backoff)
             return await self._watch_session(backoff)
         async with anyio.create_task_group() as queries:
 
             async def query() -> None:
                 try:
-                    if await self._query_once():
-                        backoff.reset()
+                    await self._session_query(backoff)
                 finally:
                     held, self._held = self._held, None
                     for failure in held or ():
@@ -716,6 +714,11 @@ class Slot:
             queries.start_soon(query)
             outcome = await self._watch_session(backoff)
         return outcome
+
+    async def _session_query(self, backoff: Backoff) -> None:
+        """A watch session's query; one that answered resets the session backoff."""
+        if await self._query_once():
+            backoff.reset()
 
     async def _watch_session(self, backoff: Backoff) -> str | None:
         """The watch and its confirmation queries (see :meth:`_watch_once`)."""
@@ -754,8 +757,7 @@ class Slot:
                         continue
                     queried_at = anyio.current_time()
                     failed_at = None
-                    if await self._query_once():
-                        backoff.reset()
+                    await self._session_query(backoff)
         except Exception as exc:
             self._watch_failed(
                 exc

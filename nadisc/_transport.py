@@ -1037,7 +1037,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                     elif attempt.cutoff is None:
                         response = await pool.handle_async_request(outgoing)
                     else:
-                        response = await _send_by(pool, outgoing, attempt.cutoff)
+                        response = await _within(
+                            pool.handle_async_request(outgoing), outgoing, attempt.cutoff
+                        )
                 except Exception as exc:
                     held.complete(failed=True)
                     cause = exc
@@ -1152,16 +1154,13 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
                 finally:
                     held.complete(failed=True)
                 raise budget.exceeded(route, attempts)
-            if timeouts is None:
-                pass
-            elif extensions.get(BUDGET_EXTENSION) is not budget:
+            if timeouts is not None:
                 # The headers are in: reading the body is the caller's business,
-                # bounded per operation by the httpx timeout as with plain httpx.
-                timeouts.deadline = math.inf
-            else:
-                # The REST client reads the body within the call's budget (the
+                # bounded per operation by the httpx timeout as with plain
+                # httpx; the REST client reads it within the call's budget (the
                 # attempt timeout covers the way to the headers only).
-                timeouts.deadline = deadline
+                rest = extensions.get(BUDGET_EXTENSION) is budget
+                timeouts.deadline = deadline if rest else math.inf
             if status >= 500:
                 route.count_failure(STATUS, instance.identity)
             response = _wrap(response, held, instance, route)
@@ -1275,13 +1274,16 @@ class _Loop:
             self.scope = type(anyio.CancelScope())
 
 
-async def _send_by(
-    pool: httpx.AsyncBaseTransport, request: httpx.Request, cutoff: float
+async def _within(
+    answer: Awaitable[httpx.Response], request: httpx.Request, at: float
 ) -> httpx.Response:
-    # The attempt timeout around a pool that may ignore the timeout extension.
-    with anyio.move_on_at(cutoff):
-        return await pool.handle_async_request(request)
-    raise httpx.ReadTimeout("no response within the attempt timeout", request=request)
+    # A send that may wait, bounded by ``at`` (the attempt timeout or the
+    # call's budget) for a pool that may ignore the timeout extension.
+    with anyio.move_on_at(at):
+        return await answer
+    raise httpx.ReadTimeout(
+        "no response within the attempt timeout or the call's budget", request=request
+    )
 
 
 async def _answer_inline(
@@ -1290,19 +1292,12 @@ async def _answer_inline(
     # What httpx.MockTransport.handle_async_request does, bounded only where
     # it can wait: a body not yet in memory, an async handler's answer (a
     # synchronous handler cannot wait, and costs no cancel scope).
-    answer: Awaitable[httpx.Response]
-    if hasattr(request, "_content"):
-        called = pool.handler(request)
-        if isinstance(called, httpx.Response):
-            return called
-        answer = called
-    else:
-        answer = pool.handle_async_request(request)
-    with anyio.move_on_at(at):
-        return await answer
-    raise httpx.ReadTimeout(
-        "no response within the call's budget or its attempt timeout", request=request
-    )
+    if not hasattr(request, "_content"):
+        return await _within(pool.handle_async_request(request), request, at)
+    answer = pool.handler(request)
+    if isinstance(answer, httpx.Response):
+        return answer
+    return await _within(answer, request, at)
 
 
 async def _close(response: httpx.Response, bound: float | None) -> None:
