@@ -105,6 +105,17 @@ _MAX_NAME = 253
 _VALID_HOSTS: set[str] = set()
 _CACHE_LIMIT = 65536
 
+# A dotted-quad IPv4 address exactly as ``ipaddress.IPv4Address`` accepts
+# it: four decimal octets of 0-255, no leading zeros, nothing else. A match
+# costs about a seventh of that constructor (no exception when it fails).
+_OCTET = r"(?>25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_DOTTED = rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}"
+_IPV4 = re.compile(_DOTTED)
+#: Dotted quads joined by newlines: many new hosts checked in one pass in C.
+#: Possessive (a quad cannot hold a newline), so a text that fails is given
+#: up where it fails.
+_IPV4_LINES = re.compile(rf"(?:{_DOTTED}\n)*+{_DOTTED}")
+
 
 def valid_host(host: str) -> bool:
     """True when ``host`` is an IPv4 or IPv6 address (no brackets; an IPv6
@@ -119,6 +130,29 @@ def valid_host(host: str) -> bool:
             _VALID_HOSTS.clear()
         _VALID_HOSTS.add(host)
     return ok
+
+
+def valid_hosts(hosts: Iterable[str]) -> bool:
+    """True when every host of ``hosts`` is valid (:func:`valid_host` of each).
+
+    For a listing's hosts at once: those not cached yet are checked as one
+    text when they are all dotted-quad IPv4 addresses (the usual case for
+    the first listing of a large service), one by one otherwise.
+    """
+    new = set(hosts).difference(_VALID_HOSTS)
+    if not new:
+        return True
+    try:
+        joined = "\n".join(new)
+    except TypeError:  # not all text: valid_host refuses those
+        return all(map(valid_host, new))
+    if _IPV4_LINES.fullmatch(joined) is None:
+        return all(map(valid_host, new))
+    if len(_VALID_HOSTS) + len(new) > _CACHE_LIMIT:
+        _VALID_HOSTS.clear()
+    if len(new) <= _CACHE_LIMIT:
+        _VALID_HOSTS.update(new)
+    return True
 
 
 _NUMERIC_LABEL = re.compile(r"^(?:[0-9]+|0x[0-9a-f]*)$")
@@ -162,11 +196,8 @@ def _check_host(host: str) -> bool:
         except ValueError:
             return False
         return True
-    try:
-        ipaddress.IPv4Address(host)
+    if _IPV4.fullmatch(host) is not None:
         return True
-    except ValueError:
-        pass
     name = host[:-1] if host.endswith(".") else host
     if not name or len(name) > _MAX_NAME:
         return False
@@ -203,8 +234,7 @@ def _screen(
     which skips the constructor's checks) moved to ``invalid``; None when
     every host is valid (the common case: one C-level pass and a set
     difference against the cache)."""
-    hosts = set(map(_host_of, instances))
-    if hosts <= _VALID_HOSTS or all(valid_host(h) for h in hosts - _VALID_HOSTS):
+    if valid_hosts(map(_host_of, instances)):
         return None
     kept: list[Instance] = []
     refused = dict(invalid)

@@ -58,7 +58,7 @@ from typing import Annotated, Any, Literal, cast
 import msgspec
 
 from nadisc import Instance, RegistrationRecord
-from nadisc._instance import _EMPTY, _VALID_HOSTS, _trusted_instances, trusted_instance, valid_host
+from nadisc._instance import _EMPTY, _trusted_instances, trusted_instance, valid_hosts
 
 __all__ = [
     "RESERVED_METADATA",
@@ -442,8 +442,7 @@ def decode_records(
             hosts, ports = _split_each(addrs)
             if not ports:
                 return None
-        seen = set(hosts)
-        if not seen <= _VALID_HOSTS and not all(map(valid_host, seen)):
+        if not valid_hosts(hosts):
             return None
         if not any(map(_metadata_of, records)):
             return _trusted_instances(identities, hosts, ports, repeat(1.0), repeat(_NO_METADATA))

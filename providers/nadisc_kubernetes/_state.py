@@ -50,7 +50,7 @@ from nadisc import (
     InvalidSnapshot,
     ProviderSnapshot,
 )
-from nadisc._instance import _VALID_HOSTS, _trusted_instances, trusted_instance, valid_host
+from nadisc._instance import _trusted_instances, trusted_instance, valid_hosts
 
 from ._wire import EndpointSlice, Event, Service, SliceEndpoint
 
@@ -317,7 +317,7 @@ def _plain_members(
     ]
     if odd:
         return None  # hints, terminating or not ready: the loop decides
-    if not _VALID_HOSTS.issuperset(hosts) and not all(map(valid_host, set(hosts))):
+    if not valid_hosts(hosts):
         return None
     # The shared metadata by (zone, node, hostname), as _Metadata.of builds
     # it for an endpoint without hints of this slice's type and protocol.

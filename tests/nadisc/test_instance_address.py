@@ -5,14 +5,15 @@ constructor's checks) lists such an instance as invalid instead of serving it.""
 
 from __future__ import annotations
 
+import ipaddress
 from types import MappingProxyType
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nadisc import EvidenceKind, Instance, InvalidInstanceAddress, ProviderSnapshot
-from nadisc._instance import _check_host, _trusted_instances, valid_host
+from nadisc import EvidenceKind, Instance, InvalidInstanceAddress, ProviderSnapshot, _instance
+from nadisc._instance import _IPV4, _check_host, _trusted_instances, valid_host, valid_hosts
 
 HOSTILE = "<img src=x onerror=alert(5)>"
 GOOD = ["10.0.0.1", "::1", "fe80::1%eth0", "orders.svc.cluster.local", "h1", "node_7", "a.example."]
@@ -32,6 +33,9 @@ BAD = [
     "a/b",
     "a:b",
     "10.0.0.1:80",
+    "010.0.0.1",
+    "1.2.3.4.",
+    "1.2.3.256",
 ]
 
 
@@ -56,6 +60,63 @@ def test_invalid_hosts_are_refused_with_a_typed_error_naming_the_instance(host: 
 @given(st.text(max_size=30))
 def test_the_cache_never_changes_the_answer(host: str) -> None:
     assert valid_host(host) == _check_host(host) == valid_host(host)
+
+
+def _accepted_by_ipaddress(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+#: Text shaped like dotted quads: octets of 0-999 with or without leading
+#: zeros, three to five of them, now and then a stray character.
+_QUADISH = st.builds(
+    lambda octets, zeros, joint, tail: (
+        joint.join("0" * pad + str(octet) for octet, pad in zip(octets, zeros, strict=False)) + tail
+    ),
+    st.lists(st.integers(0, 999), min_size=3, max_size=5),
+    st.lists(st.integers(0, 2), min_size=5, max_size=5),
+    st.sampled_from([".", ".", ".", ":", ". "]),
+    st.sampled_from(["", "", "", ".", "\n", " ", "a", "\u0661"]),
+)
+
+
+@given(st.one_of(_QUADISH, st.text(alphabet="0123456789.\n ", max_size=20), st.text(max_size=20)))
+def test_the_dotted_quad_pattern_accepts_exactly_what_ipaddress_does(text: str) -> None:
+    # _check_host relies on it instead of ipaddress.IPv4Address.
+    assert (_IPV4.fullmatch(text) is not None) == _accepted_by_ipaddress(text)
+
+
+_HOSTS = st.one_of(
+    st.sampled_from(GOOD + BAD),
+    st.builds("{}.{}.{}.{}".format, *[st.integers(0, 300)] * 4),
+    st.text(max_size=12),
+)
+
+
+@given(st.lists(_HOSTS, max_size=12), st.booleans())
+def test_hosts_checked_together_get_the_answer_each_would(hosts: list[str], warm: bool) -> None:
+    _instance._VALID_HOSTS.clear()
+    if warm:
+        for host in hosts[::2]:
+            valid_host(host)
+    expected = all(_check_host(host) for host in hosts)
+    assert valid_hosts(hosts) == expected
+    assert valid_hosts(hosts) == expected  # and again, from what it cached
+    assert {host for host in hosts if _check_host(host)} >= _instance._VALID_HOSTS
+
+
+def test_a_full_cache_starts_over_rather_than_growing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_instance, "_CACHE_LIMIT", 8)
+    _instance._VALID_HOSTS.clear()
+    first = [f"10.0.0.{n}" for n in range(6)]
+    second = [f"10.0.1.{n}" for n in range(6)]
+    assert valid_hosts(first) and set(first) == _instance._VALID_HOSTS
+    assert valid_hosts(second) and set(second) == _instance._VALID_HOSTS
+    assert valid_hosts([f"10.0.2.{n}" for n in range(9)])  # more than the cache holds
+    assert len(_instance._VALID_HOSTS) <= 8
 
 
 def test_a_trusted_listing_lists_a_bad_host_as_invalid() -> None:
