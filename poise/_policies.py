@@ -11,12 +11,16 @@ synchronous, deterministic given their inputs (and, for
 =====================  =====================  ===========================  ==========
 policy                 reads                  rule                         cost/pick
 =====================  =====================  ===========================  ==========
-RoundRobin             key                    least recently picked        O(n)
+RoundRobin             key                    least recently picked        O(1)(*) or O(n)
 WeightedRoundRobin     key, weight            smooth WRR (nginx)           O(n)
 PowerOfTwoChoices      load(now)              best of two random samples   O(1)
 LeastLoaded            load(now)              full scan, ties rotate       O(n)
 WeightedRendezvous     key, weight, context   highest random weight        O(n) hashes
 =====================  =====================  ===========================  ==========
+
+(*) O(1) Python work while a :class:`RoundRobin` is handed the same ready list
+as at its last pick (a stable set of always-ready endpoints), O(n) when the
+list changed.
 
 The turn-taking policies (:class:`RoundRobin`, :class:`WeightedRoundRobin`,
 :class:`LeastLoaded`) and :class:`WeightedRendezvous` also have
@@ -91,21 +95,35 @@ class RoundRobin:
     last ``max(horizon, 2 x len(ready))`` picks are forgotten (a forgotten key
     counts as never picked), so the state stays bounded.
 
-    Cost: O(n) per pick (one dict lookup per ready endpoint), no allocation
-    except for a key seen for the first time.
+    Cost: O(n) per pick while the ready list changes between picks (one dict
+    lookup per ready endpoint, and a C-level copy of the list). Handed the
+    same list with the same endpoints again (a stable set of always-ready
+    endpoints), a pick is one C-level comparison of the list with that copy
+    (pointer by pointer) and O(1) Python work: the pick numbers are kept in
+    pick order, so the oldest ready one is found at the front. The copy keeps
+    the endpoints of the last pick referenced until the next pick.
 
     :meth:`peek` answers the same rule among the endpoints not avoided and
     stamps nothing: the extra attempt of a hedged call goes to the endpoint
     whose turn is next, and that endpoint keeps its turn.
     """
 
-    __slots__ = ("_horizon", "_stamps", "_sweep_at", "_tick")
+    __slots__ = ("_fresh", "_horizon", "_positions", "_seen", "_stamps", "_sweep_at", "_tick")
 
     def __init__(self, *, horizon: int = 1024) -> None:
         self._horizon = _check_horizon("RoundRobin", horizon)
+        #: Key -> pick number, in pick order (a pick moves its key to the
+        #: end), so the oldest pick comes first.
         self._stamps: dict[Hashable, int] = {}
         self._tick = 0
         self._sweep_at = horizon
+        #: A copy of the ready list of the last pick (a list only).
+        self._seen: list[Weighted] | None = None
+        #: Key -> position in that list, once it came twice in a row (None:
+        #: not built, or made stale by a sweep).
+        self._positions: dict[Hashable, int] | None = None
+        #: Positions of that list's never-picked keys, the first one last.
+        self._fresh: list[int] = []
 
     @property
     def tracked_keys(self) -> int:
@@ -117,26 +135,63 @@ class RoundRobin:
         if n == 0:
             raise _nothing_ready("RoundRobin")
         stamps = self._stamps
-        get = stamps.get
-        best = 0
-        oldest = get(ready[0].key, 0)
-        if oldest:
-            for index in range(1, n):
-                stamp = get(ready[index].key, 0)
-                if stamp < oldest:
-                    oldest = stamp
-                    best = index
-                    if not stamp:
-                        break
+        best = -1
+        if type(ready) is list and ready == self._seen:
+            # The same endpoints as at the last pick, in the same places.
+            positions = self._positions
+            if positions is None:
+                positions = self._index(ready)
+            if positions is not None:
+                fresh = self._fresh
+                if fresh:
+                    best = fresh.pop()  # never picked: the first in ready order
+                else:
+                    # Every one was picked: the oldest pick among them is
+                    # the first of theirs in pick order.
+                    for key in stamps:
+                        best = positions.get(key, -1)
+                        if best >= 0:
+                            break
+        if best < 0:
+            get = stamps.get
+            best = 0
+            oldest = get(ready[0].key, 0)
+            if oldest:
+                for index in range(1, n):
+                    stamp = get(ready[index].key, 0)
+                    if stamp < oldest:
+                        oldest = stamp
+                        best = index
+                        if not stamp:
+                            break
+            # This pick's stamp is not in the positions' never-picked list.
+            self._seen = ready.copy() if type(ready) is list else None
+            self._positions = None
         tick = self._tick + 1
         self._tick = tick
-        stamps[ready[best].key] = tick
+        key = ready[best].key
+        stamps.pop(key, None)
+        stamps[key] = tick
         if tick >= self._sweep_at:
+            # The forgotten keys are the oldest picks: a prefix in pick order.
             cutoff = tick - max(self._horizon, 2 * n)
             for key in [key for key, stamp in stamps.items() if stamp <= cutoff]:
                 del stamps[key]
             self._sweep_at = tick + self._horizon
+            self._positions = None  # a forgotten key counts as never picked
         return best
+
+    def _index(self, ready: list[Weighted]) -> dict[Hashable, int] | None:
+        """Positions of ``ready``'s keys and its never-picked ones (None: a key repeats)."""
+        keys = [endpoint.key for endpoint in ready]
+        positions = dict(zip(keys, range(len(keys)), strict=True))
+        if len(positions) != len(keys):
+            self._seen = None
+            return None
+        stamps = self._stamps
+        self._fresh = [at for at in range(len(keys) - 1, -1, -1) if keys[at] not in stamps]
+        self._positions = positions
+        return positions
 
     def peek(
         self,
