@@ -706,8 +706,14 @@ class RestDiscoveryClient:
         name = request.extensions.get(QUALIFIER_EXTENSION)
         if not isinstance(name, str):
             return await self._send_external(request, stream, auth, follow_redirects)
+        discovery = self._discovery
+        # The transport's clock and effective deadline, resolved once per
+        # run (anyio's own look the backend up on every call).
+        loop = discovery.run_loop() if discovery is not None else None
         try:
-            budget = call_budget(request, self._options_for(name), _now())
+            budget = call_budget(
+                request, self._options_for(name), _now() if loop is None else loop.now()
+            )
         except DiscoveryError as exc:
             raise for_call(exc) from exc
         if stream:

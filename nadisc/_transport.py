@@ -796,9 +796,7 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         try:
             if self._closed:
                 raise LifecycleError("the discovery transport is closed")
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = _Loop()
+            loop = self.run_loop()
             now = loop.now
             target = self._target(request)
             start = now()
@@ -903,6 +901,13 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             idempotent=True,
             clock=route.clock,
         )
+
+    def run_loop(self) -> _Loop:
+        """The running loop's clock, effective deadline and scope, resolved once."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = _Loop()
+        return loop
 
     def _own(self, deadline: float, own: bool | None) -> bool:
         # ``own`` as handle_async_request would have computed it (see there).
