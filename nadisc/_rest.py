@@ -707,9 +707,9 @@ class RestDiscoveryClient:
         if not isinstance(name, str):
             return await self._send_external(request, stream, auth, follow_redirects)
         discovery = self._discovery
-        # The transport's clock and effective deadline, resolved once per
-        # run (anyio's own look the backend up on every call).
-        loop = discovery.run_loop() if discovery is not None else None
+        # The transport's clock, resolved once per run (anyio.current_time
+        # looks the backend up on every call).
+        loop = discovery._run_loop() if discovery is not None else None
         try:
             budget = call_budget(
                 request, self._options_for(name), _now() if loop is None else loop.now()

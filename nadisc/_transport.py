@@ -796,7 +796,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
         try:
             if self._closed:
                 raise LifecycleError("the discovery transport is closed")
-            loop = self.run_loop()
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = _Loop()
             now = loop.now
             target = self._target(request)
             start = now()
@@ -902,8 +904,9 @@ class DiscoveryTransport(httpx.AsyncBaseTransport):
             clock=route.clock,
         )
 
-    def run_loop(self) -> _Loop:
-        """The running loop's clock, effective deadline and scope, resolved once."""
+    def _run_loop(self) -> _Loop:
+        # The running loop's clock, effective deadline and scope, resolved
+        # once (for the REST client; the request path spells it out).
         loop = self._loop
         if loop is None:
             loop = self._loop = _Loop()
