@@ -11,8 +11,8 @@ naming the config key, or an observation whose evidence reason is
   references the hold — the observation slot *and* every
   :class:`~nadisc.ObservationSnapshot` a consumer still keeps. Old snapshots
   held by consumers therefore keep counting, as the seed requires. Release
-  happens through :func:`weakref.finalize`, so it is exact under CPython's
-  reference counting and eventual under other collectors.
+  happens through a weak reference's callback, so it is exact under
+  CPython's reference counting and eventual under other collectors.
 * :class:`WatchStreams` hands out ``max_watch_streams`` long watch streams by
   arrival order. A watch that declares two streams (Kubernetes: Service and
   EndpointSlice) takes two. A request larger than the whole limit is never
@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -69,21 +70,55 @@ class CapacityUse:
     watch_streams_oversized: int = 0
 
 
+class _Ref(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference that hashes and compares by its own identity, never
+    by its referent's (a snapshot record's hash would hash its listing)."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+
+
+def _discarder(refs: set[_Ref]) -> Callable[[_Ref], None]:
+    """A weak-reference callback that drops the reference from ``refs``,
+    holding ``refs`` only weakly (no cycle through the callback)."""
+    holder = weakref.ref(refs)
+
+    def discard(ref: _Ref) -> None:
+        found = holder()
+        if found is not None:
+            found.discard(ref)
+
+    return discard
+
+
 class Hold:
     """One admitted listing's share of the budgets. Released when unreferenced.
 
-    ``consumers`` weakly tracks the snapshot records handed out for it, so a
-    slot replacing its own listing knows whether anyone else still holds it.
-    Keyed by ``id()``: a record's own hash would hash its whole listing
-    (7 ms for 10,000 instances, on every ``snapshot()`` after a change).
+    :meth:`add_consumer` weakly tracks the snapshot records handed out for
+    it, so a slot replacing its own listing knows whether anyone else still
+    holds it (:attr:`consumers`: how many are alive). Each is a weak
+    reference, hashed by its own identity (a record's hash would hash its
+    whole listing, 7 ms for 10,000 instances), that drops itself when its
+    record dies.
     """
 
-    __slots__ = ("__weakref__", "consumers", "instances", "size")
+    __slots__ = ("__weakref__", "_discard", "_refs", "instances", "size")
 
     def __init__(self, instances: int, size: int) -> None:
         self.instances = instances
         self.size = size
-        self.consumers: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
+        self._refs: set[_Ref] = set()
+        self._discard = _discarder(self._refs)
+
+    @property
+    def consumers(self) -> int:
+        """How many snapshot records handed out for this listing are alive."""
+        return len(self._refs)
+
+    def add_consumer(self, record: object) -> None:
+        """Count ``record`` for as long as it is alive."""
+        self._refs.add(_Ref(record, self._discard))
 
     def __repr__(self) -> str:
         return f"<Hold instances={self.instances} bytes={self.size}>"
@@ -101,6 +136,18 @@ class SnapshotLedger:
         self.instances = 0
         self.size = 0
         self.held = 0
+        #: A weak reference to each admitted hold -> what it counts. The
+        #: reference's callback releases that share when the hold dies (it
+        #: holds the ledger weakly: no cycle through the callbacks).
+        self._holds: dict[weakref.ref[Hold], tuple[int, int]] = {}
+        ledger = weakref.ref(self)
+
+        def release(gone: weakref.ref[Hold]) -> None:
+            found = ledger()
+            if found is not None:
+                found._released(gone)
+
+        self._release = release
 
     def admit(self, snapshot: ProviderSnapshot, *, replacing: Hold | None = None) -> Hold:
         """Count ``snapshot`` and return its hold, or raise ``CapacityExceeded``.
@@ -112,7 +159,7 @@ class SnapshotLedger:
         """
         count = len(snapshot.instances)
         base_instances, base_size = self.instances, self.size
-        if replacing is not None and not len(replacing.consumers):
+        if replacing is not None and not replacing.consumers:
             base_instances -= replacing.instances
             base_size -= replacing.size
         if count > self.max_instances_per_service:
@@ -138,10 +185,11 @@ class SnapshotLedger:
         self.instances += count
         self.size += size
         self.held += 1
-        weakref.finalize(hold, self._release, count, size).atexit = False
+        self._holds[weakref.ref(hold, self._release)] = (count, size)
         return hold
 
-    def _release(self, count: int, size: int) -> None:
+    def _released(self, gone: weakref.ref[Hold]) -> None:
+        count, size = self._holds.pop(gone)
         self.instances -= count
         self.size -= size
         self.held -= 1

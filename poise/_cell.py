@@ -167,6 +167,15 @@ class CellReader(Generic[T]):
     def discard_waker(self, wake: Callable[[], None]) -> None:
         self._cell.discard_waker(wake)
 
+    async def wait_past(self, revision: int) -> None:
+        """Wait until the revision moves past ``revision`` or the cell closes.
+
+        Returns at once, without a checkpoint, when that already happened:
+        for a caller that waits only after seeing ``revision`` (and takes
+        its own checkpoint otherwise). Consumes nothing.
+        """
+        await self._cell._wait_past(revision)
+
 
 class Subscription(Generic[T]):
     """One reader's cursor over a cell. Async-iterable; newest value only."""
@@ -204,19 +213,26 @@ class Subscription(Generic[T]):
     async def receive(self) -> T:
         """Wait for a value newer than the last one returned. Always checkpoints.
 
-        Cancelling a waiting ``receive`` leaves the cursor where it was.
+        Cancelling a waiting ``receive`` leaves the cursor where it was. A
+        receive that waited returns as soon as it is woken: the wait was its
+        checkpoint (a schedule point and a cancel point), so it does not
+        yield to the loop once more before returning.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
+        waited = False
         while True:
             try:
                 value = self.receive_nowait()
             except anyio.WouldBlock:
                 await self._cell._wait_past(self._cell.revision)
+                waited = True
                 continue
             except anyio.EndOfStream:
-                await anyio.lowlevel.cancel_shielded_checkpoint()
+                if not waited:
+                    await anyio.lowlevel.cancel_shielded_checkpoint()
                 raise
-            await anyio.lowlevel.cancel_shielded_checkpoint()
+            if not waited:
+                await anyio.lowlevel.cancel_shielded_checkpoint()
             return value
 
     async def wait(self) -> None:

@@ -1,4 +1,5 @@
-"""Smoke run of the etcd peer benchmark (starts its own etcd; aetcd is the peer)."""
+"""Smoke run of the etcd peer benchmark (starts its own etcd and a writer process;
+aetcd is the peer)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def test_smoke_run_prints_every_row_against_the_peer(capsys: pytest.CaptureFixtu
         "put acked p99",
         "acked -> observed p99",
         "CPU per change",
+        "p50, writer on this loop",
         f"{etcd_peer.SMOKE.keys:,}-key range wall",
         f"{etcd_peer.SMOKE.keys:,}-key range CPU",
         "  of it, the wire wall",
@@ -33,14 +35,19 @@ def test_smoke_run_prints_every_row_against_the_peer(capsys: pytest.CaptureFixtu
     ]
     assert "load average" in out
     for row in rows:
+        assert row.measure in out
+        if row.measure == "acked -> observed p99":
+            # The writer is another process: the watch may see a change
+            # before the writer has read its put's answer (below zero).
+            assert all(map(math.isfinite, (row.json, row.grpc, row.peer))), row
+            continue
         # every side measured something real (each range checked its key count)
         assert row.json > 0 and row.grpc > 0 and row.peer > 0, row
         assert not math.isnan(row.ratio), row
-        assert row.measure in out
     # Rows measured once per round carry the median of their rounds' ratios;
     # latency percentiles are of all samples, their ratio of the percentiles.
-    assert all(r.round_ratios is None for r in rows[:4])
-    assert all(r.round_ratios is not None for r in rows[4:])
+    assert all(r.round_ratios is None for r in rows[:4] + rows[5:6])
+    assert all(r.round_ratios is not None for r in rows[4:5] + rows[6:])
 
 
 def test_a_per_round_ratio_is_what_the_row_reports() -> None:

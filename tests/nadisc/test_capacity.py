@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 
 import anyio
 import pytest
@@ -56,6 +57,45 @@ def test_ledger_counts_until_the_last_reference_goes() -> None:
     assert ledger.instances == 0 and ledger.size == 0 and ledger.held == 0
     assert ledger.admit(listing("b", 5)).instances == 5
 
+
+
+class _Record:
+    """Stands for a snapshot record: unhashable, as a record's hash (its
+    whole listing) must never be taken."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_holds_and_their_consumers_are_released_by_reference_counting() -> None:
+    """No cycle anywhere: with the cyclic collector off, a record that goes
+    stops counting at once, a hold that goes gives its share back at once,
+    and a ledger that goes is freed with its holds still alive."""
+    gc.disable()
+    try:
+        ledger = SnapshotLedger(
+            max_instances_per_service=10, max_total_instances=100, max_snapshot_bytes=10**6
+        )
+        hold = ledger.admit(listing("a", 3))
+        records = [_Record() for _ in range(3)]
+        for record in records:
+            hold.add_consumer(record)
+        del record
+        hold.add_consumer(records[0])  # counted once per reference taken
+        assert hold.consumers == 4
+        del records[1]
+        assert hold.consumers == 3
+        records.clear()
+        assert hold.consumers == 0
+        assert ledger.instances == 3 and ledger.held == 1
+        del hold
+        assert ledger.instances == 0 and ledger.size == 0 and ledger.held == 0
+        kept = ledger.admit(listing("b", 2))
+        gone = weakref.ref(ledger)
+        del ledger
+        assert gone() is None
+        del kept  # its callback finds no ledger: nothing to give back to
+    finally:
+        gc.enable()
 
 def test_ledger_byte_budget() -> None:
     snapshot = listing("a", 4)

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from nadisc import (
     DeadlineExceeded,
+    EvidenceKind,
     EvidenceUnavailable,
     IdentityRevoked,
     IncompleteSnapshot,
     Observation,
+    ProviderSnapshot,
 )
 from nadisc.testing import MemoryProvider
+from tests.support_checkpoints import count_yields
 
 from .owner_support import inst, memory_owner
 
@@ -86,3 +90,37 @@ async def test_waiters_share_one_state_key_that_always_equals_the_evidence(
         assert [slot.state_key(now + s) for s in (0.0, 1.0, 1e6)] == [
             evidence.state_key(now + s) for s in (0.0, 1.0, 1e6)
         ]
+
+
+async def test_a_waiting_changed_returns_as_soon_as_it_is_woken(
+    autojump_clock: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``changed()`` that waited returns as soon as it is woken: the wait
+    was its checkpoint, so no further loop pass stands between a published
+    listing and the waiter (before, two more did: one in the cell's
+    receive, one in ``changed``). One that finds a change at once still
+    checkpoints."""
+    provider = MemoryProvider(services={"orders": "orders"})
+    provider.set("orders", [inst("a")])
+    async with memory_owner({"primary": provider}) as owner:
+        handle = owner.client()
+        orders = await handle.observe("orders", anyio.current_time() + 5)
+        slot = handle._connection.slots["orders"]
+        waiters: set[int] = set()
+        taken = count_yields(monkeypatch, waiters)
+
+        async def waiter() -> None:
+            waiters.add(anyio.get_current_task().id)
+            await orders.changed(anyio.current_time() + 60)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            slot.publish(ProviderSnapshot("orders", (inst("b"),), EvidenceKind.REGISTRY_HEALTH))
+        assert taken == []
+        assert orders.snapshot().identities() == ("b",)
+        # A change already there: returned after one checkpoint.
+        slot.publish(ProviderSnapshot("orders", (inst("c"),), EvidenceKind.REGISTRY_HEALTH))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+        assert taken == ["checkpoint"]

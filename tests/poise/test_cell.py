@@ -9,6 +9,7 @@ import anyio.lowlevel
 import pytest
 
 from poise import LatestCell
+from tests.support_checkpoints import count_yields
 
 
 async def test_empty_cell_has_no_value_and_subscribe_waits_for_first_publish() -> None:
@@ -231,3 +232,34 @@ def test_reader_cannot_publish_and_reports_state() -> None:
     assert reader.closed
     assert "closed" in repr(cell)
     assert "seen=0" in repr(reader.subscribe())
+
+
+async def test_a_waiting_receive_returns_as_soon_as_it_is_woken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wait was the receive's checkpoint: once woken it returns without
+    yielding to the loop again (a value reaches a waiting reader in the
+    pass after the publish, not one later). A receive that finds a value
+    still checkpoints (test above)."""
+    cell: LatestCell[int] = LatestCell(0)
+    sub = cell.reader().changes()
+    got: list[int] = []
+    receivers: set[int] = set()
+    taken = count_yields(monkeypatch, receivers)
+
+    async def receiver() -> None:
+        receivers.add(anyio.get_current_task().id)
+        got.append(await sub.receive())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(receiver)
+        await anyio.wait_all_tasks_blocked()
+        cell.publish(1)
+    assert got == [1]
+    assert taken == []
+    # Without a wait, the receive checkpoints.
+    cell.publish(2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(receiver)
+    assert got == [1, 2]
+    assert taken == ["cancel_shielded_checkpoint"]
