@@ -58,9 +58,9 @@ import math
 import types
 import weakref
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -137,7 +137,7 @@ def run_clock() -> Callable[[], float]:
 
 
 #: How a handle waits for a cell to move past a revision, until a time.
-CellWait = Callable[[CellReader[int], int, float], Awaitable[None]]
+CellWait = Callable[[CellReader[int], int, float], Coroutine[Any, Any, None]]
 
 
 def run_cell_wait() -> CellWait:

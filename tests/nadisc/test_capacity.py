@@ -58,7 +58,6 @@ def test_ledger_counts_until_the_last_reference_goes() -> None:
     assert ledger.admit(listing("b", 5)).instances == 5
 
 
-
 class _Record:
     """Stands for a snapshot record: unhashable, as a record's hash (its
     whole listing) must never be taken."""
@@ -96,6 +95,7 @@ def test_holds_and_their_consumers_are_released_by_reference_counting() -> None:
         del kept  # its callback finds no ledger: nothing to give back to
     finally:
         gc.enable()
+
 
 def test_ledger_byte_budget() -> None:
     snapshot = listing("a", 4)
