@@ -354,6 +354,9 @@ class Slot:
         self._unheld_since: float | None = None
         self._record: ObservationSnapshot | None = None
         self._record_key: tuple[int, float | None, bool] | None = None
+        #: (evidence version, usable until, record) of the last non-strict
+        #: look: the same record, unchecked, while both hold.
+        self._record_valid: tuple[int, float, ObservationSnapshot] | None = None
         # The last state key and the times it holds for: (evidence,
         # generation, from, until, key). Every observer woken by one outcome
         # reads it, so it is worked out once per change, not once per waiter.
@@ -406,6 +409,23 @@ class Slot:
         key = evidence.state_key(now)
         self._key_memo = (evidence, evidence.generation, now, evidence.expiry(now), key)
         return key
+
+    def key_expiry(self, now: float) -> float:
+        """``evidence.expiry(now)``, taken from the shared key's memo when it
+        holds ``now`` (no second evaluation after :meth:`state_key`). A
+        confirmation since the memo was made may have moved the real expiry
+        later, never earlier: a wait until this one then wakes once early,
+        finds the key unchanged and waits again."""
+        evidence = self.evidence
+        memo = self._key_memo
+        if (
+            memo is not None
+            and memo[0] is evidence
+            and memo[1] == evidence.generation
+            and memo[2] <= now < memo[3]
+        ):
+            return memo[3]
+        return evidence.expiry(now)
 
     def touch(self, now: float) -> None:
         self.last_access = max(self.last_access, now)
@@ -531,19 +551,30 @@ class Slot:
     def _drop_record(self) -> None:
         self._record = None
         self._record_key = None
+        self._record_valid = None
 
     def record(self, now: float, *, strict: bool) -> ObservationSnapshot:
         """The snapshot record that may be used at ``now`` (cached while the
         evidence is unchanged), or ``EvidenceUnavailable``."""
         evidence = self.evidence
-        refusal = evidence.refusal(now, strict=strict)
-        if refusal is not None:
+        if not strict:
+            # The record of the last look while nothing was recorded since
+            # and time alone has not refused it yet (Evidence.usable_until).
+            known = self._record_valid
+            if known is not None and known[0] == evidence.version and now < known[1]:
+                return known[2]
+        until = evidence.usable_until(now, strict=strict)
+        if until is None:
+            refusal = evidence.refusal(now, strict=strict)
+            assert refusal is not None
             raise EvidenceUnavailable(
                 f"connection {self.connection.name!r} service {self.alias!r}: {refusal.message}",
                 reason=refusal.reason.value,
             )
         key = (evidence.generation, evidence.confirmed_at, evidence.failure is not None)
         if key == self._record_key and self._record is not None:
+            if not strict:
+                self._record_valid = (evidence.version, until, self._record)
             return self._record
         view = evidence.view(now)
         assert isinstance(view, Usable)
@@ -561,6 +592,8 @@ class Slot:
             view.hold.add_consumer(record)
         self._record = record
         self._record_key = key
+        if not strict:
+            self._record_valid = (evidence.version, until, record)
         return record
 
     def close(self) -> None:
@@ -1028,7 +1061,7 @@ class Observation:
                 )
             if now >= deadline:
                 raise DeadlineExceeded("the deadline passed before the observation changed")
-            until = min(deadline, slot.evidence.expiry(now))
+            until = min(deadline, slot.key_expiry(now))
             reader = slot.cell.reader()
             await slot.wait(reader, reader.revision, until)
             waited = True

@@ -273,6 +273,34 @@ async def test_changed_returns_at_a_real_expiry(autojump_clock: object) -> None:
         assert reason_of(obs) == "stale"
 
 
+async def test_a_snapshot_record_is_reused_until_an_event_or_its_time_limit(
+    autojump_clock: object,
+) -> None:
+    """Looks between two events share one record, unchecked, until the
+    listing's own time limit; an event, a strict look or the limit passing
+    each goes through the full check again."""
+    p = provider()
+    pol = policy(snapshot={"max_age_ms": 15000, "stale_if_error_ms": 8000})
+    async with memory_owner({"primary": p}, policies={"primary": pol}) as owner:
+        obs = await owner.client().observe("orders", anyio.current_time() + 5)
+        first = obs.snapshot()
+        assert obs.snapshot() is first
+        assert obs.snapshot(strict=True) is first  # checked, the same listing
+        p.fail("order-worker", IncompleteSnapshot("timeout"))
+        await obs.changed(anyio.current_time() + 60)  # the failure: an event
+        degraded = obs.snapshot()
+        assert degraded is not first and degraded.degraded
+        assert reason_of(obs, strict=True) == "incomplete"  # strict: checked
+        assert obs.snapshot() is degraded
+        # Just before the grace ends the record still stands; at its end,
+        # with nothing recorded in between, it is refused.
+        end = degraded.confirmed_at + 8.0
+        await anyio.sleep(end - anyio.current_time() - 0.001)
+        assert obs.snapshot() is degraded
+        await anyio.sleep(0.001)
+        assert reason_of(obs) == "stale"
+
+
 async def test_changed_rejects_past_and_nan_deadlines(autojump_clock: object) -> None:
     p = provider()
     async with memory_owner({"primary": p}) as owner:
