@@ -93,7 +93,7 @@ class Sizes:
     keys: int
 
 
-FULL = Sizes(rounds=5, changes=40, keys=10_000)
+FULL = Sizes(rounds=5, changes=100, keys=10_000)
 SMOKE = Sizes(rounds=1, changes=5, keys=500)
 
 
