@@ -354,9 +354,9 @@ class Slot:
         self._unheld_since: float | None = None
         self._record: ObservationSnapshot | None = None
         self._record_key: tuple[int, float | None, bool] | None = None
-        #: (evidence version, usable until, record) of the last non-strict
-        #: look: the same record, unchecked, while both hold.
-        self._record_valid: tuple[int, float, ObservationSnapshot] | None = None
+        #: (evidence, its version, usable until, record) of the last
+        #: non-strict look: the same record, unchecked, while they hold.
+        self._record_valid: tuple[Evidence, int, float, ObservationSnapshot] | None = None
         # The last state key and the times it holds for: (evidence,
         # generation, from, until, key). Every observer woken by one outcome
         # reads it, so it is worked out once per change, not once per waiter.
@@ -561,8 +561,13 @@ class Slot:
             # The record of the last look while nothing was recorded since
             # and time alone has not refused it yet (Evidence.usable_until).
             known = self._record_valid
-            if known is not None and known[0] == evidence.version and now < known[1]:
-                return known[2]
+            if (
+                known is not None
+                and known[0] is evidence
+                and known[1] == evidence.version
+                and now < known[2]
+            ):
+                return known[3]
         until = evidence.usable_until(now, strict=strict)
         if until is None:
             refusal = evidence.refusal(now, strict=strict)
@@ -574,7 +579,7 @@ class Slot:
         key = (evidence.generation, evidence.confirmed_at, evidence.failure is not None)
         if key == self._record_key and self._record is not None:
             if not strict:
-                self._record_valid = (evidence.version, until, self._record)
+                self._record_valid = (evidence, evidence.version, until, self._record)
             return self._record
         view = evidence.view(now)
         assert isinstance(view, Usable)
@@ -593,7 +598,7 @@ class Slot:
         self._record = record
         self._record_key = key
         if not strict:
-            self._record_valid = (evidence.version, until, record)
+            self._record_valid = (evidence, evidence.version, until, record)
         return record
 
     def close(self) -> None:

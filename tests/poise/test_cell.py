@@ -263,3 +263,29 @@ async def test_a_waiting_receive_returns_as_soon_as_it_is_woken(
         tg.start_soon(receiver)
     assert got == [1, 2]
     assert taken == ["cancel_shielded_checkpoint"]
+
+
+async def test_wait_past_waits_for_a_newer_revision_or_the_close() -> None:
+    cell = LatestCell(0)
+    reader = cell.reader()
+    seen = reader.revision
+    cell.publish(1)
+    await reader.wait_past(seen)  # already past: returns at once
+    order: list[str] = []
+
+    async def waiter() -> None:
+        await reader.wait_past(reader.revision)
+        order.append(f"woken at {cell.revision}")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        order.append("publish")
+        cell.publish(2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        order.append("close")
+        cell.close()
+    assert order == ["publish", "woken at 3", "close", "woken at 3"]
+    assert cell.get() == 2  # nothing consumed or changed by the waits
