@@ -28,7 +28,10 @@ def _b64(text: str) -> str:
 
 def serve(url: str, commands: int, replies: int) -> None:
     parts = urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 2379)
+    # A put that hangs fails the writer (and so the benchmark) instead.
+    connection = http.client.HTTPConnection(
+        parts.hostname or "127.0.0.1", parts.port or 2379, timeout=10
+    )
     pending = b""
     while True:
         while b"\n" not in pending:

@@ -220,6 +220,7 @@ class RemoteWriter:
                 str(self._replies_out),
             ],
             pass_fds=(self._commands_in, self._replies_out),
+            cwd=Path(__file__).resolve().parent.parent,
         )
         os.close(self._commands_in)
         os.close(self._replies_out)
@@ -244,9 +245,12 @@ class RemoteWriter:
         return began, done
 
     def close(self) -> None:
-        os.close(self._commands)
+        os.close(self._commands)  # the writer ends at the end of its commands
         try:
             self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
         finally:
             os.close(self._replies)
 
