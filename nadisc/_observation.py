@@ -397,35 +397,30 @@ class Slot:
         (see :mod:`nadisc._evidence`), so one computed at ``t`` holds, for
         the same evidence and generation, from ``t`` until that expiry.
         """
-        evidence = self.evidence
-        memo = self._key_memo
-        if (
-            memo is not None
-            and memo[0] is evidence
-            and memo[1] == evidence.generation
-            and memo[2] <= now < memo[3]
-        ):
-            return memo[4]
-        key = evidence.state_key(now)
-        self._key_memo = (evidence, evidence.generation, now, evidence.expiry(now), key)
-        return key
+        return self._memo_at(now)[4]
 
     def key_expiry(self, now: float) -> float:
-        """``evidence.expiry(now)``, taken from the shared key's memo when it
-        holds ``now`` (no second evaluation after :meth:`state_key`). A
-        confirmation since the memo was made may have moved the real expiry
-        later, never earlier: a wait until this one then wakes once early,
-        finds the key unchanged and waits again."""
+        """``evidence.expiry(now)``, from the shared key's memo (no second
+        evaluation after :meth:`state_key`). A confirmation since the memo
+        was made may have moved the real expiry later, never earlier: a wait
+        until this one then wakes once early, finds the key unchanged and
+        waits again."""
+        return self._memo_at(now)[3]
+
+    def _memo_at(self, now: float) -> tuple[Evidence, int, float, float, tuple[int, Reason | None]]:
+        """The key memo holding ``now`` (worked out when the last one does
+        not: another evidence or generation, or ``now`` past its expiry)."""
         evidence = self.evidence
         memo = self._key_memo
         if (
-            memo is not None
-            and memo[0] is evidence
-            and memo[1] == evidence.generation
-            and memo[2] <= now < memo[3]
+            memo is None
+            or memo[0] is not evidence
+            or memo[1] != evidence.generation
+            or not memo[2] <= now < memo[3]
         ):
-            return memo[3]
-        return evidence.expiry(now)
+            key = evidence.state_key(now)
+            memo = self._key_memo = (evidence, evidence.generation, now, evidence.expiry(now), key)
+        return memo
 
     def touch(self, now: float) -> None:
         self.last_access = max(self.last_access, now)
