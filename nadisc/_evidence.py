@@ -100,6 +100,14 @@ class FailureKind(enum.Enum):
 _GRACE_KINDS = frozenset({FailureKind.INCOMPLETE, FailureKind.CAPACITY})
 
 
+#: The messages of the reasons that say all there is to say by themselves.
+_FIXED_MESSAGES: dict[Reason, str] = {
+    Reason.CLOSED: "the observation is closed",
+    Reason.REVOKED: "the connection's identity or permission was revoked",
+    Reason.INVALID: "the registry's answer was confirmed invalid",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class EvidencePolicy:
     """The age rules, in seconds."""
@@ -200,24 +208,41 @@ class Evidence:
         return self._failure
 
     def matches(self, snapshot: ProviderSnapshot) -> bool:
-        """True if ``snapshot`` lists exactly what the current listing lists."""
+        """True if ``snapshot`` lists exactly what the current listing lists.
+
+        O(1) when the counts differ (a tuple's ``==`` compares item by item
+        before it looks at the lengths); otherwise up to the first
+        difference, an identity test per unchanged instance.
+        """
         current = self._snapshot
-        return (
-            current is not None
-            and current.evidence is snapshot.evidence
-            and current.instances == snapshot.instances
-        )
+        if current is None or current.evidence is not snapshot.evidence:
+            return False
+        listed, instances = current.instances, snapshot.instances
+        return len(listed) == len(instances) and listed == instances
 
     # ------------------------------------------------------------------ outcomes
 
-    def on_success(self, snapshot: ProviderSnapshot, now: float, hold: object = None) -> bool:
-        """A complete listing was observed at ``now``. Returns True if the view changed."""
+    def on_success(
+        self,
+        snapshot: ProviderSnapshot,
+        now: float,
+        hold: object = None,
+        *,
+        matched: bool | None = None,
+    ) -> bool:
+        """A complete listing was observed at ``now``. Returns True if the view changed.
+
+        ``matched``: what :meth:`matches` said of ``snapshot`` just before,
+        with nothing recorded since (so the listing is not compared twice).
+        """
         if self.closed:
             return False
         self.version += 1
         self._outcomes += 1
+        if matched is None:
+            matched = self.matches(snapshot)
         # A matching listing implies the same barrier (EMPTY iff empty).
-        changed = not (self.matches(snapshot) and self._failure is None and self._allowed is None)
+        changed = not (matched and self._failure is None and self._allowed is None)
         self._snapshot = snapshot
         self._hold = hold
         self._confirmed_at = now
@@ -346,56 +371,77 @@ class Evidence:
             grace_end = min(age_end, self._confirmed_at + self.policy.grace)
         return age_end, grace_end
 
-    def _refusal(self, now: float, strict: bool) -> Refusal | None:
-        """Why nothing may be served at ``now``, or None if the listing may be."""
+    def _reason(self, now: float, strict: bool) -> Reason | None:
+        """Why nothing may be served at ``now``, or None if the listing may
+        be (the decision alone: no message is built)."""
         barrier = self._barrier
-        if barrier is Reason.CLOSED:
-            return Refusal(Reason.CLOSED, "the observation is closed")
-        if barrier is Reason.REVOKED:
-            return Refusal(Reason.REVOKED, "the connection's identity or permission was revoked")
-        if barrier is Reason.INVALID:
-            return Refusal(Reason.INVALID, "the registry's answer was confirmed invalid")
+        if barrier is Reason.CLOSED or barrier is Reason.REVOKED or barrier is Reason.INVALID:
+            return barrier
         failure = self._failure
-        if self._snapshot is None:
+        snapshot = self._snapshot
+        if snapshot is None:
             if failure is FailureKind.CAPACITY:
-                return Refusal(Reason.CAPACITY, "a capacity limit refused the first listing")
+                return Reason.CAPACITY
             if failure is FailureKind.INCOMPLETE:
-                return Refusal(Reason.INCOMPLETE, "no complete listing has been obtained")
-            return Refusal(Reason.PENDING, "no listing has been obtained yet")
-        limit = self._limit()
+                return Reason.INCOMPLETE
+            return Reason.PENDING
         if failure is not None:
-            failed = Reason.CAPACITY if failure is FailureKind.CAPACITY else Reason.INCOMPLETE
-            if now >= limit:
-                return Refusal(
-                    failed if failed is Reason.CAPACITY else Reason.STALE,
-                    f"the last refresh failed and the grace of {self.policy.grace}s "
-                    f"after the last complete listing ran out "
-                    f"({now - self._confirmed_at:.3f}s ago)",
-                )
+            if now >= self._limit():
+                return Reason.CAPACITY if failure is FailureKind.CAPACITY else Reason.STALE
             if strict:
-                return Refusal(failed, "the last refresh failed and the read is strict")
-        elif now >= limit:
-            return Refusal(
-                Reason.STALE,
-                f"the last complete listing is {now - self._confirmed_at:.3f}s old "
-                f"(max_age {self.policy.max_age}s)",
-            )
+                return Reason.CAPACITY if failure is FailureKind.CAPACITY else Reason.INCOMPLETE
+        elif now >= self._limit():
+            return Reason.STALE
         if barrier is Reason.EMPTY:
-            return Refusal(Reason.EMPTY, "the registry lists no instances")
-        if strict and self._snapshot.evidence.weak:
-            return Refusal(
-                Reason.WEAK,
-                f"the listing is weaker evidence ({self._snapshot.evidence.value}) "
-                "and the read is strict",
-            )
+            return Reason.EMPTY
+        if strict and snapshot.evidence.weak:
+            return Reason.WEAK
         # ``allowed`` only ever narrows the listing's own identities, so an
         # empty set means nothing is left to serve.
         if self._allowed is not None and not self._allowed:
-            return Refusal(
-                Reason.CAPACITY,
-                "a newer complete listing removed every candidate but exceeded capacity",
-            )
+            return Reason.CAPACITY
         return None
+
+    def _refusal(self, now: float, strict: bool) -> Refusal | None:
+        """:meth:`_reason` with the message that explains it."""
+        reason = self._reason(now, strict)
+        if reason is None:
+            return None
+        return Refusal(reason, self._explain(reason, now, strict))
+
+    def _explain(self, reason: Reason, now: float, strict: bool) -> str:
+        """The message for ``reason``, which :meth:`_reason` gave at ``now``."""
+        fixed = _FIXED_MESSAGES.get(reason)
+        if fixed is not None:
+            return fixed
+        snapshot = self._snapshot
+        if snapshot is None:
+            if reason is Reason.CAPACITY:
+                return "a capacity limit refused the first listing"
+            if reason is Reason.INCOMPLETE:
+                return "no complete listing has been obtained"
+            return "no listing has been obtained yet"
+        if self._failure is not None:
+            if now >= self._limit():
+                return (
+                    f"the last refresh failed and the grace of {self.policy.grace}s "
+                    f"after the last complete listing ran out "
+                    f"({now - self._confirmed_at:.3f}s ago)"
+                )
+            if strict:
+                return "the last refresh failed and the read is strict"
+        if reason is Reason.STALE:
+            return (
+                f"the last complete listing is {now - self._confirmed_at:.3f}s old "
+                f"(max_age {self.policy.max_age}s)"
+            )
+        if reason is Reason.WEAK:
+            return (
+                f"the listing is weaker evidence ({snapshot.evidence.value}) and the read is strict"
+            )
+        if reason is Reason.CAPACITY:
+            return "a newer complete listing removed every candidate but exceeded capacity"
+        return "the registry lists no instances"
 
     def refusal(self, now: float, *, strict: bool = False) -> Refusal | None:
         """Why nothing may be served at ``now``; None when :meth:`view` is usable.
@@ -410,7 +456,7 @@ class Evidence:
         the same answer from :meth:`refusal` (None): time alone refuses a
         listing only once its max age or its grace after a failure ran out.
         """
-        if self._refusal(now, strict) is not None:
+        if self._reason(now, strict) is not None:
             return None
         return self._limit()
 
@@ -447,8 +493,7 @@ class Evidence:
         )
 
     def _signature(self, now: float) -> Reason | None:
-        refusal = self._refusal(now, False)
-        return None if refusal is None else refusal.reason
+        return self._reason(now, False)
 
     def expiry(self, now: float) -> float:
         """The next time after ``now`` at which the (non-strict) view changes

@@ -513,9 +513,9 @@ class Slot:
         self.invalid = invalid
         evidence = self.evidence
         if evidence.matches(snapshot):
-            changed = evidence.on_success(snapshot, now, evidence.hold)
+            changed = evidence.on_success(snapshot, now, evidence.hold, matched=True)
         elif not snapshot.instances:
-            changed = evidence.on_success(snapshot, now, None)
+            changed = evidence.on_success(snapshot, now, None, matched=False)
         else:
             try:
                 # The cached record is ours, not a consumer's: drop it so
@@ -536,7 +536,7 @@ class Slot:
                 self.failure_reason = self.connection.redacted(f"CapacityExceeded: {exc}")
                 self._notify(evidence.on_withheld(frozenset(snapshot.identities()), now))
                 return False
-            changed = evidence.on_success(snapshot, now, hold)
+            changed = evidence.on_success(snapshot, now, hold, matched=False)
         self.failure_reason = None
         self._notify(changed)
         return True

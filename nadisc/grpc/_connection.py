@@ -576,6 +576,11 @@ class Stream:
             await self._read_wait().wait()
         return self.headers
 
+    @property
+    def has_message(self) -> bool:
+        """Whether :meth:`take` would hand a message out now."""
+        return bool(self.deframer.messages) and self.error is None
+
     def take(self) -> tuple[bool, bytes] | None:
         """A message already received, if there is one (synchronous; its credit goes back)."""
         messages = self.deframer.messages

@@ -240,7 +240,11 @@ class Batches(Protocol):
     #: every event newer than it. 0 when the first answer was not ``created``.
     created_revision: int
 
-    async def next_batch(self) -> list[WatchResponse]: ...
+    async def next_batch(self) -> list[WatchResponse]:
+        """The next messages; always a checkpoint (a reader of the stream
+        gives the loop a turn between batches through it, even while the
+        server has more to say at once)."""
+        ...
 
 
 class _Opened(Batches, Protocol):
@@ -278,6 +282,8 @@ class WatchStream:
             except httpx.HTTPError as exc:
                 raise IncompleteSnapshot(f"{self._where}: the watch stream broke: {exc}") from exc
             self._pending = [self._decode(line) for line in self._lines.feed(chunk)]
+        # The chunks of one network read come without a turn of the loop.
+        await anyio.lowlevel.checkpoint()
         batch, self._pending = self._pending, []
         return batch
 

@@ -220,12 +220,17 @@ class GrpcWatchStream:
         """The next message (pushed-back ones first). ``IncompleteSnapshot``
         when the stream ends or breaks, ``WatchMessageTooLarge`` (a
         ``CapacityRejected``) for a message over ``max_response_bytes``, a
-        server refusal as the typed outcome."""
+        server refusal as the typed outcome. Always a checkpoint: the read
+        waited, or the loop gets a turn before a message that was already
+        here is taken."""
+        call = self._call
+        if self._pending or call.has_response():
+            await anyio.lowlevel.checkpoint()
         if self._pending:
             batch, self._pending = self._pending, []
             return batch
         try:
-            message = await self._call.read()
+            message = await call.read()
         except RpcError as exc:
             status = _status(exc, self._secrets(), self._limit)
             if _over_receive_limit(exc):

@@ -1027,9 +1027,8 @@ class EtcdProvider:
                 self._publish(run)
             elif progressed:
                 self._confirm(run)
-            # Give the loop a turn between batches, even when the socket
-            # always has more to read (a burst).
-            await anyio.lowlevel.checkpoint()
+            # next_batch() gives the loop a turn between batches, even when
+            # the socket always has more to read (a burst).
 
     async def _probe(self, run: _Run, head: bytes) -> None:
         interval = self._settings.probe_interval_ms / 1000
@@ -1369,7 +1368,7 @@ class EtcdProvider:
                         self._confirm(confirmed.run)
                     if count % PUBLISH_STEP == 0:
                         await anyio.lowlevel.checkpoint()
-            await anyio.lowlevel.checkpoint()
+            # next_batch() gives the loop a turn between batches.
 
     # --------------------------------------------------------- registration
 

@@ -17,6 +17,7 @@ import pytest
 from nadisc.grpc import Channel, RpcError
 from nadisc.grpc._channel import _fixed_block
 from nadisc.grpc._wire import Deframer, encode_message
+from tests.support_checkpoints import count_yields
 
 from .support import Conn, h2_server
 from .test_fast_paths import HEADERS, _outcome, _pair
@@ -199,3 +200,35 @@ def test_data_before_the_response_headers_is_refused_as_h2_refuses_it(end_stream
     first, second = _outcome(mine, wire), _outcome(plain, wire)
     assert first == second
     assert first[0] == "error"
+
+
+async def test_has_response_tells_whether_read_returns_without_a_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three messages in one DATA frame: none has arrived before the first
+    read, the two after it are queued, and each such read returns without
+    giving the loop a turn; after the last one and the trailers, none."""
+
+    async def scenario(conn: Conn, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.StreamEnded):
+            sid = event.stream_id or 0
+            await conn.respond(sid)
+            await conn.data(sid, b"".join(encode_message(p, False) for p in (b"1", b"2", b"3")))
+            await conn.trailers(sid)
+
+    async with h2_server(scenario) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        call = channel.unary_stream(METHOD)(b"go", timeout=10)
+        assert not call.has_response()  # not started
+        with anyio.fail_after(10):
+            assert await call.read() == b"1"
+        assert call.has_response()
+        with monkeypatch.context() as patch:
+            taken = count_yields(patch, {anyio.get_current_task().id})
+            assert await call.read() == b"2"
+            assert call.has_response()
+            assert await call.read() == b"3"
+            assert taken == []
+        assert not call.has_response()
+        with anyio.fail_after(10):
+            assert await call.read() is grpc.aio.EOF
+        assert await call.code() == grpc.StatusCode.OK

@@ -272,3 +272,73 @@ def test_backoff_rejects_bad_bounds() -> None:
         Backoff(0.0, 1.0)
     with pytest.raises(ValueError):
         Backoff(2.0, 1.0)
+
+
+def test_a_listing_matches_only_what_lists_the_same_instances() -> None:
+    ev = make()
+    assert not ev.matches(snap("a"))  # nothing listed yet
+    listed = snap("a", "b", "c")
+    ev.on_success(listed, 0.0)
+    same = ProviderSnapshot("svc", listed.instances, EvidenceKind.REGISTRY_HEALTH)
+    assert ev.matches(same)
+    # One more at the end (the rest the very same objects), one fewer, one
+    # replaced at the end, and the same instances as weaker evidence.
+    grown = ProviderSnapshot(
+        "svc", (*listed.instances, Instance("d", "10.0.0.9", 80)), EvidenceKind.REGISTRY_HEALTH
+    )
+    assert not ev.matches(grown)
+    assert not ev.matches(ProviderSnapshot("svc", listed.instances[:2], listed.evidence))
+    replaced = (*listed.instances[:2], Instance("c", "10.0.0.3", 81))
+    assert not ev.matches(ProviderSnapshot("svc", replaced, listed.evidence))
+    assert not ev.matches(ProviderSnapshot("svc", listed.instances, EvidenceKind.WEAK_HEALTH))
+    # What matches() said is passed on: the view only changes for a new listing.
+    assert not ev.on_success(same, 1.0, matched=True)
+    generation = ev.generation
+    assert ev.on_success(grown, 2.0, matched=False)
+    assert ev.generation == generation + 1
+
+
+@pytest.mark.parametrize(
+    ("steps", "at", "strict", "expected", "message"),
+    [
+        ([], 0.0, False, Reason.PENDING, "no listing has been obtained yet"),
+        (["incomplete"], 0.0, False, Reason.INCOMPLETE, "no complete listing has been obtained"),
+        (["capacity"], 0.0, False, Reason.CAPACITY, "a capacity limit refused the first listing"),
+        (["listed", "close"], 0.0, False, Reason.CLOSED, "the observation is closed"),
+        (["listed", "revoked"], 0.0, False, Reason.REVOKED, "the connection's identity"),
+        (["listed", "invalid"], 0.0, False, Reason.INVALID, "the registry's answer was confirmed"),
+        (["listed"], 10.0, False, Reason.STALE, "the last complete listing is 10.000s old"),
+        (["listed", "incomplete"], 4.0, False, Reason.STALE, "the last refresh failed and the gr"),
+        (["listed", "capacity"], 4.0, False, Reason.CAPACITY, "the last refresh failed and the gr"),
+        (["listed", "incomplete"], 1.0, True, Reason.INCOMPLETE, "the last refresh failed and"),
+        (["listed", "withheld"], 1.0, True, Reason.CAPACITY, "the last refresh failed and the rea"),
+        (["listed", "withheld"], 1.0, False, Reason.CAPACITY, "a newer complete listing removed"),
+        (["empty"], 1.0, False, Reason.EMPTY, "the registry lists no instances"),
+        (["weak"], 1.0, True, Reason.WEAK, "the listing is weaker evidence (weak_health) and"),
+    ],
+)
+def test_every_refusal_says_why_in_words_of_its_own_reason(
+    steps: list[str], at: float, strict: bool, expected: Reason, message: str
+) -> None:
+    ev = make(max_age=10.0, stale_if_error=4.0)
+    for step in steps:
+        if step == "listed":
+            ev.on_success(snap("a"), 0.0)
+        elif step == "empty":
+            ev.on_success(snap(), 0.0)
+        elif step == "weak":
+            ev.on_success(snap("a", evidence=EvidenceKind.WEAK_HEALTH), 0.0)
+        elif step == "withheld":
+            ev.on_withheld(frozenset({"z"}), 0.0)
+        elif step == "close":
+            ev.close()
+        else:
+            ev.on_failure(FailureKind(step), 0.0)
+    refusal = ev.refusal(at, strict=strict)
+    assert refusal is not None
+    assert refusal.reason is expected
+    assert refusal.message.startswith(message), refusal.message
+    # The reason alone (what the state key and the time limits read) is the same.
+    assert ev.usable_until(at, strict=strict) is None
+    if not strict:
+        assert ev.state_key(at) == (ev.generation, expected)

@@ -193,6 +193,20 @@ class EvidenceMachine(RuleBasedStateMachine):
             assert view.reason in (Reason.EMPTY, Reason.STALE, Reason.CAPACITY)
 
     @invariant()
+    def the_state_key_and_the_time_limit_read_the_refusal_s_reason(self) -> None:
+        if not hasattr(self, "ev"):
+            return
+        for strict in (False, True):
+            refusal = self.ev.refusal(self.now, strict=strict)
+            until = self.ev.usable_until(self.now, strict=strict)
+            assert (refusal is None) == (until is not None)
+            if refusal is not None:
+                assert refusal.message
+        refusal = self.ev.refusal(self.now)
+        reason = None if refusal is None else refusal.reason
+        assert self.ev.state_key(self.now) == (self.ev.generation, reason)
+
+    @invariant()
     def expiry_is_consistent(self) -> None:
         if not hasattr(self, "ev"):
             return

@@ -13,6 +13,7 @@ import importlib
 import socket
 import sys
 from collections.abc import AsyncIterator
+from typing import cast
 
 import anyio
 import anyio.lowlevel
@@ -21,11 +22,12 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from nadisc_etcd import EtcdProvider, EtcdSettings
 from nadisc_etcd._client import ClientCore, EtcdClient
-from nadisc_etcd._grpc import EtcdGrpcClient
+from nadisc_etcd._grpc import EtcdGrpcClient, GrpcWatchStream
 from nadisc_etcd._proto import MESSAGES
 from nadisc_etcd._wire import RangeResponse, prefix_range_end
 
 from nadisc import ConfigError, IncompleteSnapshot, LeaseLost, open_discovery
+from tests.support_checkpoints import count_yields
 
 from ...nadisc.owner_support import all_tasks
 from .conftest import EtcdServer, RawEtcd, make_context
@@ -160,6 +162,41 @@ async def test_a_watch_sees_the_same_events_and_a_compaction_the_same_way(
         async with client.watch(head, end, start_revision=start, open_deadline=soon()) as stream:
             [cancel] = await stream.next_batch()
         assert cancel.canceled and cancel.compact_revision == newest.revision
+
+
+async def test_a_watch_read_gives_the_loop_a_turn_even_with_messages_already_here(
+    both: tuple[EtcdClient, EtcdGrpcClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The provider's watch reader relies on it: between two batches the
+    # loop gets a turn, also while the server has more to say at once.
+    json_client, grpc_client = both
+    head = b"wires/turns/"
+    end = prefix_range_end(head)
+    me = {anyio.get_current_task().id}
+    for client in (json_client, grpc_client):
+        async with client.watch(head, end, start_revision=0, open_deadline=soon()) as stream:
+            for n in range(3):
+                await grpc_client.put(head + b"%d" % n, b"v", lease=0, deadline=soon())
+            if isinstance(client, EtcdGrpcClient):
+                call = cast(GrpcWatchStream, stream)._call
+                for _ in range(500):  # the reader queues what the server sent
+                    if call.has_response():
+                        break
+                    await anyio.sleep(0.01)
+                assert call.has_response()
+            events = 0
+            with monkeypatch.context() as patch:
+                taken = count_yields(patch, me)
+                while events < 3:
+                    before = len(taken)
+                    buffered = isinstance(client, EtcdGrpcClient) and call.has_response()
+                    batch = await stream.next_batch()
+                    events += sum(len(message.events) for message in batch)
+                    if isinstance(client, EtcdClient) or buffered:
+                        # JSON: the chunks of one network read come without
+                        # a turn; gRPC: a message already here is taken at once.
+                        assert len(taken) == before + 1, client
+        assert events == 3
 
 
 def _dead_endpoint() -> str:
