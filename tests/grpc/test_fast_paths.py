@@ -61,6 +61,29 @@ def test_fixed_block_uses_no_dynamic_table_entry() -> None:
     assert list(used.header_table.dynamic_entries) == entries
 
 
+async def test_multicallables_of_one_method_share_their_encoded_headers() -> None:
+    """Code that makes a multicallable per call (the etcd client does, as
+    ``grpc.aio`` allows) encodes the fixed headers once per method and
+    target, not per call; another method or target gets its own."""
+    async with Channel("127.0.0.1:1") as one, Channel("127.0.0.1:2") as other:
+        first = one.unary_unary("/pkg.Service/A")._fixed
+        assert one.unary_stream("/pkg.Service/A")._fixed is first
+        assert one.unary_unary("/pkg.Service/B")._fixed is not first
+        assert other.unary_unary("/pkg.Service/A")._fixed is not first
+        plain, gzip = first
+        assert hpack.Decoder().decode(plain, raw=True) == [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", b"/pkg.Service/A"),
+            (b":authority", b"127.0.0.1:1"),
+            (b"te", b"trailers"),
+            (b"content-type", b"application/grpc"),
+            (b"user-agent", b"nadisc-grpc/0.1"),
+            (b"grpc-accept-encoding", b"identity,gzip"),
+        ]
+        assert hpack.Decoder().decode(gzip, raw=True)[-1] == (b"grpc-encoding", b"gzip")
+
+
 async def test_plaintext_frames_go_out_from_the_calling_task() -> None:
     async with h2_server(answer) as server, Channel(f"127.0.0.1:{server.port}") as channel:
         method = channel.unary_stream(METHOD)
