@@ -81,7 +81,7 @@ async def test_multicallables_of_one_method_share_their_encoded_headers() -> Non
             (b"user-agent", b"nadisc-grpc/0.1"),
             (b"grpc-accept-encoding", b"identity,gzip"),
         ]
-        assert hpack.Decoder().decode(gzip, raw=True)[-1] == (b"grpc-encoding", b"gzip")
+        assert list(hpack.Decoder().decode(gzip, raw=True))[-1] == (b"grpc-encoding", b"gzip")
 
 
 async def test_plaintext_frames_go_out_from_the_calling_task() -> None:
