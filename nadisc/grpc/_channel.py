@@ -1191,9 +1191,8 @@ class _StreamResponseCall(_CallHandle[Req, Resp]):
         it without waiting, and without giving the event loop a turn (not in
         ``grpc.aio``; for a reader that yields between responses only when
         the read itself would not)."""
-        call = self._call
-        stream = call.stream
-        return stream is not None and call._initial is not None and stream.has_message
+        stream = self._call.stream
+        return stream is not None and stream.has_message
 
     def _taken(self) -> Resp | object:
         """A response that has already arrived (synchronous), else ``_NOTHING``."""

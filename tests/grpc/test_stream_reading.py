@@ -220,7 +220,15 @@ async def test_has_response_tells_whether_read_returns_without_a_turn(
         call = channel.unary_stream(METHOD)(b"go", timeout=10)
         assert not call.has_response()  # not started
         with anyio.fail_after(10):
+            await call.wait_for_connection()
+            for _ in range(1000):  # the headers may come before the messages
+                if call.has_response():
+                    break
+                await anyio.sleep(0.01)
+        with monkeypatch.context() as patch:
+            taken = count_yields(patch, {anyio.get_current_task().id})
             assert await call.read() == b"1"
+            assert taken == []
         assert call.has_response()
         with monkeypatch.context() as patch:
             taken = count_yields(patch, {anyio.get_current_task().id})
