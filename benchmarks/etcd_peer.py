@@ -50,13 +50,14 @@ change <= 1.0x; range wall
 <= 1.0x and CPU <= 1.0x. Numbers are what this machine gave,
 printed with the load average (the machine may be shared).
 
-Run: ``python -m benchmarks.etcd_peer [--smoke]``
+Run: ``python -m benchmarks.etcd_peer [--smoke] [--rounds R]``
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import itertools
 import json
 import math
@@ -551,8 +552,18 @@ def render(rows: Sequence[Row]) -> str:
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--smoke", action="store_true", help="small sizes, one round")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"interleaved rounds (default {FULL.rounds}; more keep the CPU rows steady)",
+    )
     args = parser.parse_args(argv)
     sizes = SMOKE if args.smoke else FULL
+    if args.rounds is not None:
+        if args.rounds < 1:
+            parser.error("--rounds must be at least 1")
+        sizes = dataclasses.replace(sizes, rounds=args.rounds)
     binary = shutil.which("etcd")
     if binary is None:
         raise RuntimeError("the etcd binary is not installed (apt-get install etcd-server)")

@@ -17,8 +17,9 @@ pytestmark = [pytest.mark.real_server]
 def test_smoke_run_prints_every_row_against_the_peer(capsys: pytest.CaptureFixture[str]) -> None:
     if shutil.which("etcd") is None and os.environ.get("CI", "").lower() != "true":
         pytest.skip(reason="etcd is not installed (apt-get install etcd-server); never under CI")
-    rows = etcd_peer.main(["--smoke"])
+    rows = etcd_peer.main(["--smoke", "--rounds", "2"])
     out = capsys.readouterr().out
+    assert "2 interleaved round(s)" in out
     assert [r.measure for r in rows] == [
         "put -> observed p50",
         "put -> observed p99",
@@ -55,3 +56,9 @@ def test_a_per_round_ratio_is_what_the_row_reports() -> None:
     assert (row.json_ratio, row.ratio, row.ok) == (1.9, 1.4, False)
     plain = etcd_peer.Row("m", 4.0, 3.0, 2.0, "ms", 2.0)
     assert (plain.json_ratio, plain.ratio, plain.ok) == (2.0, 1.5, True)
+
+
+def test_rounds_below_one_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        etcd_peer.main(["--rounds", "0"])
+    assert "--rounds must be at least 1" in capsys.readouterr().err
