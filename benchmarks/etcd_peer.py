@@ -171,6 +171,9 @@ def _config(url: str, wire: str) -> DiscoveryConfig:
     return DiscoveryConfig.model_validate(
         {
             "enabled": True,
+            # Every round adds 600 instances to the watched service (100 a
+            # side, twice): room for many more rounds than the default.
+            "limits": {"max_instances_per_service": 65_536},
             "connections": {
                 "primary": {
                     "provider": "etcd",
