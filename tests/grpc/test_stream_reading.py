@@ -205,9 +205,9 @@ def test_data_before_the_response_headers_is_refused_as_h2_refuses_it(end_stream
 async def test_has_response_tells_whether_read_returns_without_a_turn(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Three messages in one DATA frame: none has arrived before the first
-    read, the two after it are queued, and each such read returns without
-    giving the loop a turn; after the last one and the trailers, none."""
+    """Three messages in one DATA frame: none is there before the call
+    starts; once they arrived, each read returns one without giving the
+    loop a turn, and ``has_response()`` holds until the last one is taken."""
 
     async def scenario(conn: Conn, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.StreamEnded):
