@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv servers lint typecheck unit asyncio-pass clean
+.PHONY: demo test venv servers hypothesis-data lint typecheck unit asyncio-pass clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,7 +57,14 @@ typecheck: venv
 WORKERS ?= 3
 XDIST := -n $(WORKERS) --dist worksteal
 
-unit: venv servers
+# Hypothesis builds its table of Unicode categories the first time a test
+# draws text (about 6 s of CPU) and keeps it in .hypothesis/. Built here
+# once, before the passes start, instead of by every worker of both passes
+# at the same time.
+hypothesis-data: venv
+	$(BIN)/python -W ignore -c "from hypothesis import strategies as st; st.text(min_size=1).example()"
+
+unit: venv servers hypothesis-data
 	$(BIN)/pytest $(XDIST) --durations=25
 
 # Everything is written against anyio and claimed to work on asyncio: run the
@@ -68,7 +75,7 @@ unit: venv servers
 ASYNCIO_PATHS := tests/poise tests/nadisc tests/providers tests/fakes tests/docs \
 	tests/observability/test_asyncio.py tests/observability/test_balancer_failures.py \
 	tests/grpc
-asyncio-pass: venv servers
+asyncio-pass: venv servers hypothesis-data
 	TEST_BACKEND=asyncio $(BIN)/pytest $(XDIST) $(ASYNCIO_PATHS) -o trio_mode=false \
 		-m "not trio_only" -q
 
