@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import anyio
 import anyio.lowlevel
 import pytest
@@ -15,10 +18,22 @@ from nadisc import (
     Observation,
     ProviderSnapshot,
 )
+from nadisc._observation import Slot
 from nadisc.testing import MemoryProvider
 from tests.support_checkpoints import count_yields
 
 from .owner_support import inst, memory_owner
+
+
+@asynccontextmanager
+async def observed_orders(provider: MemoryProvider) -> AsyncIterator[tuple[Observation, Slot]]:
+    """``orders`` listed with one instance, observed through an owner: the
+    observation and the slot behind it."""
+    provider.set("orders", [inst("a")])
+    async with memory_owner({"primary": provider}) as owner:
+        handle = owner.client()
+        orders = await handle.observe("orders", anyio.current_time() + 5)
+        yield orders, handle._connection.slots["orders"]
 
 
 def reasons(observation: Observation) -> tuple[str, str]:
@@ -62,11 +77,7 @@ async def test_waiters_share_one_state_key_that_always_equals_the_evidence(
     worked out once, and equal to the evidence's own key at every time, on
     both sides of the expiry and after each event."""
     provider = MemoryProvider(services={"orders": "orders"})
-    provider.set("orders", [inst("a")])
-    async with memory_owner({"primary": provider}) as owner:
-        handle = owner.client()
-        orders = await handle.observe("orders", anyio.current_time() + 5)
-        slot = handle._connection.slots["orders"]
+    async with observed_orders(provider) as (orders, slot):
         evidence = slot.evidence
 
         def agree(start: float) -> None:
@@ -101,11 +112,7 @@ async def test_a_waiting_changed_returns_as_soon_as_it_is_woken(
     receive, one in ``changed``). One that finds a change at once still
     checkpoints."""
     provider = MemoryProvider(services={"orders": "orders"})
-    provider.set("orders", [inst("a")])
-    async with memory_owner({"primary": provider}) as owner:
-        handle = owner.client()
-        orders = await handle.observe("orders", anyio.current_time() + 5)
-        slot = handle._connection.slots["orders"]
+    async with observed_orders(provider) as (orders, slot):
         waiters: set[int] = set()
         taken = count_yields(monkeypatch, waiters)
 
