@@ -42,6 +42,7 @@ import contextlib
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import anyio
 
@@ -70,6 +71,10 @@ class CapacityUse:
     watch_streams_oversized: int = 0
 
 
+_O = TypeVar("_O")
+_R = TypeVar("_R")
+
+
 class _Ref(weakref.ref):  # type: ignore[type-arg]
     """A weak reference that hashes and compares by its own identity, never
     by its referent's (a snapshot record's hash would hash its listing)."""
@@ -79,17 +84,18 @@ class _Ref(weakref.ref):  # type: ignore[type-arg]
     __eq__ = object.__eq__
 
 
-def _discarder(refs: set[_Ref]) -> Callable[[_Ref], None]:
-    """A weak-reference callback that drops the reference from ``refs``,
-    holding ``refs`` only weakly (no cycle through the callback)."""
-    holder = weakref.ref(refs)
+def _weakly(owner: _O, act: Callable[[_O, _R], None]) -> Callable[[_R], None]:
+    """A weak-reference callback that calls ``act(owner, reference)`` while
+    ``owner`` is alive, holding ``owner`` only weakly (no cycle through the
+    callback)."""
+    holder = weakref.ref(owner)
 
-    def discard(ref: _Ref) -> None:
+    def callback(ref: _R) -> None:
         found = holder()
         if found is not None:
-            found.discard(ref)
+            act(found, ref)
 
-    return discard
+    return callback
 
 
 class Hold:
@@ -109,7 +115,7 @@ class Hold:
         self.instances = instances
         self.size = size
         self._refs: set[_Ref] = set()
-        self._discard = _discarder(self._refs)
+        self._discard = _weakly(self._refs, set.discard)
 
     @property
     def consumers(self) -> int:
@@ -140,14 +146,7 @@ class SnapshotLedger:
         #: reference's callback releases that share when the hold dies (it
         #: holds the ledger weakly: no cycle through the callbacks).
         self._holds: dict[weakref.ref[Hold], tuple[int, int]] = {}
-        ledger = weakref.ref(self)
-
-        def release(gone: weakref.ref[Hold]) -> None:
-            found = ledger()
-            if found is not None:
-                found._released(gone)
-
-        self._release = release
+        self._release = _weakly(self, SnapshotLedger._released)
 
     def admit(self, snapshot: ProviderSnapshot, *, replacing: Hold | None = None) -> Hold:
         """Count ``snapshot`` and return its hold, or raise ``CapacityExceeded``.
