@@ -498,12 +498,21 @@ class Evidence:
     def expiry(self, now: float) -> float:
         """The next time after ``now`` at which the (non-strict) view changes
         by time alone; ``inf`` when only an event can change it."""
+        return self._expiry(now, self._signature(now))
+
+    def _expiry(self, now: float, signature: Reason | None) -> float:
+        """:meth:`expiry`, given ``_signature(now)``."""
         if self._timeless():
             return math.inf
         limit = self._limit()
-        if limit > now and self._signature(limit) != self._signature(now):
+        if limit > now and self._signature(limit) != signature:
             return limit
         return math.inf
+
+    def key_and_expiry(self, now: float) -> tuple[tuple[int, Reason | None], float]:
+        """``(state_key(now), expiry(now))``, the reason at ``now`` decided once."""
+        signature = self._signature(now)
+        return (self.generation, signature), self._expiry(now, signature)
 
     def state_key(self, now: float) -> tuple[int, Reason | None]:
         """Changes exactly when an event changed the record or the listing

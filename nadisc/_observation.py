@@ -418,8 +418,8 @@ class Slot:
             or memo[1] != evidence.generation
             or not memo[2] <= now < memo[3]
         ):
-            key = evidence.state_key(now)
-            memo = self._key_memo = (evidence, evidence.generation, now, evidence.expiry(now), key)
+            key, expiry = evidence.key_and_expiry(now)
+            memo = self._key_memo = (evidence, evidence.generation, now, expiry, key)
         return memo
 
     def touch(self, now: float) -> None:

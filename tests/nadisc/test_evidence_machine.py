@@ -205,6 +205,10 @@ class EvidenceMachine(RuleBasedStateMachine):
         refusal = self.ev.refusal(self.now)
         reason = None if refusal is None else refusal.reason
         assert self.ev.state_key(self.now) == (self.ev.generation, reason)
+        assert self.ev.key_and_expiry(self.now) == (
+            self.ev.state_key(self.now),
+            self.ev.expiry(self.now),
+        )
 
     @invariant()
     def expiry_is_consistent(self) -> None:
