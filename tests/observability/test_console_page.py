@@ -95,11 +95,17 @@ async def test_a_thousand_services_render_fast_idle_cheaply_and_keep_the_selecti
                     listed = (await page.send("Performance.getMetrics"))["metrics"]
                     return {m["name"]: float(m["value"]) for m in listed}
 
+                # The profile lists each message and each age-timer run in the window.
+                await page.evaluate("window.nadiscProfile = []; 0")
                 before = await metrics()
 
                 seen = await page.evaluate("Number(document.body.dataset.rebuilt)")
                 await trio.sleep(3.0)
                 after = await metrics()
+                causes = await page.evaluate(
+                    "window.nadiscProfile.filter(e => e[0] !== 'render').length"
+                )
+                await page.evaluate("window.nadiscProfile = null; 0")
                 wall = after["Timestamp"] - before["Timestamp"]
 
                 def share(*names: str) -> float:
@@ -110,12 +116,15 @@ async def test_a_thousand_services_render_fast_idle_cheaply_and_keep_the_selecti
                 layouts = after["LayoutCount"] - before["LayoutCount"]
                 print(
                     f"idle main thread: script+layout+style {work:.1%}, all tasks {tasks:.1%}, "
-                    f"{layouts:.0f} layouts in {wall:.1f} s"
+                    f"{layouts:.0f} layouts in {wall:.1f} s for {causes} messages and timer runs"
                 )
-                # What keeps it idle, by count: no card rebuilt, and a
-                # few layouts a second (ticks and age texts, each its own relayout boundary).
+                # What keeps it idle, by count: no card rebuilt, and at most one
+                # layout per message or age-timer run (the provider re-confirms
+                # its listings, so confirmed-at deltas arrive; a loaded machine
+                # spreads one re-confirmation over more samples, hence more
+                # messages: a rate bound in wall time would fail under load).
                 assert await page.evaluate("Number(document.body.dataset.rebuilt)") == seen
-                assert after["LayoutCount"] - before["LayoutCount"] <= 4 * wall + 2
+                assert layouts <= causes + 2, (layouts, causes)
                 # The issue asks <= 5% busy: the page's own work measured 1.4-7% at
                 # load average 14-22 on 2 cores (each phase's wall time grows with
                 # the wait for a CPU); the bound is 5x the goal so that load cannot

@@ -451,7 +451,8 @@
   });
 
   const counts = { messages: 0, rebuilt: 0 }; // diagnostics, on the body's data-* attributes
-  // Benchmarks set window.nadiscProfile = [] to get a timing per message and per frame.
+  // Benchmarks set window.nadiscProfile = [] to get a timing per message and per frame
+  // (and an entry per age timer, so tests can tell what each layout answered).
   let profile = null;
   Object.defineProperty(window, "nadiscProfile", {
     configurable: true, get: () => profile, set: (value) => { profile = Array.isArray(value) ? value : null; },
@@ -626,6 +627,9 @@
     tickAges();
   });
 
-  setInterval(() => { tickAges(); freshness(); }, 1000); // ages move between updates
+  setInterval(() => { // ages move between updates
+    tickAges(); freshness();
+    if (profile) profile.push(["timer", performance.now()]);
+  }, 1000);
   connect();
 })();
