@@ -102,6 +102,7 @@ from nadisc import (
     CapacityRejected,
     ConfigError,
     ConnectionContext,
+    DeadlineExceeded,
     EvidenceKind,
     HealthStatus,
     IdentityRevoked,
@@ -164,6 +165,11 @@ PIPELINE_WIRES = frozenset({"grpc"})
 #: busy; measured on 10,000 records, two pages of 5,000 beat one page,
 #: smaller pages, and pages growing from a smaller first one.
 PIPELINE_PAGE = 5000
+
+
+def _unfinished(what: str, exc: DeadlineExceeded) -> IncompleteSnapshot:
+    """A read of several requests whose deadline passed between two of them."""
+    return IncompleteSnapshot(f"etcd: {what} did not finish by its deadline ({exc})")
 
 
 def page_size(max_response_bytes: int, record_bytes: int, max_instances: int) -> int:
@@ -586,9 +592,17 @@ class EtcdProvider:
         ``settled(revision)``, asked once the range's revision is known:
         True stops there (the range is not needed: a live watch already
         stands at or past it) and the state is left as it was; returns
-        whether the state was filled."""
+        whether the state was filled.
+
+        A deadline that passes between two of the range's requests is a
+        timeout of the range, ``IncompleteSnapshot`` (as one that passes
+        during a request): only a deadline already past when the range
+        starts is ``DeadlineExceeded``. A watch's range runs under the
+        provider's own deadline, and a slow registry must be a failure the
+        watch reports and retries, never an error that ends the watch."""
         failure: Exception | None = None
         filled = False
+        in_time = deadline > anyio.current_time()
         # The pages share one channel (gRPC wire, no served channel).
         async with self._client.pinned(), anyio.create_task_group() as group:
             try:
@@ -599,6 +613,8 @@ class EtcdProvider:
                 failure = exc
                 group.cancel_scope.cancel()
         if failure is not None:
+            if in_time and isinstance(failure, DeadlineExceeded):
+                raise _unfinished(f"the range of {state.service!r}", failure) from failure
             raise failure
         return filled
 
@@ -1058,14 +1074,27 @@ class EtcdProvider:
 
     async def _keys_of(self, head: bytes, deadline: float) -> tuple[int, list[KeyValue]]:
         """Keys and mod revisions under ``head``, in pages of :data:`RANGE_PAGE`
-        all read at the first page's revision (each page one small decode)."""
+        all read at the first page's revision (each page one small decode).
+        A deadline that passes between pages is ``IncompleteSnapshot``
+        (see :meth:`_range_into`)."""
         end = prefix_range_end(head)
         kvs: list[KeyValue] = []
         start, revision = head, 0
         while True:
-            answer = await self._client.range(
-                start, end, keys_only=True, limit=RANGE_PAGE, revision=revision, deadline=deadline
-            )
+            try:
+                answer = await self._client.range(
+                    start,
+                    end,
+                    keys_only=True,
+                    limit=RANGE_PAGE,
+                    revision=revision,
+                    deadline=deadline,
+                )
+            except DeadlineExceeded as exc:
+                if not revision:  # already past before the first page
+                    raise
+                where = f"the keys-only range of {head.decode('utf-8', 'replace')!r}"
+                raise _unfinished(where, exc) from exc
             if not revision:
                 revision = answer.header.revision
             kvs.extend(answer.kvs)

@@ -392,9 +392,16 @@ class KubernetesProvider(DiscoveryOnlyProvider):
             params = {**self._selector(kind, name), "limit": str(self._settings.page_size)}
             if token:
                 params["continue"] = token
-            body = await self._http.get(
-                self._collection(kind), params, budget=_remaining(deadline), what=what
-            )
+            try:
+                budget = _remaining(deadline)
+            except DeadlineExceeded as exc:
+                if not token:  # already past before the first page
+                    raise
+                # Passed between two pages: a timeout of the list, as one
+                # that passes during a request (a watch's list runs under
+                # the provider's own deadline: it retries, never ends).
+                raise IncompleteSnapshot(f"{what}: did not finish by its deadline ({exc})") from exc
+            body = await self._http.get(self._collection(kind), params, budget=budget, what=what)
             self.statistics.pages += 1
             try:
                 page = decode_page(kind, body)

@@ -21,6 +21,7 @@ from nadisc_kubernetes import KubernetesProvider, KubernetesSettings, resolve_ac
 
 from nadisc import (
     CapacityRejected,
+    DeadlineExceeded,
     IdentityRevoked,
     IncompleteSnapshot,
     InvalidSnapshot,
@@ -467,3 +468,67 @@ async def test_watches_that_end_at_once_are_not_reopened_in_a_hot_loop(
         nursery.cancel_scope.cancel()
     assert 4 <= watches <= 30  # two streams, backing off up to 4 s each
     assert sink.identities == ("pod-1",) and not sink.failures
+
+
+class StallAfterFirstPage:
+    """Wraps the provider's GET: after the first page of a list (one asked
+    without a continue token) it waits until ``deadline_of()`` has passed,
+    outside the request's own budget, so the next page finds it past."""
+
+    def __init__(self, provider: KubernetesProvider, kind: str, times: int = 1) -> None:
+        self.inner = provider._http.get
+        self.kind, self.times = kind, times
+        self.stalled = 0
+        self.deadline = 0.0
+
+    async def __call__(self, path: str, params: dict[str, str], **kwargs: Any) -> Any:
+        body = await self.inner(path, params, **kwargs)
+        if self.times and path.endswith(self.kind) and "continue" not in params:
+            self.times -= 1
+            self.stalled += 1
+            await trio.sleep(kwargs["budget"] + 0.01)
+        return body
+
+
+def stalled_between_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[KubernetesProvider, StallAfterFirstPage]:
+    """Five slices read in pages of two, the first page of slices stalled."""
+    fake = seeded()
+    for n in range(1, 6):
+        owned_slice(fake, f"orders-{n}", n)
+    provider = in_process(fake, tmp_path, page_size=2)
+    stall = StallAfterFirstPage(provider, "endpointslices")
+    monkeypatch.setattr(provider._http, "get", stall)
+    return provider, stall
+
+
+async def test_a_list_whose_deadline_passes_between_pages_is_incomplete(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider, stall = stalled_between_pages(tmp_path, monkeypatch)
+    with pytest.raises(IncompleteSnapshot, match="did not finish by its deadline"):
+        await provider.query("orders", deadline())
+    assert stall.stalled == 1
+    # A deadline already past when the read starts is the caller's.
+    with pytest.raises(DeadlineExceeded):
+        await provider.query("orders", trio.current_time() - 1)
+    snapshot = await provider.query("orders", deadline())
+    assert len(snapshot.instances) == 5
+
+
+async def test_a_watch_whose_list_runs_out_of_time_reports_it_and_lists_again(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, the deadline passing between two pages of the watch's own
+    # list raised DeadlineExceeded out of the watch and ended it.
+    provider, stall = stalled_between_pages(tmp_path, monkeypatch)
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        await run_watch(provider, sink, nursery)
+        await sink.wait_for(lambda: len(sink.identities) == 5)
+        nursery.cancel_scope.cancel()
+    assert stall.stalled == 1
+    [failure] = sink.failures
+    assert isinstance(failure, IncompleteSnapshot)
+    assert "did not finish by its deadline" in str(failure)
