@@ -370,6 +370,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
     ) -> tuple[list[Service] | list[EndpointSlice], str]:
         """Every item of ``kind`` for Service ``name`` (all pages) and the list's version."""
         what = f"list {kind}s of {self.namespace}/{name}"
+        in_time = _in_time(deadline)
         for attempt in (0, 1):
             try:
                 return await self._pages(kind, name, deadline=deadline, what=what)
@@ -379,6 +380,10 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                         f"{what}: the continue token expired twice; the list is incomplete"
                     ) from None
                 logger.info("%s: continue token expired; listing again from the start", what)
+            except DeadlineExceeded as exc:
+                if not in_time:
+                    raise
+                raise _unfinished(what, exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _pages(
@@ -392,16 +397,9 @@ class KubernetesProvider(DiscoveryOnlyProvider):
             params = {**self._selector(kind, name), "limit": str(self._settings.page_size)}
             if token:
                 params["continue"] = token
-            try:
-                budget = _remaining(deadline)
-            except DeadlineExceeded as exc:
-                if not token:  # already past before the first page
-                    raise
-                # Passed between two pages: a timeout of the list, as one
-                # that passes during a request (a watch's list runs under
-                # the provider's own deadline: it retries, never ends).
-                raise IncompleteSnapshot(f"{what}: did not finish by its deadline ({exc})") from exc
-            body = await self._http.get(self._collection(kind), params, budget=budget, what=what)
+            body = await self._http.get(
+                self._collection(kind), params, budget=_remaining(deadline), what=what
+            )
             self.statistics.pages += 1
             try:
                 page = decode_page(kind, body)
@@ -424,10 +422,16 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         live = self._views.get(service)
         mark = live.changes if live is not None else None
         view = self._view(service)
+        in_time = _in_time(deadline)
         services, service_version = await self.list_all("service", view.name, deadline=deadline)
         view.reset_service(services, service_version)  # type: ignore[arg-type]
         if view.service is not None:
-            slices, slice_version = await self.list_all("slice", view.name, deadline=deadline)
+            try:
+                slices, slice_version = await self.list_all("slice", view.name, deadline=deadline)
+            except DeadlineExceeded as exc:
+                if not in_time:
+                    raise
+                raise _unfinished(f"query of {service!r}", exc) from exc
             view.reset_slices(slices, slice_version)  # type: ignore[arg-type]
         else:
             view.reset_slices((), "")
@@ -732,6 +736,21 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         if self._closing is not None:
             self._closing.set()
         await self._http.aclose()
+
+
+def _in_time(deadline: float) -> bool:
+    """Whether a read that starts now starts before its deadline."""
+    return isinstance(deadline, int | float) and deadline > anyio.current_time()
+
+
+def _unfinished(what: str, exc: DeadlineExceeded) -> IncompleteSnapshot:
+    """A read of several requests whose deadline passed between two of them
+    (pages, a list restarted after an expired continue token, the query's
+    second list): a timeout of the read, as one that passes during a
+    request. A deadline already past when the read started stays the
+    caller's ``DeadlineExceeded``. A watch's list runs under the provider's
+    own deadline: it reports the failure and lists again, never ends on it."""
+    return IncompleteSnapshot(f"{what}: did not finish by its deadline ({exc})")
 
 
 def _remaining(deadline: float) -> float:

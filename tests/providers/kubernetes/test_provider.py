@@ -18,6 +18,7 @@ import pytest
 import trio
 import trio.testing
 from nadisc_kubernetes import KubernetesProvider, KubernetesSettings, resolve_access
+from nadisc_kubernetes._http import Gone
 
 from nadisc import (
     CapacityRejected,
@@ -491,23 +492,36 @@ class StallAfterFirstPage:
 
 
 def stalled_between_pages(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str = "endpointslices"
 ) -> tuple[KubernetesProvider, StallAfterFirstPage]:
-    """Five slices read in pages of two, the first page of slices stalled."""
+    """Five slices read in pages of two, the first page of ``kind`` stalled."""
     fake = seeded()
     for n in range(1, 6):
         owned_slice(fake, f"orders-{n}", n)
     provider = in_process(fake, tmp_path, page_size=2)
-    stall = StallAfterFirstPage(provider, "endpointslices")
+    stall = StallAfterFirstPage(provider, kind)
     monkeypatch.setattr(provider._http, "get", stall)
     return provider, stall
 
 
+@pytest.mark.parametrize(
+    ("kind", "match"),
+    [
+        # Between two pages of the slices.
+        ("endpointslices", "list slices of default/orders: did not finish by its deadline"),
+        # Between the query's two lists: the Service's, then its slices'.
+        ("services", "query of 'orders': did not finish by its deadline"),
+    ],
+)
 async def test_a_list_whose_deadline_passes_between_pages_is_incomplete(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    match: str,
 ) -> None:
-    provider, stall = stalled_between_pages(tmp_path, monkeypatch)
-    with pytest.raises(IncompleteSnapshot, match="did not finish by its deadline"):
+    provider, stall = stalled_between_pages(tmp_path, monkeypatch, kind)
+    with pytest.raises(IncompleteSnapshot, match=match):
         await provider.query("orders", deadline())
     assert stall.stalled == 1
     # A deadline already past when the read starts is the caller's.
@@ -532,3 +546,35 @@ async def test_a_watch_whose_list_runs_out_of_time_reports_it_and_lists_again(
     [failure] = sink.failures
     assert isinstance(failure, IncompleteSnapshot)
     assert "did not finish by its deadline" in str(failure)
+
+
+async def test_a_list_restarted_after_an_expired_token_past_its_deadline_is_incomplete(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The continue token expires (410), and the list's restart from its first
+    # page finds the deadline past: still a timeout of the list.
+    fake = seeded()
+    for n in range(1, 6):
+        owned_slice(fake, f"orders-{n}", n)
+
+    def compact_on_continue(request: httpx.Request) -> None:
+        if request.url.path == SLICES and "continue" in request.url.params:
+            fake.compact()
+
+    provider = in_process(fake, tmp_path, page_size=2)
+    provider._http._client._transport = Hooked(fake.transport(), compact_on_continue)
+    inner = provider._http.get
+    expired = []
+
+    async def late_after_gone(path: str, params: dict[str, str], **kwargs: Any) -> Any:
+        try:
+            return await inner(path, params, **kwargs)
+        except Gone:
+            expired.append(path)
+            await trio.sleep(kwargs["budget"] + 0.01)
+            raise
+
+    monkeypatch.setattr(provider._http, "get", late_after_gone)
+    with pytest.raises(IncompleteSnapshot, match="list slices of default/orders: did not finish"):
+        await provider.query("orders", deadline())
+    assert expired == [SLICES]
