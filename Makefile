@@ -73,9 +73,11 @@ hypothesis-data: venv
 	$(BIN)/python -W ignore -c "from hypothesis import strategies as st; st.text(min_size=1).example()"
 
 # The test modules' rewritten bytecode (and the package's), written once
-# by one collection before the passes start instead of by every worker.
+# by one collection before the passes start instead of by every worker
+# (its output is shown only when the collection fails).
 bytecode: venv
-	$(BIN)/pytest --collect-only -q -p no:cacheprovider >/dev/null
+	@$(BIN)/pytest --collect-only -q -p no:cacheprovider >$(VENV)/collect.log 2>&1 \
+		|| { cat $(VENV)/collect.log; exit 1; }
 
 unit: venv servers hypothesis-data bytecode
 	$(BIN)/pytest $(XDIST) --durations=25
