@@ -24,7 +24,7 @@ import nadisc_etcd._provider as provider_module
 import pytest
 from nadisc_etcd import EtcdProvider
 
-from nadisc import DeadlineExceeded, IncompleteSnapshot
+from nadisc import ConnectionContext, DeadlineExceeded, IncompleteSnapshot
 
 from .conftest import EtcdServer, ProviderMaker, RawEtcd, RecordingSink, both_wires, make_context
 
@@ -57,7 +57,7 @@ async def fill(provider: EtcdProvider, raw: RawEtcd) -> list[str]:
     return names
 
 
-def small_pages() -> Any:
+def small_pages() -> ConnectionContext:
     # A budget of 2 KiB a page: 40 records are several pages.
     return make_context(request_timeout=TIMEOUT, max_response_bytes=4096)
 
