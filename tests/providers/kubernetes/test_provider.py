@@ -472,15 +472,16 @@ async def test_watches_that_end_at_once_are_not_reopened_in_a_hot_loop(
 
 
 class StallAfterFirstPage:
-    """Wraps the provider's GET: after the first page of a list (one asked
-    without a continue token) it waits until ``deadline_of()`` has passed,
-    outside the request's own budget, so the next page finds it past."""
+    """Wraps the provider's GET: once, after the first page of a ``kind`` list
+    (one asked without a continue token) has come back, it waits out that
+    request's budget (the time that was left to the read's deadline), outside
+    the request, so the read's next request finds the deadline past."""
 
-    def __init__(self, provider: KubernetesProvider, kind: str, times: int = 1) -> None:
+    def __init__(self, provider: KubernetesProvider, kind: str) -> None:
         self.inner = provider._http.get
-        self.kind, self.times = kind, times
+        self.kind = kind
+        self.times = 1
         self.stalled = 0
-        self.deadline = 0.0
 
     async def __call__(self, path: str, params: dict[str, str], **kwargs: Any) -> Any:
         body = await self.inner(path, params, **kwargs)
