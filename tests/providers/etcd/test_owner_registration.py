@@ -135,18 +135,24 @@ CHILD = textwrap.dedent(
 
     import trio
 
-    from nadisc import Eligibility, open_discovery
+    from nadisc import Eligibility, PrepareError, open_discovery
     from tests.providers.etcd.owner_helpers import WEB, etcd_config, web_registration
 
     async def main(url: str, prefix: str) -> None:
         config = etcd_config(
             url, prefix, etcd={"ttl_seconds": 2}, registrations={"web": web_registration()}
         )
-        async with open_discovery(
-            config, listeners={"web": WEB}, eligibility={"web": Eligibility.always()}
-        ):
-            print("active", flush=True)
-            await trio.sleep_forever()
+        # A fresh interpreter on a loaded machine may not prepare within the
+        # 0.5 s request timeout: start again, as a supervisor would.
+        while True:
+            try:
+                async with open_discovery(
+                    config, listeners={"web": WEB}, eligibility={"web": Eligibility.always()}
+                ):
+                    print("active", flush=True)
+                    await trio.sleep_forever()
+            except PrepareError:
+                await trio.sleep(0.2)
 
     trio.run(main, sys.argv[1], sys.argv[2])
     """

@@ -136,7 +136,11 @@ def watch_config(url: str, prefix: str, watched: int, **etcd: Any) -> Any:
         etcd={"services": bound, "probe_interval_ms": 2000, **etcd},
         limits={"max_watch_streams": watched},
         poll_interval_ms=2000,
-        request_timeout_ms=1000,
+        # The owner's prepare of the connection checks read permission on
+        # every bound service within one request timeout: 1 s failed with
+        # eight test workers on 2 cores.
+        request_timeout_ms=3000,
+        observation_grace_ms=6000,
         snapshot={"max_age_ms": 6000, "stale_if_error_ms": 3000},
     )
 
