@@ -86,7 +86,8 @@ import importlib
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -167,9 +168,20 @@ PIPELINE_WIRES = frozenset({"grpc"})
 PIPELINE_PAGE = 5000
 
 
-def _unfinished(what: str, exc: DeadlineExceeded) -> IncompleteSnapshot:
-    """A read of several requests whose deadline passed between two of them."""
-    return IncompleteSnapshot(f"etcd: {what} did not finish by its deadline ({exc})")
+@contextmanager
+def _one_read(deadline: float, what: str) -> Iterator[None]:
+    """A read of several requests under one ``deadline``: a deadline that
+    passes between two of them is a timeout of the read,
+    ``IncompleteSnapshot`` (as one that passes during a request); one
+    already past when the read starts stays the caller's
+    ``DeadlineExceeded``."""
+    in_time = deadline > anyio.current_time()
+    try:
+        yield
+    except DeadlineExceeded as exc:
+        if not in_time:
+            raise
+        raise IncompleteSnapshot(f"etcd: {what} did not finish by its deadline ({exc})") from exc
 
 
 def page_size(max_response_bytes: int, record_bytes: int, max_instances: int) -> int:
@@ -602,20 +614,18 @@ class EtcdProvider:
         watch reports and retries, never an error that ends the watch."""
         failure: Exception | None = None
         filled = False
-        in_time = deadline > anyio.current_time()
-        # The pages share one channel (gRPC wire, no served channel).
-        async with self._client.pinned(), anyio.create_task_group() as group:
-            try:
-                filled = await self._read_pages(group, state, deadline, settled)
-            except Exception as exc:
-                # Raised as it is, not in the group's exception group; the
-                # page in flight, if any, is cancelled with the group.
-                failure = exc
-                group.cancel_scope.cancel()
-        if failure is not None:
-            if in_time and isinstance(failure, DeadlineExceeded):
-                raise _unfinished(f"the range of {state.service!r}", failure) from failure
-            raise failure
+        with _one_read(deadline, f"the range of {state.service!r}"):
+            # The pages share one channel (gRPC wire, no served channel).
+            async with self._client.pinned(), anyio.create_task_group() as group:
+                try:
+                    filled = await self._read_pages(group, state, deadline, settled)
+                except Exception as exc:
+                    # Raised as it is, not in the group's exception group; the
+                    # page in flight, if any, is cancelled with the group.
+                    failure = exc
+                    group.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
         return filled
 
     async def _read_pages(
@@ -1080,8 +1090,8 @@ class EtcdProvider:
         end = prefix_range_end(head)
         kvs: list[KeyValue] = []
         start, revision = head, 0
-        while True:
-            try:
+        with _one_read(deadline, f"the keys-only range of {head.decode('utf-8', 'replace')!r}"):
+            while True:
                 answer = await self._client.range(
                     start,
                     end,
@@ -1090,22 +1100,17 @@ class EtcdProvider:
                     revision=revision,
                     deadline=deadline,
                 )
-            except DeadlineExceeded as exc:
-                if not revision:  # already past before the first page
-                    raise
-                where = f"the keys-only range of {head.decode('utf-8', 'replace')!r}"
-                raise _unfinished(where, exc) from exc
-            if not revision:
-                revision = answer.header.revision
-            kvs.extend(answer.kvs)
-            if not answer.more:
-                return revision, kvs
-            if not answer.kvs:
-                raise IncompleteSnapshot(
-                    f"{head.decode('utf-8', 'replace')!r}: the keys-only range was truncated"
-                )
-            start = answer.kvs[-1].key + b"\x00"
-            await anyio.lowlevel.checkpoint()
+                if not revision:
+                    revision = answer.header.revision
+                kvs.extend(answer.kvs)
+                if not answer.more:
+                    return revision, kvs
+                if not answer.kvs:
+                    raise IncompleteSnapshot(
+                        f"{head.decode('utf-8', 'replace')!r}: the keys-only range was truncated"
+                    )
+                start = answer.kvs[-1].key + b"\x00"
+                await anyio.lowlevel.checkpoint()
 
     # --------------------------------------------------------- shared watch
 

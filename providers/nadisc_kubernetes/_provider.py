@@ -73,8 +73,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Mapping
-from contextlib import AsyncExitStack
+from collections.abc import Iterator, Mapping
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -370,20 +370,16 @@ class KubernetesProvider(DiscoveryOnlyProvider):
     ) -> tuple[list[Service] | list[EndpointSlice], str]:
         """Every item of ``kind`` for Service ``name`` (all pages) and the list's version."""
         what = f"list {kind}s of {self.namespace}/{name}"
-        in_time = _in_time(deadline)
-        for attempt in (0, 1):
-            try:
-                return await self._pages(kind, name, deadline=deadline, what=what)
-            except Gone:
-                if attempt == 1:
-                    raise IncompleteSnapshot(
-                        f"{what}: the continue token expired twice; the list is incomplete"
-                    ) from None
-                logger.info("%s: continue token expired; listing again from the start", what)
-            except DeadlineExceeded as exc:
-                if not in_time:
-                    raise
-                raise _unfinished(what, exc) from exc
+        with _one_read(deadline, what):
+            for attempt in (0, 1):
+                try:
+                    return await self._pages(kind, name, deadline=deadline, what=what)
+                except Gone:
+                    if attempt == 1:
+                        raise IncompleteSnapshot(
+                            f"{what}: the continue token expired twice; the list is incomplete"
+                        ) from None
+                    logger.info("%s: continue token expired; listing again from the start", what)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _pages(
@@ -422,19 +418,14 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         live = self._views.get(service)
         mark = live.changes if live is not None else None
         view = self._view(service)
-        in_time = _in_time(deadline)
-        services, service_version = await self.list_all("service", view.name, deadline=deadline)
-        view.reset_service(services, service_version)  # type: ignore[arg-type]
-        if view.service is not None:
-            try:
-                slices, slice_version = await self.list_all("slice", view.name, deadline=deadline)
-            except DeadlineExceeded as exc:
-                if not in_time:
-                    raise
-                raise _unfinished(f"query of {service!r}", exc) from exc
-            view.reset_slices(slices, slice_version)  # type: ignore[arg-type]
-        else:
-            view.reset_slices((), "")
+        with _one_read(deadline, f"query of {service!r}"):
+            services, version = await self.list_all("service", view.name, deadline=deadline)
+            view.reset_service(services, version)  # type: ignore[arg-type]
+            if view.service is not None:
+                slices, version = await self.list_all("slice", view.name, deadline=deadline)
+                view.reset_slices(slices, version)  # type: ignore[arg-type]
+            else:
+                view.reset_slices((), "")
         if live is not None and live.synced and live.changes != mark:
             return live.snapshot()
         return view.snapshot()
@@ -738,19 +729,22 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         await self._http.aclose()
 
 
-def _in_time(deadline: float) -> bool:
-    """Whether a read that starts now starts before its deadline."""
-    return isinstance(deadline, int | float) and deadline > anyio.current_time()
-
-
-def _unfinished(what: str, exc: DeadlineExceeded) -> IncompleteSnapshot:
-    """A read of several requests whose deadline passed between two of them
-    (pages, a list restarted after an expired continue token, the query's
-    second list): a timeout of the read, as one that passes during a
-    request. A deadline already past when the read started stays the
-    caller's ``DeadlineExceeded``. A watch's list runs under the provider's
-    own deadline: it reports the failure and lists again, never ends on it."""
-    return IncompleteSnapshot(f"{what}: did not finish by its deadline ({exc})")
+@contextmanager
+def _one_read(deadline: float, what: str) -> Iterator[None]:
+    """A read of several requests under one ``deadline`` (pages, a list
+    restarted after an expired continue token, the query's two lists): a
+    deadline that passes between two of them is a timeout of the read,
+    ``IncompleteSnapshot`` (as one that passes during a request); one
+    already past when the read starts stays the caller's
+    ``DeadlineExceeded``. A watch's list runs under the provider's own
+    deadline: it reports the failure and lists again, never ends on it."""
+    in_time = isinstance(deadline, int | float) and deadline > anyio.current_time()
+    try:
+        yield
+    except DeadlineExceeded as exc:
+        if not in_time:
+            raise
+        raise IncompleteSnapshot(f"{what}: did not finish by its deadline ({exc})") from exc
 
 
 def _remaining(deadline: float) -> float:
