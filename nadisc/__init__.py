@@ -29,6 +29,8 @@ from ._config import provider_block as provider_block
 from ._config import restart_required as restart_required
 from ._config import validate_provider_block as validate_provider_block
 from ._connection import DiscoveryHandle as DiscoveryHandle
+from ._deadlines import multi_request_read as multi_request_read
+from ._deadlines import time_left as time_left
 from ._ejection import EjectionLog as EjectionLog
 from ._ejection import EjectionOptions as EjectionOptions
 from ._eligibility import Eligibility as Eligibility
@@ -278,6 +280,7 @@ __all__ = [
     "load_config",
     "load_config_file",
     "load_document",
+    "multi_request_read",
     "open_discovery",
     "parse_config",
     "provider_block",
@@ -286,6 +289,7 @@ __all__ = [
     "rest_client",
     "rest_clients",
     "restart_required",
+    "time_left",
     "tls_context_for",
     "validate_provider_block",
 ]

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,9 +61,9 @@ import dns.rdatatype
 import dns.resolver
 
 from .._config import DnsConfig, DnsServiceConfig
+from .._deadlines import time_left
 from .._errors import (
     CapacityRejected,
-    DeadlineExceeded,
     IncompleteSnapshot,
     LifecycleError,
     UnknownService,
@@ -150,7 +149,7 @@ class DnsProvider(DiscoveryOnlyProvider):
     async def prepare(self, deadline: float) -> None:
         """Build the resolver; DNS has no session to check, nothing is sent."""
         self._check_open()
-        _remaining(deadline)
+        time_left(deadline)
         self._get_resolver()
         await anyio.lowlevel.checkpoint()
 
@@ -169,7 +168,7 @@ class DnsProvider(DiscoveryOnlyProvider):
             raise UnknownService(
                 f"service {service!r} is not bound on connection {self._context.name!r}"
             )
-        budget = min(_remaining(deadline), self._context.request_timeout)
+        budget = min(time_left(deadline), self._context.request_timeout)
         resolver = self._get_resolver()
         types = ("SRV",) if spec.srv else spec.address_types
         outcomes: dict[str, _Records | BaseException] = {}
@@ -358,16 +357,6 @@ class DnsProvider(DiscoveryOnlyProvider):
                 continue
             instances.append(instance)
         return tuple(instances)
-
-
-def _remaining(deadline: float) -> float:
-    """Seconds left before ``deadline`` (event-loop clock); refuses past/NaN."""
-    if not isinstance(deadline, int | float) or math.isnan(deadline):
-        raise DeadlineExceeded("the deadline is not a number")
-    remaining = deadline - anyio.current_time()
-    if remaining <= 0:
-        raise DeadlineExceeded("the deadline has already passed")
-    return remaining
 
 
 def _negative_expiration(exc: dns.resolver.NXDOMAIN, qname: dns.name.Name) -> float | None:

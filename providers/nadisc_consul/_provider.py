@@ -53,7 +53,6 @@ still removed at close). What a failed write means::
 from __future__ import annotations
 
 import logging
-import math
 import random
 from collections.abc import Sequence
 from importlib import metadata as importlib_metadata
@@ -81,6 +80,7 @@ from nadisc import (
     RegistrationError,
     RegistrationRecord,
     RegistrationRejected,
+    time_left,
 )
 from nadisc._provider import RenewalOutcomeUnknown
 
@@ -229,13 +229,13 @@ class ConsulProvider:
     async def prepare(self, deadline: float) -> None:
         """Reach the agent once: a non-blocking ``GET /v1/catalog/services``
         proves reachability and that the token is known (403 otherwise)."""
-        budget = _remaining(deadline)
+        budget = time_left(deadline)
         await self._http.get(
             "/v1/catalog/services", self.read_params(), budget=budget, what="prepare"
         )
 
     async def query(self, service: str, deadline: float) -> ProviderSnapshot:
-        snapshot, _ = await self._read_service(service, None, budget=_remaining(deadline))
+        snapshot, _ = await self._read_service(service, None, budget=time_left(deadline))
         return snapshot
 
     async def _fetch_service(
@@ -417,12 +417,12 @@ class ConsulProvider:
         except RegistrationError as exc:
             logger.warning("consul: registration refused before any write: %s", exc)
             raise RegistrationRejected(f"refused before any write: {exc}") from exc
-        budget = _remaining(deadline)
+        budget = time_left(deadline)
         await self._put_registration(record, payload, budget, "register")
         registered = Registered(record, handle)
         if handle.startswith("ttl:"):
             try:
-                await self._pass_ttl(registered, _remaining(deadline))
+                await self._pass_ttl(registered, time_left(deadline))
             except (IncompleteSnapshot, OutcomeUnknown, DeadlineExceeded) as exc:
                 # The registration itself was acknowledged: its first TTL
                 # pass is repeated by the next renewal (until then the check
@@ -463,9 +463,9 @@ class ConsulProvider:
         payload = self._payloads.get(record.instance_id)
         if payload is None:
             payload, _ = self.registration_payload(record)
-        await self._put_registration(record, payload, _remaining(deadline), "re-register")
+        await self._put_registration(record, payload, time_left(deadline), "re-register")
         if registered.handle.startswith("ttl:"):
-            await self._pass_ttl(registered, _remaining(deadline))
+            await self._pass_ttl(registered, time_left(deadline))
         return registered
 
     async def renew(self, registered: Registered, deadline: float) -> Registered:
@@ -474,9 +474,9 @@ class ConsulProvider:
         if self.reapply_due(registered, anyio.current_time()):
             return await self.reapply(registered, deadline)
         if registered.handle.startswith("ttl:"):
-            await self._pass_ttl(registered, _remaining(deadline))
+            await self._pass_ttl(registered, time_left(deadline))
         else:
-            _remaining(deadline)
+            time_left(deadline)
             await anyio.lowlevel.checkpoint()
         return registered
 
@@ -508,7 +508,7 @@ class ConsulProvider:
         response = await self._http.get_any(
             f"/v1/agent/health/service/id/{quote(instance_id, safe='')}",
             None,
-            budget=_remaining(deadline),
+            budget=time_left(deadline),
             what=what,
         )
         if response.status == 404:
@@ -526,7 +526,7 @@ class ConsulProvider:
         response = await self._http.put(
             f"/v1/agent/service/deregister/{quote(instance_id, safe='')}",
             None,
-            budget=_remaining(deadline),
+            budget=time_left(deadline),
             what=what,
             allow=(404, 500),
         )
@@ -577,15 +577,6 @@ def _service_is_unknown(body: bytes) -> bool:
 def _check_is_gone(text: str) -> bool:
     lowered = text.lower()
     return any(marker in lowered for marker in _CHECK_GONE)
-
-
-def _remaining(deadline: float) -> float:
-    if not isinstance(deadline, (int, float)) or math.isnan(deadline):
-        raise DeadlineExceeded(f"deadline {deadline!r} is not a number")
-    remaining = deadline - anyio.current_time()
-    if remaining <= 0:
-        raise DeadlineExceeded("the deadline has already passed")
-    return remaining
 
 
 class ConsulProviderFactory:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -54,7 +53,6 @@ import msgspec
 
 from nadisc import (
     CapacityRejected,
-    DeadlineExceeded,
     IdentityRevoked,
     IncompleteSnapshot,
     LeaseLost,
@@ -62,6 +60,7 @@ from nadisc import (
     ProviderFailure,
     RegistrationRejected,
     redacted_excerpt,
+    time_left,
     tls_context_for,
 )
 
@@ -362,12 +361,9 @@ class ClientCore:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _bound(self, deadline: float) -> float:
-        if math.isnan(deadline):
-            raise DeadlineExceeded("deadline is not a number")
-        now = anyio.current_time()
-        if deadline <= now:
-            raise DeadlineExceeded("deadline already passed")
-        return min(deadline, now + self._request_timeout)
+        """One request's deadline: ``deadline``, at most the request timeout away."""
+        left = time_left(deadline)  # refuses a passed, NaN or non-number deadline
+        return deadline - max(0.0, left - self._request_timeout)
 
     def _secrets(self) -> tuple[str, ...]:
         """What an error message must never be quoted with (it may echo the request)."""

@@ -86,8 +86,7 @@ import importlib
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -103,7 +102,6 @@ from nadisc import (
     CapacityRejected,
     ConfigError,
     ConnectionContext,
-    DeadlineExceeded,
     EvidenceKind,
     HealthStatus,
     IdentityRevoked,
@@ -118,6 +116,7 @@ from nadisc import (
     RegistrationError,
     RegistrationRecord,
     RegistrationRejected,
+    multi_request_read,
     redacted_excerpt,
 )
 
@@ -166,22 +165,6 @@ PIPELINE_WIRES = frozenset({"grpc"})
 #: busy; measured on 10,000 records, two pages of 5,000 beat one page,
 #: smaller pages, and pages growing from a smaller first one.
 PIPELINE_PAGE = 5000
-
-
-@contextmanager
-def _one_read(deadline: float, what: str) -> Iterator[None]:
-    """A read of several requests under one ``deadline``: a deadline that
-    passes between two of them is a timeout of the read,
-    ``IncompleteSnapshot`` (as one that passes during a request); one
-    already past when the read starts stays the caller's
-    ``DeadlineExceeded``."""
-    in_time = deadline > anyio.current_time()
-    try:
-        yield
-    except DeadlineExceeded as exc:
-        if not in_time:
-            raise
-        raise IncompleteSnapshot(f"etcd: {what} did not finish by its deadline ({exc})") from exc
 
 
 def page_size(max_response_bytes: int, record_bytes: int, max_instances: int) -> int:
@@ -614,7 +597,7 @@ class EtcdProvider:
         watch reports and retries, never an error that ends the watch."""
         failure: Exception | None = None
         filled = False
-        with _one_read(deadline, f"the range of {state.service!r}"):
+        with multi_request_read(deadline, f"etcd: the range of {state.service!r}"):
             # The pages share one channel (gRPC wire, no served channel).
             async with self._client.pinned(), anyio.create_task_group() as group:
                 try:
@@ -1090,7 +1073,8 @@ class EtcdProvider:
         end = prefix_range_end(head)
         kvs: list[KeyValue] = []
         start, revision = head, 0
-        with _one_read(deadline, f"the keys-only range of {head.decode('utf-8', 'replace')!r}"):
+        shown = head.decode("utf-8", "replace")
+        with multi_request_read(deadline, f"etcd: the keys-only range of {shown!r}"):
             while True:
                 answer = await self._client.range(
                     start,
@@ -1106,9 +1090,7 @@ class EtcdProvider:
                 if not answer.more:
                     return revision, kvs
                 if not answer.kvs:
-                    raise IncompleteSnapshot(
-                        f"{head.decode('utf-8', 'replace')!r}: the keys-only range was truncated"
-                    )
+                    raise IncompleteSnapshot(f"{shown!r}: the keys-only range was truncated")
                 start = answer.kvs[-1].key + b"\x00"
                 await anyio.lowlevel.checkpoint()
 

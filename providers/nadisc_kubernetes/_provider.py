@@ -73,8 +73,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Iterator, Mapping
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -85,13 +85,14 @@ from pydantic import BaseModel
 from nadisc import (
     Capabilities,
     ConnectionContext,
-    DeadlineExceeded,
     DiscoveryOnlyProvider,
     EvidenceKind,
     IncompleteSnapshot,
     ObservationSink,
     ProviderFailure,
     ProviderSnapshot,
+    multi_request_read,
+    time_left,
 )
 
 from ._credentials import ClusterAccess, resolve_access
@@ -361,7 +362,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
                 await self._http.get(
                     self._collection(kind),
                     params,
-                    budget=_remaining(deadline),
+                    budget=time_left(deadline),
                     what=f"prepare {alias!r}: list {kind}s of {name!r}",
                 )
 
@@ -370,7 +371,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
     ) -> tuple[list[Service] | list[EndpointSlice], str]:
         """Every item of ``kind`` for Service ``name`` (all pages) and the list's version."""
         what = f"list {kind}s of {self.namespace}/{name}"
-        with _one_read(deadline, what):
+        with multi_request_read(deadline, what):
             for attempt in (0, 1):
                 try:
                     return await self._pages(kind, name, deadline=deadline, what=what)
@@ -394,7 +395,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
             if token:
                 params["continue"] = token
             body = await self._http.get(
-                self._collection(kind), params, budget=_remaining(deadline), what=what
+                self._collection(kind), params, budget=time_left(deadline), what=what
             )
             self.statistics.pages += 1
             try:
@@ -418,7 +419,7 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         live = self._views.get(service)
         mark = live.changes if live is not None else None
         view = self._view(service)
-        with _one_read(deadline, f"query of {service!r}"):
+        with multi_request_read(deadline, f"query of {service!r}"):
             services, version = await self.list_all("service", view.name, deadline=deadline)
             view.reset_service(services, version)  # type: ignore[arg-type]
             if view.service is not None:
@@ -727,33 +728,6 @@ class KubernetesProvider(DiscoveryOnlyProvider):
         if self._closing is not None:
             self._closing.set()
         await self._http.aclose()
-
-
-@contextmanager
-def _one_read(deadline: float, what: str) -> Iterator[None]:
-    """A read of several requests under one ``deadline`` (pages, a list
-    restarted after an expired continue token, the query's two lists): a
-    deadline that passes between two of them is a timeout of the read,
-    ``IncompleteSnapshot`` (as one that passes during a request); one
-    already past when the read starts stays the caller's
-    ``DeadlineExceeded``. A watch's list runs under the provider's own
-    deadline: it reports the failure and lists again, never ends on it."""
-    in_time = isinstance(deadline, int | float) and deadline > anyio.current_time()
-    try:
-        yield
-    except DeadlineExceeded as exc:
-        if not in_time:
-            raise
-        raise IncompleteSnapshot(f"{what}: did not finish by its deadline ({exc})") from exc
-
-
-def _remaining(deadline: float) -> float:
-    if not isinstance(deadline, int | float) or math.isnan(deadline):
-        raise DeadlineExceeded(f"deadline {deadline!r} is not a number")
-    remaining = deadline - anyio.current_time()
-    if remaining <= 0:
-        raise DeadlineExceeded("the deadline has already passed")
-    return remaining
 
 
 class KubernetesProviderFactory:

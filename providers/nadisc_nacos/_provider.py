@@ -87,6 +87,7 @@ from nadisc import (
     Registered,
     RegistrationRecord,
     RegistrationRejected,
+    time_left,
 )
 from nadisc._jsonguard import loads_guarded
 from nadisc._provider import RenewalOutcomeUnknown
@@ -207,7 +208,7 @@ class NacosProvider:
     # -- discovery -------------------------------------------------------------
     async def prepare(self, deadline: float) -> None:
         """Log in (with credentials) and settle the API generation."""
-        budget = _remaining(deadline)
+        budget = time_left(deadline)
         await self._http.token(budget)
         probe = next(iter(self._settings.services.values()), None)
         name = probe.name if probe is not None else PROBE_SERVICE
@@ -218,7 +219,7 @@ class NacosProvider:
             "GET",
             _PATHS["v3"]["list"],
             self._list_params("v3", name),
-            budget=_remaining(deadline),
+            budget=time_left(deadline),
             what="probe of the v3 client API",
         )
         if v3.status == 200 and _is_envelope(v3.body, "probe of the v3 client API"):
@@ -228,7 +229,7 @@ class NacosProvider:
             "GET",
             _PATHS["v1"]["list"],
             self._list_params("v1", name),
-            budget=_remaining(deadline),
+            budget=time_left(deadline),
             what="probe of the v1 open API",
         )
         if v1.status == 200 and b'"hosts"' in v1.body:
@@ -272,7 +273,7 @@ class NacosProvider:
             "GET",
             _PATHS[api]["list"],
             self._list_params(api, service),
-            budget=_remaining(deadline),
+            budget=time_left(deadline),
             what=what,
         )
         if response.status != 200:
@@ -386,7 +387,7 @@ class NacosProvider:
         ``RenewalOutcomeUnknown`` for a write that cannot create a record."""
         try:
             return await self._http.call(
-                method, path, params, budget=_remaining(deadline), what=what
+                method, path, params, budget=time_left(deadline), what=what
             )
         except NotDelivered as exc:
             # No server took the request: it certainly did not apply.
@@ -478,7 +479,7 @@ class NacosProvider:
     async def renew(self, registered: Registered, deadline: float) -> Registered:
         record = registered.record
         if not self._ephemeral(record):
-            _remaining(deadline)
+            time_left(deadline)
             await anyio.lowlevel.checkpoint()
             return registered
         api = self._require_api()
@@ -578,7 +579,7 @@ class NacosProvider:
         what = f"detail of {record.registration!r}"
         params = self._instance_params(record, "v1")
         response = await self._http.call(
-            "GET", _PATHS["v1"]["instance"], params, budget=_remaining(deadline), what=what
+            "GET", _PATHS["v1"]["instance"], params, budget=time_left(deadline), what=what
         )
         if response.status in NOT_SERVED and response.status != 404:
             if self.detail_served is None:
@@ -642,15 +643,6 @@ def _safe_envelope(response: NacosResponse, http: NacosHttp) -> tuple[int, str, 
     except ProviderFailure:
         return -1, http.quote(response), None
     return code, http.quote(message), data
-
-
-def _remaining(deadline: float) -> float:
-    if not isinstance(deadline, (int, float)) or math.isnan(deadline):
-        raise DeadlineExceeded(f"deadline {deadline!r} is not a number")
-    remaining = deadline - anyio.current_time()
-    if remaining <= 0:
-        raise DeadlineExceeded("the deadline has already passed")
-    return remaining
 
 
 class NacosProviderFactory:

@@ -509,9 +509,9 @@ def stalled_between_pages(
     ("kind", "match"),
     [
         # Between two pages of the slices.
-        ("endpointslices", "list slices of default/orders: did not finish by its deadline"),
+        ("endpointslices", "list slices of default/orders did not finish by its deadline"),
         # Between the query's two lists: the Service's, then its slices'.
-        ("services", "query of 'orders': did not finish by its deadline"),
+        ("services", "query of 'orders' did not finish by its deadline"),
     ],
 )
 async def test_a_list_whose_deadline_passes_between_pages_is_incomplete(
@@ -576,6 +576,6 @@ async def test_a_list_restarted_after_an_expired_token_past_its_deadline_is_inco
             raise
 
     monkeypatch.setattr(provider._http, "get", late_after_gone)
-    with pytest.raises(IncompleteSnapshot, match="list slices of default/orders: did not finish"):
+    with pytest.raises(IncompleteSnapshot, match="list slices of default/orders did not finish"):
         await provider.query("orders", deadline())
     assert expired == [SLICES]
