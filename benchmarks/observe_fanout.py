@@ -22,6 +22,14 @@ interleave the two; the median round by ratio is shown. "gate to last
 return" is the whole fan-out, entering included. The p99 is also shown in
 CPU time of this process (``time.process_time``), which what other
 processes on a shared machine take away does not disturb.
+
+Each side starts from a collected heap (``gc.collect()`` before its tasks
+are spawned, outside the timed window; the collector stays on while it
+runs). Left to chance, a full collection of the ten thousand tasks' heap
+(tens of milliseconds) landed inside one side's wake-up in some rounds
+and not in others, which made single rounds read anywhere from 0.6 to 2.4
+on a quiet machine; from the same heap state both sides pay the
+collections their own allocations cause, and no more.
 Runs on trio with the real clock.
 
 Run: ``python -m benchmarks.observe_fanout [--smoke] [--calls N] [--latency S]``
@@ -30,6 +38,7 @@ Run: ``python -m benchmarks.observe_fanout [--smoke] [--calls N] [--latency S]``
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import time
@@ -116,6 +125,7 @@ async def floor(calls: int) -> tuple[list[float], list[float]]:
         woke.append(clock())
         woke_cpu.append(cpu())
 
+    gc.collect()  # from the same heap state as observe()'s side (module docstring)
     async with trio.open_nursery() as nursery:
         for _ in range(calls):
             nursery.start_soon(waiter)
@@ -148,6 +158,7 @@ async def run(calls: int, latency: float) -> Result:
             finished_cpu.append(cpu())
 
         provider.release = trio.Event()
+        gc.collect()  # from the same heap state as the floor's side (module docstring)
         started = anyio.current_time()
         # Spawned and timed as the floor's waiters are (a trio nursery, trio's
         # clock): only what observe() itself does differs between the two.
