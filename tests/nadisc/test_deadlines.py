@@ -7,6 +7,8 @@ import math
 
 import anyio
 import pytest
+import trio
+import trio.testing
 
 from nadisc import (
     DeadlineExceeded,
@@ -18,11 +20,16 @@ from nadisc import (
 from nadisc._errors import RELATIVE_HINT_AFTER
 
 
-async def test_time_left_is_the_seconds_before_the_deadline() -> None:
-    before = anyio.current_time()
-    left = time_left(before + 5)
-    assert 0 < left <= 5
-    assert left >= 5 - (anyio.current_time() - before)
+async def test_time_left_is_exactly_the_seconds_before_the_deadline(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    deadline = trio.current_time() + 5
+    assert time_left(deadline) == 5
+    mock_clock.jump(3.5)
+    assert time_left(deadline) == 1.5
+    mock_clock.jump(1.5)
+    with pytest.raises(DeadlineExceeded, match=r"deadline passed 0\.000000s ago"):
+        time_left(deadline)
 
 
 @pytest.mark.parametrize(
