@@ -12,7 +12,9 @@ turn on one channel), and the 1,000-message server stream (rate in messages
 per second). Clients, interleaved round by round in this one process:
 
 ``nadisc.grpc, trio`` and ``nadisc.grpc, asyncio``
-    ``nadisc.grpc.Channel`` (one HTTP/2 connection), on each loop.
+    ``nadisc.grpc.Channel`` (one HTTP/2 connection), on each loop, with its
+    defaults: receive coalescing on (40 us; ``--coalescing off`` or
+    ``--coalescing SECONDS`` to compare).
 ``grpclib``
     ``grpclib.client.Channel`` with ``UnaryUnaryMethod`` /
     ``UnaryStreamMethod`` (asyncio; h2 underneath too).
@@ -42,7 +44,8 @@ Last, ``h2`` alone: the client CPU per unary call (and per stream message)
 that the channel's ``h2`` work costs by itself, in memory (:func:`h2_floor_us`),
 the floor under the channel's own per-call cost.
 
-Run: ``python -m benchmarks.grpc_throughput [--smoke] [--calls N] [--rounds R]``
+Run: ``python -m benchmarks.grpc_throughput [--smoke] [--calls N] [--rounds R]
+[--coalescing off|SECONDS]``
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ REQUEST = b"0123456789"
 STREAM_MESSAGES = 1000
 
 CLIENTS = ("nadisc.grpc, trio", "nadisc.grpc, asyncio", "grpclib", "grpcio.aio")
+#: Keywords for nadisc.grpc.Channel beyond its defaults (``--coalescing``).
+_CHANNEL_OPTIONS: dict[str, Any] = {}
 
 
 class Spent(NamedTuple):
@@ -245,7 +250,7 @@ async def _fan(concurrency: int, calls: int, one: Callable[[], Awaitable[Any]]) 
 async def _ours(port: int, row: str, calls: int) -> Spent:
     from nadisc.grpc import Channel
 
-    async with Channel(f"127.0.0.1:{port}") as channel:
+    async with Channel(f"127.0.0.1:{port}", **_CHANNEL_OPTIONS) as channel:
         unary = channel.unary_unary(UNARY)
         stream = channel.unary_stream(STREAM)
         await unary(REQUEST)  # connect outside the timing
@@ -334,17 +339,38 @@ def _measure(client: str, port: int, row: str, calls: int) -> tuple[float, float
     return spent.calls / spent.wall, spent.cpu / spent.calls * 1e6
 
 
+def _coalescing(text: str) -> tuple[float | None]:
+    """``--coalescing``: 'off' or seconds, as the channel checks them."""
+    from nadisc.grpc import Channel
+
+    try:
+        value = None if text == "off" else float(text)
+        Channel("127.0.0.1:1", receive_coalescing=value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"'off' or seconds: {exc}") from None
+    return (value,)
+
+
 def main(argv: list[str] | None = None) -> Result:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a few calls per row, one round")
     parser.add_argument("--calls", type=int, default=2048, help="unary calls per row and round")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--coalescing",
+        type=_coalescing,
+        default=None,
+        help="the channel's receive_coalescing: 'off', or seconds (default: its own, 40e-6)",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         asyncio.run(_serve())
         return Result(0, 0)
     calls, rounds = (32, 1) if args.smoke else (args.calls, args.rounds)
+    if args.coalescing is not None:
+        _CHANNEL_OPTIONS["receive_coalescing"] = args.coalescing[0]
+        print(f"nadisc.grpc with receive_coalescing={args.coalescing[0]}")
     rows = ["unary c=1", "unary c=16", "unary c=64", f"stream {STREAM_MESSAGES} msgs"]
     result = Result(calls, rounds, rows=rows)
     argv = [sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"]

@@ -17,6 +17,19 @@ holds is bounded by the window plus one message in progress (itself bounded
 by the receive limit). Outbound, a sender waits for the peer's window and
 for the writer to drain what it queued past ``_HIGH_WATER``.
 
+Receive coalescing: while a response stream is under way (its second DATA
+frame or later came in the read just taken) and that read emptied the
+socket, the reader does not wait on the socket at once: it waits
+``receive_coalescing`` seconds (tens of microseconds, on a ``timerfd``,
+see :mod:`nadisc.grpc._timer`) and then reads whatever came meanwhile, so a
+stream sent faster than it is read arrives several messages per read
+instead of one read, and one wakeup, per message. A stream's first DATA
+frame (so every unary answer) never waits, and nor does a full read, nor
+any read of a process that may run on one CPU only. Only
+plaintext connections on trio's and asyncio's own sockets do this (asyncio
+by pausing the transport while it waits); TLS and platforms without a
+``timerfd`` read as before.
+
 Concurrency: a stream waits for a slot while the server's
 ``SETTINGS_MAX_CONCURRENT_STREAMS`` are all in use (a queue on this
 connection; no second connection is opened for it).
@@ -65,6 +78,7 @@ from hyperframe.exceptions import InvalidDataError, InvalidFrameError
 from hyperframe.frame import ContinuationFrame, Frame, HeadersFrame, RstStreamFrame
 
 from ._errors import RpcError, code_from_reset
+from ._timer import ReadTimer, one_cpu, read_timer
 from ._wire import Deframer
 
 __all__ = ["Connection", "Stream", "Unprocessed"]
@@ -448,6 +462,8 @@ class _FeedProtocol(anyio_asyncio.StreamProtocol):
             super().data_received(data)
         elif not conn._received(bytes(data)):
             self.conn = None
+        elif conn._burst is not None:
+            conn.coalesce_asyncio(self.transport)
 
 
 def _feed(byte_stream: anyio.abc.ByteStream, conn: Connection) -> _FeedProtocol | None:
@@ -493,6 +509,7 @@ class Stream:
         "id",
         "local_ended",
         "remote_ended",
+        "seen_data",
         "trailers",
         "unprocessed",
     )
@@ -509,6 +526,8 @@ class Stream:
         self.error: RpcError | None = None
         self.unprocessed = False
         self.closed = False
+        #: A DATA frame of the response came (a later one continues a burst).
+        self.seen_data = False
         #: Credit for messages taken and not yet given back (see _give_back).
         self._owed = 0
         # Made when the call waits (most calls never wait to send).
@@ -703,6 +722,7 @@ class Connection:
         keepalive_time: float | None,
         keepalive_timeout: float,
         keepalive_without_calls: bool,
+        receive_coalescing: float | None = None,
         settings_deadline: float = math.inf,
         settings_timeout: str = "the server's SETTINGS frame did not arrive in time",
     ) -> None:
@@ -744,6 +764,17 @@ class Connection:
         self._keepalive_time = keepalive_time
         self._keepalive_timeout = keepalive_timeout
         self._keepalive_without_calls = keepalive_without_calls
+        #: Seconds the reader waits for the rest of a burst (None: never waits;
+        #: nor on one CPU, where the wait's timer takes the CPU back from a
+        #: sender on the same host: measured slower, see docs/grpc.md).
+        self._coalesce = None if one_cpu() else receive_coalescing
+        #: The stream whose DATA in the read just taken continued its response.
+        self._burst: Stream | None = None
+        self._timer: ReadTimer | None = None
+        self._timer_missing = False
+        self._timer_watched = False
+        #: Waits the reader made for the rest of a burst (for tests and diagnosis).
+        self.coalesced = 0
         #: When the server's first SETTINGS must have arrived (the channel's
         #: connect_timeout), and what the calls are told when it did not.
         self._settings_deadline = settings_deadline
@@ -977,7 +1008,10 @@ class Connection:
     async def _reader(self) -> None:
         raw = _trio_socket(self._byte_stream)
         if raw is not None:
-            await self._read_trio(raw)
+            try:
+                await self._read_trio(raw)
+            finally:
+                self._close_timer(trio=True)
             return
         protocol = _feed(self._byte_stream, self)
         try:
@@ -1000,6 +1034,64 @@ class Connection:
         finally:
             if protocol is not None:
                 protocol.conn = None
+                self._close_timer(trio=False)
+                protocol.transport.resume_reading()  # if a burst's wait paused it
+
+    def _coalescing_timer(self) -> ReadTimer | None:
+        """The timer, armed, when the reader should wait for the rest of a burst
+        before its next read (see the module docstring); else ``None``."""
+        burst = self._burst
+        if burst is None:
+            return None
+        self._burst = None
+        if burst.remote_ended or burst.error is not None or self._coalesce is None:
+            return None
+        timer = self._timer
+        if timer is None:
+            if self._timer_missing:
+                return None
+            timer = self._timer = read_timer()
+            if timer is None:
+                self._timer_missing = True
+                return None
+        try:
+            timer.arm(self._coalesce)
+        except OSError:  # the kernel refused the timer: read on without waits
+            self._timer = None
+            self._timer_missing = True
+            timer.close()
+            return None
+        self.coalesced += 1
+        return timer
+
+    def coalesce_asyncio(self, transport: asyncio.Transport) -> None:
+        """Asyncio: after a read, pause the transport for the rest of a burst."""
+        timer = self._coalescing_timer()
+        if timer is None:
+            return
+        if not self._timer_watched:
+            self._timer_watched = True
+            asyncio.get_running_loop().add_reader(timer.fd, self._timer_fired, transport)
+        transport.pause_reading()
+
+    def _timer_fired(self, transport: asyncio.Transport) -> None:
+        timer = self._timer
+        if timer is not None:
+            timer.clear()
+            transport.resume_reading()
+
+    def _close_timer(self, *, trio: bool) -> None:
+        timer, self._timer = self._timer, None
+        self._timer_missing = True  # a late read never makes another
+        if timer is None:
+            return
+        if trio:
+            import trio as trio_module
+
+            trio_module.lowlevel.notify_closing(timer.fd)
+        elif self._timer_watched:
+            asyncio.get_running_loop().remove_reader(timer.fd)
+        timer.close()
 
     async def _read_trio(self, raw: socket.socket) -> None:
         """Trio: ``recv`` on the socket itself, waiting for it when it has nothing.
@@ -1033,6 +1125,13 @@ class Connection:
                 if len(data) == _READ_SIZE:
                     await trio.lowlevel.checkpoint()
                     continue
+                if self._burst is not None:
+                    timer = self._coalescing_timer()
+                    if timer is not None:
+                        # No clear(): arming again resets the expiry, and
+                        # only this task waits on the descriptor.
+                        await wait_readable(timer.fd)
+                        continue
             try:
                 await wait_readable(raw)
             except trio.ClosedResourceError as exc:
@@ -1064,6 +1163,7 @@ class Connection:
 
     def _dispatch(self, events: Iterable[h2.events.Event]) -> None:
         streams = self.streams
+        self._burst = None
         for event in events:
             if isinstance(event, h2.events.DataReceived):
                 sid = event.stream_id
@@ -1082,6 +1182,10 @@ class Connection:
                 if credit:
                     self.h2.acknowledge_received_data(credit, sid)
                 stream.wake_reader()
+                if stream.seen_data:
+                    self._burst = stream
+                else:
+                    stream.seen_data = True
             elif isinstance(event, h2.events.ResponseReceived):
                 stream = streams.get(event.stream_id or 0)
                 if stream is not None and self._headers_fit(stream, event.headers):

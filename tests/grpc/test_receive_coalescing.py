@@ -1,0 +1,276 @@
+"""Receive coalescing: in the middle of a response stream the reader waits a few
+tens of microseconds on a ``timerfd`` before its next read, so a fast stream
+comes several messages per read.
+
+What is pinned here is the rule, not a timing: which reads wait (a stream's
+second DATA frame onwards, never a unary answer, never once the stream ended,
+never with the option off), that nothing is lost or reordered across a wait,
+that the end of the connection during one is seen, and that the timer's
+descriptor is closed with the connection. The effect on throughput and CPU
+is measured by ``benchmarks/grpc_throughput.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import sys
+from typing import Any
+
+import anyio
+import grpc
+import h2.events
+import pytest
+
+from nadisc.grpc import Channel, RpcError
+from nadisc.grpc import _connection as connection_module
+from nadisc.grpc._timer import ReadTimer, one_cpu, read_timer
+
+from .support import Conn, frame, grpc_tasks, h2_server
+
+STREAM = "/coalescing.Service/Stream"
+UNARY = "/coalescing.Service/Unary"
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
+
+
+def _readable(timer: ReadTimer, timeout_ms: int) -> bool:
+    poller = select.poll()
+    poller.register(timer.fd, select.POLLIN)
+    return bool(poller.poll(timeout_ms))
+
+
+# -- the timer ---------------------------------------------------------------------
+
+
+@linux_only
+def test_a_timer_is_readable_once_per_arming() -> None:
+    timer = read_timer()
+    assert timer is not None
+    try:
+        assert not _readable(timer, 0)
+        timer.arm(50e-6)
+        assert _readable(timer, 5000)
+        timer.clear()
+        assert not _readable(timer, 0)
+        timer.clear()  # nothing to take: no error
+        timer.arm(1e-12)  # rounds up to 1 ns, never to 0 (which would disarm it)
+        assert _readable(timer, 5000)
+        timer.arm(60.0)  # arming again takes the expiry not yet read
+        assert not _readable(timer, 0)
+    finally:
+        timer.close()
+    assert timer.fd == -1
+    timer.close()  # twice is safe
+
+
+def test_one_cpu_is_read_from_the_affinity(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert one_cpu()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3}, raising=False)
+    assert not one_cpu()
+
+    def refused(pid: int) -> set[int]:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_getaffinity", refused, raising=False)
+    assert not one_cpu()
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    assert not one_cpu()
+
+
+# -- the option ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "words"),
+    [
+        ("40us", TypeError, "receive_coalescing must be a number of seconds or None, not str"),
+        (True, TypeError, "receive_coalescing must be a number of seconds or None, not bool"),
+        (0, ValueError, "receive_coalescing must be finite seconds > 0, not 0"),
+        (-1e-6, ValueError, "receive_coalescing must be finite seconds > 0"),
+        (math.nan, ValueError, "receive_coalescing must be finite seconds > 0, not nan"),
+        (math.inf, ValueError, "receive_coalescing must be finite seconds > 0, not inf"),
+        (0.002, ValueError, "receive_coalescing must be at most 0.001 s"),
+    ],
+)
+def test_bad_coalescing_is_refused_naming_the_option(
+    value: object, error: type[Exception], words: str
+) -> None:
+    with pytest.raises(error) as caught:
+        Channel("127.0.0.1:1", receive_coalescing=value)  # type: ignore[arg-type]
+    assert str(caught.value).startswith("Channel('127.0.0.1:1'): ")
+    assert words in str(caught.value)
+
+
+def test_coalescing_defaults_to_40_microseconds_and_may_be_off() -> None:
+    assert Channel("127.0.0.1:1").receive_coalescing == 40e-6
+    assert Channel("127.0.0.1:1", receive_coalescing=None).receive_coalescing is None
+    assert Channel("127.0.0.1:1", receive_coalescing=1e-3).receive_coalescing == 1e-3
+
+
+# -- the rule, on a scripted server ------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule's tests hold on a machine of any size (one CPU turns waits off)."""
+    monkeypatch.setattr(connection_module, "one_cpu", lambda: False)
+
+
+class Script:
+    """A server that answers the stream method with ``count`` messages, one write
+    each, then waits for :attr:`go_on` before the trailers (or, with ``drop``,
+    closes the connection instead); the unary method gets one message."""
+
+    def __init__(self, count: int, *, drop: bool = False) -> None:
+        self.count = count
+        self.drop = drop
+        self.go_on = anyio.Event()
+        #: The connection's waits when the caller had the second message.
+        self.seen_second = -1
+
+    async def __call__(self, conn: Conn, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            conn.state[str(event.stream_id)] = dict(event.headers or ())[b":path"]
+        if not isinstance(event, h2.events.StreamEnded):
+            return
+        sid = event.stream_id or 0
+        await conn.respond(sid)
+        if conn.state[str(sid)] == UNARY.encode():
+            await conn.data(sid, frame(b"one"))
+            await conn.trailers(sid)
+            return
+        for number in range(self.count):
+            await conn.data(sid, frame(b"message %d" % number))
+        await self.go_on.wait()
+        if self.drop:
+            await conn.stream.aclose()
+            return
+        await conn.trailers(sid)
+
+
+def _connection(channel: Channel) -> Any:
+    conn = channel._conn
+    assert conn is not None
+    return conn
+
+
+async def _read_stream(channel: Channel, script: Script) -> list[bytes]:
+    """Every message of one stream call, in order, asserting its OK end; the
+    server is let finish once all have come. With two messages in hand the
+    read that brought the second has been judged (waits or not) already."""
+    call = channel.unary_stream(STREAM)(b"go", timeout=30)
+    got: list[bytes] = []
+    with anyio.fail_after(30):
+        async for message in call:
+            got.append(message)
+            if len(got) == 2:
+                script.seen_second = _connection(channel).coalesced
+            if len(got) == script.count:
+                script.go_on.set()
+        assert await call.code() == grpc.StatusCode.OK
+    assert got == [b"message %d" % n for n in range(script.count)]
+    return got
+
+
+@linux_only
+async def test_reads_after_a_streams_second_message_wait_and_lose_nothing() -> None:
+    """The read that brought message 2 has armed the timer by the time the caller
+    sees message 2 (the decision is made in the same synchronous step); all the
+    messages come in order, and the end after the waits too."""
+    script = Script(40)
+    async with h2_server(script) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        await _read_stream(channel, script)
+        assert script.seen_second >= 1
+        conn = _connection(channel)
+        assert 1 <= conn.coalesced < script.count
+        timer = conn._timer
+        assert timer is not None and timer.fd >= 0
+    assert timer.fd == -1  # closed with the connection
+    assert conn._timer is None
+
+
+async def test_unary_answers_never_wait() -> None:
+    """One message per answer: no read of a unary call arms the timer."""
+    script = Script(0)
+    async with h2_server(script) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        unary = channel.unary_unary(UNARY)
+        with anyio.fail_after(30):
+            for _ in range(20):
+                assert await unary(b"x", timeout=30) == b"one"
+        assert _connection(channel).coalesced == 0
+        assert _connection(channel)._timer is None
+
+
+@pytest.mark.parametrize("why", ["option off", "no timerfd", "one CPU"])
+async def test_no_read_waits_and_the_stream_reads_as_before(
+    why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The option off; a platform without ``timerfd`` (or a kernel out of
+    descriptors: the reader asks once, then reads on); a process on one CPU
+    (where the timer would take the CPU back from a sender on the same host,
+    measured slower in docs/grpc.md: the option stays set, unused)."""
+    asked: list[None] = []
+
+    def no_timer() -> None:
+        asked.append(None)
+
+    options: dict[str, Any] = {}
+    if why == "option off":
+        options["receive_coalescing"] = None
+    elif why == "no timerfd":
+        monkeypatch.setattr(connection_module, "read_timer", no_timer)
+    else:
+        monkeypatch.setattr(connection_module, "one_cpu", lambda: True)
+    script = Script(40)
+    async with (
+        h2_server(script) as server,
+        Channel(f"127.0.0.1:{server.port}", **options) as channel,
+    ):
+        await _read_stream(channel, script)
+        assert _connection(channel).coalesced == 0
+        assert _connection(channel)._timer is None
+        if why == "one CPU":
+            assert channel.receive_coalescing == 40e-6
+    assert len(asked) == (1 if why == "no timerfd" else 0)
+
+
+@linux_only
+async def test_the_connection_ending_during_the_waits_fails_the_call() -> None:
+    """The server closes the connection in the middle of the stream (asyncio's
+    transport may be paused for a wait then): the call ends UNAVAILABLE."""
+    script = Script(10, drop=True)
+    async with h2_server(script) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        call = channel.unary_stream(STREAM)(b"go", timeout=30)
+        got = []
+        with anyio.fail_after(30):
+            with pytest.raises(RpcError) as caught:
+                async for message in call:
+                    got.append(message)
+                    if len(got) == script.count:
+                        script.go_on.set()
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert len(got) == script.count
+        assert _connection(channel).coalesced >= 1
+
+
+@linux_only
+async def test_closing_in_the_middle_of_a_burst_leaves_no_task_and_no_descriptor() -> None:
+    """The longest wait allowed, the call cancelled and the channel closed right
+    after a wait was armed: no task of the channel is left and the timer's
+    descriptor is closed."""
+    script = Script(10)
+    timer: ReadTimer | None = None
+    async with h2_server(script) as server:
+        async with Channel(f"127.0.0.1:{server.port}", receive_coalescing=1e-3) as channel:
+            call = channel.unary_stream(STREAM)(b"go", timeout=30)
+            with anyio.fail_after(30):
+                got = [await call.read(), await call.read()]
+            assert got == [b"message 0", b"message 1"]
+            timer = _connection(channel)._timer
+            assert timer is not None and _connection(channel).coalesced >= 1
+            call.cancel()
+        script.go_on.set()
+    assert timer.fd == -1
+    assert grpc_tasks() == 0
