@@ -113,22 +113,38 @@ def test_coalescing_defaults_to_40_microseconds_and_may_be_off() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rule's tests hold on a machine of any size (one CPU turns waits off)."""
+def _dense_on_two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule's tests hold on a machine of any size and speed: one CPU would
+    turn waits off, and the reader's clock stands still, so every read of a
+    stream after its second is as dense as can be (a test for sparse streams
+    moves it on)."""
     monkeypatch.setattr(connection_module, "one_cpu", lambda: False)
+    monkeypatch.setattr(connection_module, "_clock", lambda: 0.0)
 
 
 class Script:
-    """A server that answers the stream method with ``count`` messages, one write
-    each, then waits for :attr:`go_on` before the trailers (or, with ``drop``,
-    closes the connection instead); the unary method gets one message."""
+    """A server that answers the stream method with ``count`` messages in
+    lockstep with the caller (message k+1 is written once the caller took
+    message k, so each comes in a read of its own), then waits for
+    :attr:`go_on` before the trailers (or, with ``drop``, closes the
+    connection instead); the unary method gets one message."""
 
     def __init__(self, count: int, *, drop: bool = False) -> None:
         self.count = count
         self.drop = drop
         self.go_on = anyio.Event()
-        #: The connection's waits when the caller had the second message.
-        self.seen_second = -1
+        self._taken = 0
+        self._more = anyio.Event()
+        #: The connection's waits so far each time the caller got a message.
+        self.waits_seen: list[int] = []
+
+    def took(self, channel: Channel) -> None:
+        self.waits_seen.append(_connection(channel).coalesced)
+        self._taken += 1
+        self._more.set()
+        self._more = anyio.Event()
+        if len(self.waits_seen) == self.count:
+            self.go_on.set()
 
     async def __call__(self, conn: Conn, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.RequestReceived):
@@ -142,6 +158,8 @@ class Script:
             await conn.trailers(sid)
             return
         for number in range(self.count):
+            while self._taken < number:
+                await self._more.wait()
             await conn.data(sid, frame(b"message %d" % number))
         await self.go_on.wait()
         if self.drop:
@@ -157,38 +175,52 @@ def _connection(channel: Channel) -> Any:
 
 
 async def _read_stream(channel: Channel, script: Script) -> list[bytes]:
-    """Every message of one stream call, in order, asserting its OK end; the
-    server is let finish once all have come. With two messages in hand the
-    read that brought the second has been judged (waits or not) already."""
+    """Every message of one stream call, in order, asserting its OK end."""
     call = channel.unary_stream(STREAM)(b"go", timeout=30)
     got: list[bytes] = []
     with anyio.fail_after(30):
         async for message in call:
             got.append(message)
-            if len(got) == 2:
-                script.seen_second = _connection(channel).coalesced
-            if len(got) == script.count:
-                script.go_on.set()
+            script.took(channel)
         assert await call.code() == grpc.StatusCode.OK
     assert got == [b"message %d" % n for n in range(script.count)]
     return got
 
 
 @linux_only
-async def test_reads_after_a_streams_second_message_wait_and_lose_nothing() -> None:
-    """The read that brought message 2 has armed the timer by the time the caller
-    sees message 2 (the decision is made in the same synchronous step); all the
-    messages come in order, and the end after the waits too."""
-    script = Script(40)
+async def test_every_read_of_a_dense_stream_after_its_second_waits_and_loses_nothing() -> None:
+    """Each message in a read of its own: the reads of messages 0 (the stream's
+    first DATA) and 1 (the first read of the burst: nothing before it to
+    judge how dense it is) go straight on; every later one waits, decided
+    before the caller sees its message. All come in order, and the end too."""
+    script = Script(12)
     async with h2_server(script) as server, Channel(f"127.0.0.1:{server.port}") as channel:
         await _read_stream(channel, script)
-        assert script.seen_second >= 1
+        assert script.waits_seen == [0, 0, *range(1, script.count - 1)]
         conn = _connection(channel)
-        assert 1 <= conn.coalesced < script.count
         timer = conn._timer
         assert timer is not None and timer.fd >= 0
     assert timer.fd == -1  # closed with the connection
     assert conn._timer is None
+
+
+async def test_a_sparse_stream_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads further apart than 8 times the wait (a watch's events): a wait
+    would find nothing and cost a wakeup, so none is made."""
+    ticks = iter(range(0, 10**6, 1))
+    monkeypatch.setattr(connection_module, "_clock", lambda: next(ticks) * 321e-6)
+    script = Script(12)
+    async with h2_server(script) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        await _read_stream(channel, script)
+        assert script.waits_seen == [0] * script.count
+        assert _connection(channel)._timer is None
+    # Closer than 8 times the wait, the same stream waits from its third read on.
+    ticks = iter(range(0, 10**6, 1))
+    monkeypatch.setattr(connection_module, "_clock", lambda: next(ticks) * 319e-6)
+    script = Script(12)
+    async with h2_server(script) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        await _read_stream(channel, script)
+        assert script.waits_seen == [0, 0, *range(1, script.count - 1)]
 
 
 async def test_unary_answers_never_wait() -> None:
@@ -223,13 +255,13 @@ async def test_no_read_waits_and_the_stream_reads_as_before(
         monkeypatch.setattr(connection_module, "read_timer", no_timer)
     else:
         monkeypatch.setattr(connection_module, "one_cpu", lambda: True)
-    script = Script(40)
+    script = Script(12)
     async with (
         h2_server(script) as server,
         Channel(f"127.0.0.1:{server.port}", **options) as channel,
     ):
         await _read_stream(channel, script)
-        assert _connection(channel).coalesced == 0
+        assert script.waits_seen == [0] * script.count
         assert _connection(channel)._timer is None
         if why == "one CPU":
             assert channel.receive_coalescing == 40e-6
@@ -248,11 +280,10 @@ async def test_the_connection_ending_during_the_waits_fails_the_call() -> None:
             with pytest.raises(RpcError) as caught:
                 async for message in call:
                     got.append(message)
-                    if len(got) == script.count:
-                        script.go_on.set()
+                    script.took(channel)
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
         assert len(got) == script.count
-        assert _connection(channel).coalesced >= 1
+        assert script.waits_seen[-1] == script.count - 2
 
 
 @linux_only
@@ -266,10 +297,12 @@ async def test_closing_in_the_middle_of_a_burst_leaves_no_task_and_no_descriptor
         async with Channel(f"127.0.0.1:{server.port}", receive_coalescing=1e-3) as channel:
             call = channel.unary_stream(STREAM)(b"go", timeout=30)
             with anyio.fail_after(30):
-                got = [await call.read(), await call.read()]
-            assert got == [b"message 0", b"message 1"]
+                for number in range(3):
+                    assert await call.read() == b"message %d" % number
+                    script.took(channel)
+            assert script.waits_seen == [0, 0, 1]
             timer = _connection(channel)._timer
-            assert timer is not None and _connection(channel).coalesced >= 1
+            assert timer is not None
             call.cancel()
         script.go_on.set()
     assert timer.fd == -1
