@@ -1021,7 +1021,7 @@ class Connection:
             try:
                 await self._read_trio(raw)
             finally:
-                self._close_timer(trio=True)
+                self._close_timer()
             return
         protocol = _feed(self._byte_stream, self)
         try:
@@ -1044,7 +1044,7 @@ class Connection:
         finally:
             if protocol is not None:
                 protocol.conn = None
-                self._close_timer(trio=False)
+                self._close_timer()
                 protocol.transport.resume_reading()  # if a burst's wait paused it
 
     def _coalescing_timer(self) -> ReadTimer | None:
@@ -1071,9 +1071,7 @@ class Connection:
         try:
             timer.arm(self._coalesce)
         except OSError:  # the kernel refused the timer: read on without waits
-            self._timer = None
-            self._timer_missing = True
-            timer.close()
+            self._close_timer()
             return None
         self.coalesced += 1
         return timer
@@ -1094,16 +1092,16 @@ class Connection:
             timer.clear()
             transport.resume_reading()
 
-    def _close_timer(self, *, trio: bool) -> None:
+    def _close_timer(self) -> None:
+        """Close the timer (from the reader, so no task is waiting on it: trio
+        forgets a descriptor once its wait ends, asyncio's reader is removed
+        here); no other is made for this connection."""
         timer, self._timer = self._timer, None
-        self._timer_missing = True  # a late read never makes another
+        self._timer_missing = True
         if timer is None:
             return
-        if trio:
-            import trio as trio_module
-
-            trio_module.lowlevel.notify_closing(timer.fd)
-        elif self._timer_watched:
+        if self._timer_watched:
+            self._timer_watched = False
             asyncio.get_running_loop().remove_reader(timer.fd)
         timer.close()
 

@@ -269,6 +269,40 @@ async def test_no_read_waits_and_the_stream_reads_as_before(
 
 
 @linux_only
+async def test_a_timer_the_kernel_stops_arming_is_closed_and_reads_go_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first wait is armed, the second is refused (``timerfd_settime``
+    failing): the timer is closed (on asyncio its reader is removed from the
+    loop first), no further wait is tried, and the stream reads on to its end."""
+    made: list[ReadTimer] = []
+
+    def failing_second_time() -> ReadTimer | None:
+        timer = read_timer()
+        assert timer is not None
+        real_arm = timer._arm
+        arms: list[int] = []
+
+        def arm(fd: int, ns: int) -> None:
+            arms.append(ns)
+            if len(arms) > 1:
+                raise OSError(22, "Invalid argument")
+            real_arm(fd, ns)
+
+        timer._arm = arm
+        made.append(timer)
+        return timer
+
+    monkeypatch.setattr(connection_module, "read_timer", failing_second_time)
+    script = Script(12)
+    async with h2_server(script) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        await _read_stream(channel, script)
+        assert script.waits_seen == [0, 0, *[1] * (script.count - 2)]
+        assert _connection(channel)._timer is None
+        assert len(made) == 1 and made[0].fd == -1
+
+
+@linux_only
 async def test_the_connection_ending_during_the_waits_fails_the_call() -> None:
     """The server closes the connection in the middle of the stream (asyncio's
     transport may be paused for a wait then): the call ends UNAVAILABLE."""
