@@ -29,9 +29,10 @@ are accepted and ignored).
   SETTINGS) takes at most ``connect_timeout`` (20 s, grpc's own); past it
   the calls waiting on it fail with UNAVAILABLE and it is dropped.
 - ``receive_coalescing`` (40 us; ``None`` turns it off): while a response
-  stream comes densely and the socket is empty, the reader waits this long
-  for more before its next read, so a fast stream comes several messages
-  per read (see ``nadisc.grpc._connection``). Plaintext only, on Linux.
+  stream comes densely after the last request, and the socket is empty,
+  the reader waits this long for more before its next read, so a fast
+  stream comes several messages per read (see
+  ``nadisc.grpc._connection``). Plaintext only, on Linux.
 - The target, every option and every call argument are checked up front: a
   ``TypeError`` or ``ValueError`` naming what was wrong.
 """

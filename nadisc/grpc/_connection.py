@@ -25,9 +25,12 @@ the socket, the reader does not wait on the socket at once: it waits
 see :mod:`nadisc.grpc._timer`) and then reads whatever came meanwhile, so a
 stream sent faster than it is read arrives several messages per read
 instead of one read, and one wakeup, per message. A stream's first DATA
-frame (so every unary answer) never waits, nor does a sparse stream's
-message (a watch's events: the wait would find nothing and cost a wakeup),
-a full read, or any read of a process that may run on one CPU only. Only
+frame (so every unary answer) never waits, nor does a stream whose request
+side is still open (its next message may be the reply to the caller's
+next request: a ping-pong would pay the wait on every turn), a sparse
+stream's message (a watch's events: the wait would find nothing and cost a
+wakeup), a full read, or any read of a process that may run on one CPU
+only. Only
 plaintext connections on trio's and asyncio's own sockets do this (asyncio
 by pausing the transport while it waits); TLS and platforms without a
 ``timerfd`` read as before.
@@ -1054,7 +1057,12 @@ class Connection:
         if burst is None:
             return None
         self._burst = None
-        if burst.remote_ended or burst.error is not None or self._coalesce is None:
+        if (
+            burst.remote_ended
+            or not burst.local_ended  # a message may be a reply to the caller's next
+            or burst.error is not None
+            or self._coalesce is None
+        ):
             return None
         now = _clock()
         since, self._burst_read_at = now - self._burst_read_at, now

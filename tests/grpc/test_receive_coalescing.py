@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import grpc
+import grpc.aio
 import h2.events
 import pytest
 
@@ -221,6 +222,51 @@ async def test_a_sparse_stream_never_waits(monkeypatch: pytest.MonkeyPatch) -> N
     async with h2_server(script) as server, Channel(f"127.0.0.1:{server.port}") as channel:
         await _read_stream(channel, script)
         assert script.waits_seen == [0, 0, *range(1, script.count - 1)]
+
+
+async def test_a_ping_pong_never_waits_until_the_caller_is_done_writing() -> None:
+    """A bidirectional stream whose server answers each request with one message:
+    while the caller still writes, the next message may be the reply to its
+    next request, so no read waits (a wait would delay every turn). Once the
+    caller is done writing, the server's remaining messages are a burst like
+    any other and the reads from the second on wait."""
+    pings = 8
+    tail = 6
+
+    async def scenario(conn: Conn, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            await conn.respond(event.stream_id or 0)
+        elif isinstance(event, h2.events.DataReceived) and event.data:
+            sid = event.stream_id or 0
+            await conn.data(sid, frame(b"pong " + event.data[5:]))
+        elif isinstance(event, h2.events.StreamEnded):
+            sid = event.stream_id or 0
+            for number in range(tail + 1):
+                while len(waits) < pings + number:  # lockstep with the caller
+                    await took.wait()
+                if number < tail:
+                    await conn.data(sid, frame(b"tail %d" % number))
+            await conn.trailers(sid)
+
+    waits: list[int] = []
+    took = anyio.Event()
+    async with h2_server(scenario) as server, Channel(f"127.0.0.1:{server.port}") as channel:
+        call = channel.stream_stream(STREAM)(timeout=30)
+        with anyio.fail_after(30):
+            for number in range(pings):
+                await call.write(b"%d" % number)
+                assert await call.read() == b"pong %d" % number
+                waits.append(_connection(channel).coalesced)
+            await call.done_writing()
+            for number in range(tail):
+                assert await call.read() == b"tail %d" % number
+                waits.append(_connection(channel).coalesced)
+                took.set()
+                took = anyio.Event()
+            assert await call.read() is grpc.aio.EOF
+            assert await call.code() == grpc.StatusCode.OK
+    assert waits[:pings] == [0] * pings
+    assert waits[pings:] == [0, *range(1, tail)]
 
 
 async def test_unary_answers_never_wait() -> None:
