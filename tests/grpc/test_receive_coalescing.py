@@ -205,6 +205,7 @@ async def test_every_read_of_a_dense_stream_after_its_second_waits_and_loses_not
     assert conn._timer is None
 
 
+@linux_only
 async def test_a_sparse_stream_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reads further apart than 8 times the wait (a watch's events): a wait
     would find nothing and cost a wakeup, so none is made."""
@@ -224,6 +225,7 @@ async def test_a_sparse_stream_never_waits(monkeypatch: pytest.MonkeyPatch) -> N
         assert script.waits_seen == [0, 0, *range(1, script.count - 1)]
 
 
+@linux_only
 async def test_a_ping_pong_never_waits_until_the_caller_is_done_writing() -> None:
     """A bidirectional stream whose server answers each request with one message:
     while the caller still writes, the next message may be the reply to its
