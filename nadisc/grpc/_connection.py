@@ -30,10 +30,9 @@ side is still open (its next message may be the reply to the caller's
 next request: a ping-pong would pay the wait on every turn), a sparse
 stream's message (a watch's events: the wait would find nothing and cost a
 wakeup), a full read, or any read of a process that may run on one CPU
-only. Only
-plaintext connections on trio's and asyncio's own sockets do this (asyncio
-by pausing the transport while it waits); TLS and platforms without a
-``timerfd`` read as before.
+only. Only plaintext connections on trio's and asyncio's own sockets do
+this (asyncio by pausing the transport while it waits); TLS and platforms
+without a ``timerfd`` read as before.
 
 Concurrency: a stream waits for a slot while the server's
 ``SETTINGS_MAX_CONCURRENT_STREAMS`` are all in use (a queue on this

@@ -2,9 +2,11 @@
 tens of microseconds on a ``timerfd`` before its next read, so a fast stream
 comes several messages per read.
 
-What is pinned here is the rule, not a timing: which reads wait (a stream's
-second DATA frame onwards, never a unary answer, never once the stream ended,
-never with the option off), that nothing is lost or reordered across a wait,
+What is pinned here is the rule, not a timing: which reads wait (a dense
+stream's third read onwards once the caller is done writing; never a unary
+answer, a sparse stream, a ping-pong, a stream that ended, or with the
+option off, without a timer or on one CPU), that nothing is lost or
+reordered across a wait,
 that the end of the connection during one is seen, and that the timer's
 descriptor is closed with the connection. The effect on throughput and CPU
 is measured by ``benchmarks/grpc_throughput.py``.
