@@ -777,13 +777,14 @@ class Connection:
         #: Seconds the reader waits for the rest of a burst (None: never waits;
         #: nor on one CPU, where the wait's timer takes the CPU back from a
         #: sender on the same host: measured slower, see docs/grpc.md).
-        self._coalesce = None if one_cpu() else receive_coalescing
+        #: Also None once no timer can be had (none on this platform, or the
+        #: kernel refused one): the reader then never asks again.
+        self._coalesce = None if receive_coalescing is None or one_cpu() else receive_coalescing
         #: The stream whose DATA in the read just taken continued its response.
         self._burst: Stream | None = None
         #: When the last such read was taken (``_clock``).
         self._burst_read_at = -math.inf
         self._timer: ReadTimer | None = None
-        self._timer_missing = False
         self._timer_watched = False
         #: Waits the reader made for the rest of a burst (for tests and diagnosis).
         self.coalesced = 0
@@ -1069,11 +1070,9 @@ class Connection:
             return None  # sparse: the wait would find nothing
         timer = self._timer
         if timer is None:
-            if self._timer_missing:
-                return None
             timer = self._timer = read_timer()
             if timer is None:
-                self._timer_missing = True
+                self._coalesce = None
                 return None
         try:
             timer.arm(self._coalesce)
@@ -1104,7 +1103,7 @@ class Connection:
         forgets a descriptor once its wait ends, asyncio's reader is removed
         here); no other is made for this connection."""
         timer, self._timer = self._timer, None
-        self._timer_missing = True
+        self._coalesce = None
         if timer is None:
             return
         if self._timer_watched:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import sys
 import time
@@ -106,7 +107,11 @@ def _os_calls() -> tuple[Callable[[], int], Callable[[], _Arm]] | None:
     return create, lambda: arm
 
 
-_CALLS = _os_calls() or _libc_calls()
+@functools.cache
+def _calls() -> tuple[Callable[[], int], Callable[[], _Arm]] | None:
+    """The platform's timerfd calls, looked up once, when a first timer is wanted
+    (not at import: a process that never coalesces never loads the C library)."""
+    return _os_calls() or _libc_calls()
 
 
 class ReadTimer:
@@ -139,7 +144,7 @@ class ReadTimer:
 
 def read_timer() -> ReadTimer | None:
     """A new :class:`ReadTimer`, or ``None`` where the platform has none."""
-    calls = _CALLS
+    calls = _calls()
     if calls is None:
         return None
     create, new_arm = calls
