@@ -228,6 +228,22 @@ REVIEWED: dict[tuple[str, str, str], Bound] = {
         "test_pages_smoke_run_is_fast_for_every_browser_and_sends_what_changed",
         "assert result.slow_max_lag_ms <= 10 * console_fanout.PAGES_INTERVAL * 1000, out",
     ): Bound("upper", 0.098, 1.0, "the slow client's sample age when read (ms/1000)"),
+    # A lower bound on a ratio is listed as its inverse: 1/ratio < 1/bound.
+    (
+        "benchmarks/test_transport_throughput.py",
+        "test_smoke_run_prints_a_table_per_loop",
+        "assert result.memory_ratio > 0.08, out",
+    ): Bound("upper", 1 / 0.82, 1 / 0.08, "discovery transport / plain httpx in memory, by CPU"),
+    (
+        "benchmarks/test_transport_throughput.py",
+        "test_smoke_run_prints_a_table_per_loop",
+        "assert result.mock_ratio > 0.07, out",
+    ): Bound("upper", 1 / 0.78, 1 / 0.07, "discovery transport / plain httpx on MockTransport"),
+    (
+        "benchmarks/test_transport_throughput.py",
+        "test_smoke_run_prints_a_table_per_loop",
+        "assert result.loopback_ratio > 0.1, out",
+    ): Bound("upper", 1 / 1.04, 10.0, "the same over loopback by wall clock (once 0.27, loaded)"),
     (
         "benchmarks/test_nacos_scale.py",
         "test_nacos_scale_smoke",
