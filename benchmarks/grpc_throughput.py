@@ -13,7 +13,7 @@ per second). Clients, interleaved round by round in this one process:
 
 ``nadisc.grpc, trio`` and ``nadisc.grpc, asyncio``
     ``nadisc.grpc.Channel`` (one HTTP/2 connection), on each loop, with its
-    defaults: receive coalescing on (40 us; ``--coalescing off`` or
+    defaults: receive coalescing on (80 us; ``--coalescing off`` or
     ``--coalescing SECONDS`` to compare).
 ``grpclib``
     ``grpclib.client.Channel`` with ``UnaryUnaryMethod`` /
@@ -23,9 +23,18 @@ per second). Clients, interleaved round by round in this one process:
 
 Each cell is the best round's wall-clock rate and, beside it, the client
 process's CPU time per call (``time.process_time``; for the stream row, per
-message), both timed over the row's calls alone: each client's round starts
-its loop, connects and makes one warm-up call before the timing starts, and
-closes the channel after it ends. The server's CPU is in another process
+message), both timed over the row's calls alone. In a unary row each
+client's round starts its loop, connects and makes one warm-up call before
+the timing starts, and closes the channel after it ends. The stream row is
+one client at a time too, but finer grained: every client keeps one
+connection for the whole run, on a loop of its own in a thread of its own
+(anyio's blocking portals; the others' loops sit idle meanwhile), and a
+round is one untimed stream of each client, then one stream per client in
+turn, ten times (one per 200 calls), the order reversed every other turn.
+Streams last about 35 ms, so the machine's slow and fast stretches (on the
+2-core VM these shift a client's rate by 2x from one second to the next)
+fall on every client alike rather than on whichever client's block they
+hit. The server's CPU is in another process
 and in none of those. Ratios: ours over grpclib and over grpcio.aio for each loop, trio
 over asyncio, and CPU per call over grpclib's, each taken within a round
 (the clients of a round run back to back) and summed up as the median over
@@ -44,23 +53,34 @@ Last, ``h2`` alone: the client CPU per unary call (and per stream message)
 that the channel's ``h2`` work costs by itself, in memory (:func:`h2_floor_us`),
 the floor under the channel's own per-call cost.
 
+``--sweep off,40e-6,80e-6`` measures receive coalescing alone instead, with
+far less noise than rounds of whole rows: on each loop it opens one channel
+per wait (each its own connection to the same server) and streams 1,000
+messages on each in turn, one stream at a time, the order reversed every
+other pair, so that the machine's slow and fast moments fall on every wait
+alike. Per wait: the median stream's wall time, the median over pairs of
+its throughput over the first wait's in the same pair (with the quartiles),
+the client's CPU per message and the server's (summed over all its streams).
+
 Run: ``python -m benchmarks.grpc_throughput [--smoke] [--calls N] [--rounds R]
-[--coalescing off|SECONDS]``
+[--coalescing off|SECONDS] [--sweep WAITS [--pairs N]]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import anyio
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from benchmarks._grpc_server import cpu_seconds, serving_process
 
@@ -70,6 +90,8 @@ REQUEST = b"0123456789"
 STREAM_MESSAGES = 1000
 
 CLIENTS = ("nadisc.grpc, trio", "nadisc.grpc, asyncio", "grpclib", "grpcio.aio")
+#: ``--sweep``: stream pairs per loop (each pair streams once on every wait).
+SWEEP_PAIRS = 40
 #: Keywords for nadisc.grpc.Channel beyond its defaults (``--coalescing``).
 _CHANNEL_OPTIONS: dict[str, Any] = {}
 
@@ -80,6 +102,22 @@ class Spent(NamedTuple):
     calls: int
     wall: float
     cpu: float
+
+
+@dataclass
+class Swept:
+    """One wait of a ``--sweep`` on one loop: every stream's wall and client CPU
+    seconds (in pair order), and the server's CPU seconds over all of them."""
+
+    wait: float | None
+    streams: list[tuple[float, float]] = field(default_factory=list)
+    server_cpu: float = 0.0
+
+    def throughput_over(self, first: Swept) -> list[float]:
+        """Per pair, this wait's stream rate over ``first``'s, sorted."""
+        return sorted(
+            theirs[0] / mine[0] for mine, theirs in zip(self.streams, first.streams, strict=True)
+        )
 
 
 @dataclass
@@ -98,6 +136,8 @@ class Result:
     #: (row, client) -> the server process's CPU microseconds per call (or message),
     #: every round (Linux ``/proc``, 10 ms ticks; NaN elsewhere)
     server_us: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    #: ``--sweep``: loop -> one entry per wait, in the order given
+    sweep: dict[str, list[Swept]] = field(default_factory=dict)
 
     def ratios(self, row: str, top: str, bottom: str, *, cpu: bool = False) -> list[float]:
         """``top`` over ``bottom`` in each round (both ran in it, one after the other)."""
@@ -252,26 +292,18 @@ async def _ours(port: int, row: str, calls: int) -> Spent:
 
     async with Channel(f"127.0.0.1:{port}", **_CHANNEL_OPTIONS) as channel:
         unary = channel.unary_unary(UNARY)
-        stream = channel.unary_stream(STREAM)
         await unary(REQUEST)  # connect outside the timing
-        return await _run_row(row, calls, lambda: unary(REQUEST), lambda: stream(REQUEST))
+        return await _run_row(row, calls, lambda: unary(REQUEST))
 
 
 async def _grpclib(port: int, row: str, calls: int) -> Spent:
-    from grpclib.client import Channel, UnaryStreamMethod, UnaryUnaryMethod
+    from grpclib.client import Channel, UnaryUnaryMethod
 
     channel = Channel("127.0.0.1", port)
     try:
         unary = UnaryUnaryMethod(channel, UNARY, Raw, Raw)
-        stream = UnaryStreamMethod(channel, STREAM, Raw, Raw)
         await unary(Raw(REQUEST))
-
-        async def stream_call() -> Any:
-            async with stream.open() as call:
-                await call.send_message(Raw(REQUEST), end=True)
-                return [m async for m in call]
-
-        return await _run_row(row, calls, lambda: unary(Raw(REQUEST)), stream_call, aiter=False)
+        return await _run_row(row, calls, lambda: unary(Raw(REQUEST)))
     finally:
         channel.close()
 
@@ -281,36 +313,124 @@ async def _grpcio(port: int, row: str, calls: int) -> Spent:
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         unary: Any = channel.unary_unary(UNARY)
-        stream: Any = channel.unary_stream(STREAM)
         await unary(REQUEST)
-        return await _run_row(row, calls, lambda: unary(REQUEST), lambda: stream(REQUEST))
+        return await _run_row(row, calls, lambda: unary(REQUEST))
 
 
-async def _run_row(
-    row: str,
-    calls: int,
-    unary: Callable[[], Awaitable[Any]],
-    stream: Callable[[], Any],
-    *,
-    aiter: bool = True,
-) -> Spent:
-    """Run one row on a connected channel: how many calls (or messages) it
-    made, and the wall and process CPU seconds they took. The timing starts
-    here, so the event loop's start, the connection and the warm-up call
-    before it, and the channel's close after it, are not in it."""
+async def _run_row(row: str, calls: int, unary: Callable[[], Awaitable[Any]]) -> Spent:
+    """Run one unary row on a connected channel: how many calls it made, and
+    the wall and process CPU seconds they took. The timing starts here, so
+    the event loop's start, the connection and the warm-up call before it,
+    and the channel's close after it, are not in it."""
     cpu, wall = time.process_time(), time.perf_counter()
-    if row.startswith("unary"):
-        await _fan(int(row.rsplit("c=", 1)[1]), calls, unary)
-        count = _row_calls(row, calls)
+    await _fan(int(row.rsplit("c=", 1)[1]), calls, unary)
+    return Spent(_row_calls(row, calls), time.perf_counter() - wall, time.process_time() - cpu)
+
+
+# -- the stream row: every client's stream in turn -------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _stream_client(client: str, port: int) -> AsyncIterator[Callable[[], Awaitable[int]]]:
+    """A connected ``client`` for the stream row: yields a function that makes
+    one 1,000-message stream and gives the number of messages it read."""
+    if client.startswith("nadisc.grpc"):
+        from nadisc.grpc import Channel
+
+        async with Channel(f"127.0.0.1:{port}", **_CHANNEL_OPTIONS) as channel:
+            ours = channel.unary_stream(STREAM)
+
+            async def one() -> int:
+                return len([message async for message in ours(REQUEST)])
+
+            yield one
+    elif client == "grpclib":
+        from grpclib.client import Channel as GrpclibChannel
+        from grpclib.client import UnaryStreamMethod
+
+        grpclib_channel = GrpclibChannel("127.0.0.1", port)
+        theirs = UnaryStreamMethod(grpclib_channel, STREAM, Raw, Raw)
+
+        async def one() -> int:
+            async with theirs.open() as call:
+                await call.send_message(Raw(REQUEST), end=True)
+                return len([message async for message in call])
+
+        try:
+            yield one
+        finally:
+            grpclib_channel.close()
     else:
-        count = 0
-        for _ in range(_streams(calls)):
-            if aiter:
-                async for _message in stream():
-                    count += 1
-            else:
-                count += len(await stream())
+        import grpc.aio
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as grpcio_channel:
+            reference: Any = grpcio_channel.unary_stream(STREAM)
+
+            async def one() -> int:
+                return len([message async for message in reference(REQUEST)])
+
+            yield one
+
+
+async def _timed(one: Callable[[], Awaitable[int]]) -> Spent:
+    """One stream of a connected client: messages read, wall and process CPU seconds."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    count = await one()
     return Spent(count, time.perf_counter() - wall, time.process_time() - cpu)
+
+
+class _StreamRow:
+    """The stream row's clients, each connected once on a loop of its own in a
+    thread of its own (anyio's blocking portals), streaming in turn."""
+
+    def __init__(self, port: int, stack: contextlib.ExitStack) -> None:
+        self._clients: dict[str, tuple[BlockingPortal, Callable[[], Awaitable[int]]]] = {}
+        for client in CLIENTS:
+            backend = "trio" if client == "nadisc.grpc, trio" else "asyncio"
+            portal = stack.enter_context(start_blocking_portal(backend))
+            one = stack.enter_context(
+                portal.wrap_async_context_manager(_stream_client(client, port))
+            )
+            portal.call(_timed, one)  # connect and warm up, untimed
+            self._clients[client] = (portal, one)
+
+    def turn(self, client: str) -> Spent:
+        """One stream of ``client``, while every other client waits."""
+        portal, one = self._clients[client]
+        return portal.call(_timed, one)
+
+
+def _record(
+    result: Result, key: tuple[str, str], rate: float, cpu: float, server_us: float
+) -> None:
+    """One client's round of one row: kept for the ratios, and the best round shown."""
+    result.server_us.setdefault(key, []).append(server_us)
+    result.per_round.setdefault(key, []).append((rate, cpu))
+    if rate > result.rate.get(key, 0.0):
+        result.rate[key] = rate
+        result.cpu_us[key] = cpu
+
+
+def _stream_round(result: Result, row: str, calls: int, streams: _StreamRow, server: Any) -> None:
+    """One round of the stream row: one untimed turn, then ``_streams(calls)``
+    turns, each one stream per client, the clients' order reversed every
+    other turn, so that the machine's slow and fast moments fall on every
+    client alike."""
+    for client in CLIENTS:  # the connections sat idle through the unary rows
+        streams.turn(client)  # one untimed stream each, like a unary round's warm-up call
+    spent = {client: [0, 0.0, 0.0, 0.0] for client in CLIENTS}
+    for turn in range(_streams(calls)):
+        for client in CLIENTS if turn % 2 == 0 else CLIENTS[::-1]:
+            before = cpu_seconds(server)
+            one = streams.turn(client)
+            totals = spent[client]
+            totals[0] += one.calls
+            totals[1] += one.wall
+            totals[2] += one.cpu
+            totals[3] += cpu_seconds(server) - before
+    for client, (count, wall, cpu, server_cpu) in spent.items():
+        assert count == _row_calls(row, calls), (client, count)
+        _record(result, (row, client), count / wall, cpu / count * 1e6, server_cpu / count * 1e6)
 
 
 def _row_calls(row: str, calls: int) -> int:
@@ -327,7 +447,8 @@ def _streams(calls: int) -> int:
 
 
 def _measure(client: str, port: int, row: str, calls: int) -> tuple[float, float]:
-    """(rate per second, CPU microseconds per call) of one round of one client."""
+    """(rate per second, CPU microseconds per call) of one round of one client
+    in a unary row."""
     if client == "nadisc.grpc, trio":
         spent = anyio.run(_ours, port, row, calls, backend="trio")
     elif client == "nadisc.grpc, asyncio":
@@ -337,6 +458,66 @@ def _measure(client: str, port: int, row: str, calls: int) -> tuple[float, float
     else:
         spent = asyncio.run(_grpcio(port, row, calls))
     return spent.calls / spent.wall, spent.cpu / spent.calls * 1e6
+
+
+async def _sweep(port: int, waits: list[float | None], pairs: int, server: Any) -> list[Swept]:
+    """One loop's ``--sweep``: a channel per wait, one stream at a time on each in turn."""
+    from nadisc.grpc import Channel
+
+    swept = [Swept(wait) for wait in waits]
+    async with contextlib.AsyncExitStack() as stack:
+        streams = []
+        for wait in waits:
+            channel = Channel(f"127.0.0.1:{port}", receive_coalescing=wait)
+            await stack.enter_async_context(channel)
+            stream = channel.unary_stream(STREAM)
+            async for _message in stream(REQUEST):  # connect and warm up, untimed
+                pass
+            streams.append(stream)
+        for pair in range(pairs):
+            order = range(len(waits)) if pair % 2 == 0 else range(len(waits) - 1, -1, -1)
+            for index in order:
+                server_before = cpu_seconds(server)
+                cpu, wall = time.process_time(), time.perf_counter()
+                count = 0
+                async for _message in streams[index](REQUEST):
+                    count += 1
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                assert count == STREAM_MESSAGES, count
+                swept[index].streams.append((wall, cpu))
+                swept[index].server_cpu += cpu_seconds(server) - server_before
+    return swept
+
+
+def _print_sweep(loop: str, swept: list[Swept]) -> None:
+    pairs = len(swept[0].streams)
+    print(
+        f"receive coalescing on {loop}: {pairs} pairs of {STREAM_MESSAGES}-message streams, "
+        "one stream at a time on one channel per wait in turn"
+    )
+    first = "off" if swept[0].wait is None else f"{swept[0].wait * 1e6:g} us"
+    print(
+        f"{'wait':<8}{'stream ms':>11}{f'rate / {first}':>16}{'p25-p75':>13}"
+        f"{'client us/msg':>15}{'server us/msg':>15}"
+    )
+    messages = pairs * STREAM_MESSAGES
+    for entry in swept:
+        name = "off" if entry.wait is None else f"{entry.wait * 1e6:g} us"
+        ratios = entry.throughput_over(swept[0])
+        wall = statistics.median(w for w, _ in entry.streams) * 1e3
+        cpu = sum(c for _, c in entry.streams) / messages * 1e6
+        server = entry.server_cpu / messages * 1e6
+        quartiles = f"{ratios[len(ratios) // 4]:.2f}-{ratios[(3 * len(ratios)) // 4]:.2f}"
+        print(
+            f"{name:<8}{wall:>11.1f}{statistics.median(ratios):>16.3f}{quartiles:>13}"
+            f"{cpu:>15.1f}{server:>15.1f}"
+        )
+    print()
+
+
+def _waits(text: str) -> list[float | None]:
+    """``--sweep``: waits separated by commas, each as ``--coalescing`` takes it."""
+    return [_coalescing(part.strip())[0] for part in text.split(",")]
 
 
 def _coalescing(text: str) -> tuple[float | None]:
@@ -360,7 +541,16 @@ def main(argv: list[str] | None = None) -> Result:
         "--coalescing",
         type=_coalescing,
         default=None,
-        help="the channel's receive_coalescing: 'off', or seconds (default: its own, 40e-6)",
+        help="the channel's receive_coalescing: 'off', or seconds (default: its own, 80e-6)",
+    )
+    parser.add_argument(
+        "--sweep",
+        type=_waits,
+        default=None,
+        help="only compare receive_coalescing waits, e.g. off,40e-6,80e-6 (see the docstring)",
+    )
+    parser.add_argument(
+        "--pairs", type=int, default=SWEEP_PAIRS, help="--sweep: stream pairs per loop"
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -368,30 +558,42 @@ def main(argv: list[str] | None = None) -> Result:
         asyncio.run(_serve())
         return Result(0, 0)
     calls, rounds = (32, 1) if args.smoke else (args.calls, args.rounds)
+    if args.sweep is not None:
+        result = Result(calls, 0)
+        pairs = 2 if args.smoke else args.pairs
+        argv = [sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"]
+        with serving_process(argv) as ((port,), server):
+            # The server's first streams are slower: warm it up, untimed.
+            untimed: list[float | None] = [None]
+            anyio.run(_sweep, port, untimed, 2 if args.smoke else 10, server, backend="trio")
+            for loop in ("trio", "asyncio"):
+                swept = anyio.run(_sweep, port, args.sweep, pairs, server, backend=loop)
+                result.sweep[loop] = swept
+                _print_sweep(loop, swept)
+        load = os.getloadavg()
+        print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (2 cores, shared machine)")
+        return result
     if args.coalescing is not None:
         _CHANNEL_OPTIONS["receive_coalescing"] = args.coalescing[0]
         print(f"nadisc.grpc with receive_coalescing={args.coalescing[0]}")
     rows = ["unary c=1", "unary c=16", "unary c=64", f"stream {STREAM_MESSAGES} msgs"]
     result = Result(calls, rounds, rows=rows)
     argv = [sys.executable, "-m", "benchmarks.grpc_throughput", "--serve"]
-    with serving_process(argv) as ((port,), server):
+    with serving_process(argv) as ((port,), server), contextlib.ExitStack() as stack:
         if not args.smoke:
             for client in CLIENTS:  # imports and first connections, outside the timing
                 _measure(client, port, rows[0], 8)
+        streams = _StreamRow(port, stack)
         for _ in range(rounds):
             for row in rows:
+                if row.startswith("stream"):
+                    _stream_round(result, row, calls, streams, server)
+                    continue
                 for client in CLIENTS:
                     before = cpu_seconds(server)
                     rate, cpu = _measure(client, port, row, calls)
-                    served = _row_calls(row, calls)
-                    key = (row, client)
-                    result.server_us.setdefault(key, []).append(
-                        (cpu_seconds(server) - before) / served * 1e6
-                    )
-                    result.per_round.setdefault(key, []).append((rate, cpu))
-                    if rate > result.rate.get(key, 0.0):
-                        result.rate[key] = rate
-                        result.cpu_us[key] = cpu
+                    server_us = (cpu_seconds(server) - before) / _row_calls(row, calls) * 1e6
+                    _record(result, (row, client), rate, cpu, server_us)
     _print(result)
     unary_floor, stream_floor = h2_floor_us(calls)
     result.h2_floor_us = (unary_floor, stream_floor)
