@@ -28,7 +28,7 @@ are accepted and ignored).
 - A connection attempt (TCP connect, TLS handshake, the server's first
   SETTINGS) takes at most ``connect_timeout`` (20 s, grpc's own); past it
   the calls waiting on it fail with UNAVAILABLE and it is dropped.
-- ``receive_coalescing`` (40 us; ``None`` turns it off): while a response
+- ``receive_coalescing`` (80 us; ``None`` turns it off): while a response
   stream comes densely after the last request, and the socket is empty,
   the reader waits this long for more before its next read, so a fast
   stream comes several messages per read (see
@@ -93,7 +93,7 @@ _RETRIES = 2
 DEFAULT_CONNECT_TIMEOUT = 20.0
 #: How long a reader in the middle of a response stream waits for more before
 #: its next read; :data:`MAX_RECEIVE_COALESCING` at most.
-DEFAULT_RECEIVE_COALESCING = 40e-6
+DEFAULT_RECEIVE_COALESCING = 80e-6
 MAX_RECEIVE_COALESCING = 1e-3
 #: No message is waiting (a deserializer may return ``None`` itself).
 _NOTHING = object()

@@ -101,7 +101,7 @@ _PING_DATA = b"nadiscKA"
 #: them all (a send per call costs more than the one task switch).
 _DIRECT_STREAMS = 2
 #: A stream's reads closer together than this many times ``receive_coalescing``
-#: are a burst worth waiting in (at 40 us: 320 us, over 3,000 reads a second).
+#: are a burst worth waiting in (at 80 us: 640 us, over 1,500 reads a second).
 _DENSE = 8
 #: The reader's clock for telling a burst from a sparse stream (tests replace it).
 _clock = time.monotonic

@@ -107,7 +107,7 @@ def test_bad_coalescing_is_refused_naming_the_option(
 
 
 def test_coalescing_defaults_to_40_microseconds_and_may_be_off() -> None:
-    assert Channel("127.0.0.1:1").receive_coalescing == 40e-6
+    assert Channel("127.0.0.1:1").receive_coalescing == 80e-6
     assert Channel("127.0.0.1:1", receive_coalescing=None).receive_coalescing is None
     assert Channel("127.0.0.1:1", receive_coalescing=1e-3).receive_coalescing == 1e-3
 
@@ -212,7 +212,7 @@ async def test_a_sparse_stream_never_waits(monkeypatch: pytest.MonkeyPatch) -> N
     """Reads further apart than 8 times the wait (a watch's events): a wait
     would find nothing and cost a wakeup, so none is made."""
     ticks = iter(range(0, 10**6, 1))
-    monkeypatch.setattr(connection_module, "_clock", lambda: next(ticks) * 321e-6)
+    monkeypatch.setattr(connection_module, "_clock", lambda: next(ticks) * 641e-6)
     script = Script(12)
     async with h2_server(script) as server, Channel(f"127.0.0.1:{server.port}") as channel:
         await _read_stream(channel, script)
@@ -220,7 +220,7 @@ async def test_a_sparse_stream_never_waits(monkeypatch: pytest.MonkeyPatch) -> N
         assert _connection(channel)._timer is None
     # Closer than 8 times the wait, the same stream waits from its third read on.
     ticks = iter(range(0, 10**6, 1))
-    monkeypatch.setattr(connection_module, "_clock", lambda: next(ticks) * 319e-6)
+    monkeypatch.setattr(connection_module, "_clock", lambda: next(ticks) * 639e-6)
     script = Script(12)
     async with h2_server(script) as server, Channel(f"127.0.0.1:{server.port}") as channel:
         await _read_stream(channel, script)
@@ -314,7 +314,7 @@ async def test_no_read_waits_and_the_stream_reads_as_before(
         assert script.waits_seen == [0] * script.count
         assert _connection(channel)._timer is None
         if why == "one CPU":
-            assert channel.receive_coalescing == 40e-6
+            assert channel.receive_coalescing == 80e-6
     assert len(asked) == (1 if why == "no timerfd" else 0)
 
 
