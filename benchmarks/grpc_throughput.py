@@ -466,30 +466,30 @@ async def _sweep(port: int, waits: list[float | None], pairs: int, server: Any) 
 
     swept = [Swept(wait) for wait in waits]
     async with contextlib.AsyncExitStack() as stack:
-        streams = []
+        ones = []
         for wait in waits:
             channel = Channel(f"127.0.0.1:{port}", receive_coalescing=wait)
             await stack.enter_async_context(channel)
             stream = channel.unary_stream(STREAM)
-            async for _message in stream(REQUEST):  # connect and warm up, untimed
-                pass
-            streams.append(stream)
+
+            async def one(stream: Any = stream) -> int:
+                return len([message async for message in stream(REQUEST)])
+
+            await one()  # connect and warm up, untimed
+            ones.append(one)
         for pair in range(pairs):
             order = range(len(waits)) if pair % 2 == 0 else range(len(waits) - 1, -1, -1)
             for index in order:
                 server_before = cpu_seconds(server)
-                cpu, wall = time.process_time(), time.perf_counter()
-                count = 0
-                async for _message in streams[index](REQUEST):
-                    count += 1
-                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-                assert count == STREAM_MESSAGES, count
-                swept[index].streams.append((wall, cpu))
+                spent = await _timed(ones[index])
+                assert spent.calls == STREAM_MESSAGES, spent
+                swept[index].streams.append((spent.wall, spent.cpu))
                 swept[index].server_cpu += cpu_seconds(server) - server_before
     return swept
 
 
 def _print_sweep(loop: str, swept: list[Swept]) -> None:
+    """One loop's ``--sweep`` table: each wait against the first one given."""
     pairs = len(swept[0].streams)
     print(
         f"receive coalescing on {loop}: {pairs} pairs of {STREAM_MESSAGES}-message streams, "
