@@ -331,13 +331,17 @@ async def _run_row(row: str, calls: int, unary: Callable[[], Awaitable[Any]]) ->
 
 
 @contextlib.asynccontextmanager
-async def _stream_client(client: str, port: int) -> AsyncIterator[Callable[[], Awaitable[int]]]:
+async def _stream_client(
+    client: str, port: int, options: dict[str, Any] | None = None
+) -> AsyncIterator[Callable[[], Awaitable[int]]]:
     """A connected ``client`` for the stream row: yields a function that makes
-    one 1,000-message stream and gives the number of messages it read."""
+    one 1,000-message stream and gives the number of messages it read.
+    ``options`` replace ``_CHANNEL_OPTIONS`` for nadisc.grpc's channel."""
     if client.startswith("nadisc.grpc"):
         from nadisc.grpc import Channel
 
-        async with Channel(f"127.0.0.1:{port}", **_CHANNEL_OPTIONS) as channel:
+        chosen = _CHANNEL_OPTIONS if options is None else options
+        async with Channel(f"127.0.0.1:{port}", **chosen) as channel:
             ours = channel.unary_stream(STREAM)
 
             async def one() -> int:
@@ -418,18 +422,18 @@ def _stream_round(result: Result, row: str, calls: int, streams: _StreamRow, ser
     client alike."""
     for client in CLIENTS:  # the connections sat idle through the unary rows
         streams.turn(client)  # one untimed stream each, like a unary round's warm-up call
-    spent = {client: [0, 0.0, 0.0, 0.0] for client in CLIENTS}
+    spent: dict[str, list[tuple[Spent, float]]] = {client: [] for client in CLIENTS}
     for turn in range(_streams(calls)):
         for client in CLIENTS if turn % 2 == 0 else CLIENTS[::-1]:
             before = cpu_seconds(server)
             one = streams.turn(client)
-            totals = spent[client]
-            totals[0] += one.calls
-            totals[1] += one.wall
-            totals[2] += one.cpu
-            totals[3] += cpu_seconds(server) - before
-    for client, (count, wall, cpu, server_cpu) in spent.items():
+            spent[client].append((one, cpu_seconds(server) - before))
+    for client, turns in spent.items():
+        count = sum(one.calls for one, _ in turns)
         assert count == _row_calls(row, calls), (client, count)
+        wall = sum(one.wall for one, _ in turns)
+        cpu = sum(one.cpu for one, _ in turns)
+        server_cpu = sum(server for _, server in turns)
         _record(result, (row, client), count / wall, cpu / count * 1e6, server_cpu / count * 1e6)
 
 
@@ -462,19 +466,12 @@ def _measure(client: str, port: int, row: str, calls: int) -> tuple[float, float
 
 async def _sweep(port: int, waits: list[float | None], pairs: int, server: Any) -> list[Swept]:
     """One loop's ``--sweep``: a channel per wait, one stream at a time on each in turn."""
-    from nadisc.grpc import Channel
-
     swept = [Swept(wait) for wait in waits]
     async with contextlib.AsyncExitStack() as stack:
         ones = []
         for wait in waits:
-            channel = Channel(f"127.0.0.1:{port}", receive_coalescing=wait)
-            await stack.enter_async_context(channel)
-            stream = channel.unary_stream(STREAM)
-
-            async def one(stream: Any = stream) -> int:
-                return len([message async for message in stream(REQUEST)])
-
+            options = {"receive_coalescing": wait}
+            one = await stack.enter_async_context(_stream_client("nadisc.grpc", port, options))
             await one()  # connect and warm up, untimed
             ones.append(one)
         for pair in range(pairs):
